@@ -1,0 +1,156 @@
+//! The types the gateway exchanges with the engine. Plain data, already validated by the
+//! gateway (ranges, combinations); the engine only checks what needs the model (token ids).
+
+use serde::Serialize;
+
+/// What a served model can do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    Generate,
+    Embed,
+    Score,
+    Classify,
+}
+
+/// One entry of `/v1/models`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ModelCard {
+    /// The served name (`--served-model-name`, else the model path/name given).
+    pub name: String,
+    /// The checkpoint the name points at.
+    pub root: String,
+    pub max_model_len: usize,
+    pub tasks: Vec<Task>,
+    /// e.g. `["text"]`, `["text", "image", "video"]`.
+    pub input_modalities: Vec<String>,
+}
+
+/// Sampling and stopping for one sequence. Defaults are vLLM's.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SamplingParams {
+    /// 0 means greedy.
+    pub temperature: f32,
+    pub top_p: f32,
+    /// 0 or -1: off.
+    pub top_k: i32,
+    pub min_p: f32,
+    pub repetition_penalty: f32,
+    pub presence_penalty: f32,
+    pub frequency_penalty: f32,
+    /// Per-request seed: the same seed gives the same tokens whatever the batch mates.
+    pub seed: Option<u64>,
+    /// New tokens at most (already clamped by the gateway to fit max_model_len).
+    pub max_tokens: usize,
+    pub min_tokens: usize,
+    pub ignore_eos: bool,
+    pub stop_token_ids: Vec<u32>,
+    pub stop: Vec<String>,
+    pub include_stop_str_in_output: bool,
+    pub skip_special_tokens: bool,
+    /// `Some(k)`: report the chosen token's logprob and the top `k` alternatives.
+    pub logprobs: Option<usize>,
+}
+
+impl Default for SamplingParams {
+    fn default() -> Self {
+        SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            max_tokens: 16,
+            min_tokens: 0,
+            ignore_eos: false,
+            stop_token_ids: Vec::new(),
+            stop: Vec::new(),
+            include_stop_str_in_output: false,
+            skip_special_tokens: true,
+            logprobs: None,
+        }
+    }
+}
+
+/// One sequence to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateRequest {
+    pub request_id: String,
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+    /// Isolates prefix-cache reuse between tenants (CONTRACT section 7).
+    pub cache_salt: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+}
+
+/// The logprob facts of one generated token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepLogprobs {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// The top-k alternatives, best first.
+    pub top: Vec<TokenLogprob>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// EOS, a stop token id or a stop string.
+    Stop,
+    /// max_tokens or the context length.
+    Length,
+    /// Cancelled.
+    Abort,
+}
+
+/// What stopped a sequence with `FinishReason::Stop`, as vLLM's `stop_reason`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StopReason {
+    /// EOS (vLLM reports `null`).
+    Eos,
+    TokenId(u32),
+    String(String),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finish {
+    pub reason: FinishReason,
+    pub stop_reason: Option<StopReason>,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    /// Prompt tokens served from the prefix cache.
+    pub cached_tokens: usize,
+}
+
+/// An increment of one sequence's output. `text` is whole UTF-8 characters only and excludes
+/// a stop string (unless `include_stop_str_in_output`); text that might still turn out to be the
+/// start of a stop string is held back until it is known not to be.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Delta {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    /// Aligned with `token_ids` when logprobs were requested, else empty.
+    pub logprobs: Vec<StepLogprobs>,
+    /// Set on the last delta of the sequence.
+    pub finish: Option<Finish>,
+}
+
+/// Options for rendering a chat prompt.
+#[derive(Debug, Clone, Default)]
+pub struct ChatTemplateOptions {
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    /// A per-request template (the gateway only passes one when trusted).
+    pub chat_template: Option<String>,
+    /// Extra variables for the template (deployment defaults merged with the request's).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    pub tools: Option<serde_json::Value>,
+}

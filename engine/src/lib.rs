@@ -1,0 +1,31 @@
+//! Models and serving.
+//!
+//! The engine owns tokenizers, chat templates, the models themselves, the paged KV cache, the
+//! scheduler and sampling. The async side (the gateway) talks to it only through [`handle`].
+//!
+//! Module map (one job each):
+//! - [`error`]: the engine's error type.
+//! - [`model`]: the traits a model implements ([`model::CausalLm`], [`model::EmbeddingModel`])
+//!   and the paged KV cache storage the decoder writes into.
+//! - [`gguf`], [`hf`]: weight and metadata loading.
+//! - [`tokenizer`]: `tokenizers` wrappers, GGUF vocab conversion, incremental detokenisation.
+//! - [`chat_template`]: HF chat templates with minijinja.
+//! - [`models`]: the model code (Llama-family decoder, BERT-family encoder).
+//! - [`sampling`], [`block_manager`], [`scheduler`]: serving.
+//! - [`api`]: the request and output types the gateway uses.
+//! - [`handle`]: the engine handle the gateway holds.
+
+pub mod api;
+pub mod block_manager;
+pub mod chat_template;
+pub mod error;
+pub mod gguf;
+pub mod handle;
+pub mod hf;
+pub mod model;
+pub mod models;
+pub mod sampling;
+pub mod scheduler;
+pub mod tokenizer;
+
+pub use error::EngineError;

@@ -1,0 +1,121 @@
+//! The contract between model code and the serving machinery.
+//!
+//! A decoder ([`CausalLm`]) is stateless apart from its weights: all per-sequence state lives in
+//! the [`PagedKvCache`] that the scheduler owns and passes in. The scheduler decides which
+//! sequences run in a step and which cache blocks each one owns (its block table); the model
+//! writes the keys and values of the new tokens into those blocks and attends over everything
+//! the table covers.
+
+use crate::error::Result;
+
+/// Shape facts the scheduler and the KV cache need about a decoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DecoderInfo {
+    pub vocab_size: usize,
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    /// Longest context the model supports (from the checkpoint metadata).
+    pub max_position: usize,
+    pub bos_token_id: Option<u32>,
+    pub eos_token_ids: Vec<u32>,
+}
+
+/// Paged key/value storage. For each layer, `k[layer]` and `v[layer]` hold
+/// `num_blocks * block_size * n_kv_heads * head_dim` floats laid out as
+/// `[block][slot in block][kv head][head_dim]`. Token at position `p` of a sequence lives in
+/// block `block_table[p / block_size]`, slot `p % block_size`.
+#[derive(Debug)]
+pub struct PagedKvCache {
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub n_layers: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub k: Vec<Vec<f32>>,
+    pub v: Vec<Vec<f32>>,
+}
+
+impl PagedKvCache {
+    pub fn new(info: &DecoderInfo, block_size: usize, num_blocks: usize) -> Self {
+        let per_layer = num_blocks * block_size * info.n_kv_heads * info.head_dim;
+        PagedKvCache {
+            block_size,
+            num_blocks,
+            n_layers: info.n_layers,
+            n_kv_heads: info.n_kv_heads,
+            head_dim: info.head_dim,
+            k: (0..info.n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            v: (0..info.n_layers).map(|_| vec![0.0; per_layer]).collect(),
+        }
+    }
+
+    /// Floats per token per layer for K (or V).
+    pub fn token_stride(&self) -> usize {
+        self.n_kv_heads * self.head_dim
+    }
+
+    /// Offset of the token at `pos` of a sequence with this block table, within one layer's
+    /// K or V buffer.
+    pub fn offset(&self, block_table: &[u32], pos: usize) -> usize {
+        let block = block_table[pos / self.block_size] as usize;
+        (block * self.block_size + pos % self.block_size) * self.token_stride()
+    }
+
+    /// Bytes of KV storage per token (all layers, K and V, f32).
+    pub fn bytes_per_token(info: &DecoderInfo) -> usize {
+        info.n_layers * info.n_kv_heads * info.head_dim * 2 * std::mem::size_of::<f32>()
+    }
+}
+
+/// One sequence's share of a forward step.
+#[derive(Debug, Clone)]
+pub struct SeqChunk<'a> {
+    /// The new tokens to run: a prefill chunk or one decode token.
+    pub tokens: &'a [u32],
+    /// Position of `tokens[0]`; the cache already holds positions `0..start_pos`.
+    pub start_pos: usize,
+    /// Blocks covering positions `0..start_pos + tokens.len()`.
+    pub block_table: &'a [u32],
+    /// Return logits for the last token of this chunk (false for non-final prefill chunks).
+    pub want_logits: bool,
+}
+
+/// A Llama-family decoder (or any causal LM) behind the serving machinery.
+pub trait CausalLm: Send {
+    fn info(&self) -> &DecoderInfo;
+
+    /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into `kv`
+    /// and returns, per chunk, the logits (length `vocab_size`) of its last token when
+    /// `want_logits` is set.
+    fn forward(&self, batch: &[SeqChunk<'_>], kv: &mut PagedKvCache) -> Result<Vec<Option<Vec<f32>>>>;
+}
+
+/// How an encoder turns token states into one vector.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pooling {
+    Mean,
+    Cls,
+    LastToken,
+}
+
+/// Shape facts about an embedding model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EncoderInfo {
+    pub hidden_size: usize,
+    /// Longest input in tokens, [CLS] and [SEP] included (sentence-transformers'
+    /// `max_seq_length` where the checkpoint has one).
+    pub max_seq_len: usize,
+    pub pooling: Pooling,
+    /// L2-normalise the pooled vector (a Normalize module in modules.json).
+    pub normalize: bool,
+}
+
+/// A BERT-family encoder producing pooled sentence vectors.
+pub trait EmbeddingModel: Send + Sync {
+    fn info(&self) -> &EncoderInfo;
+
+    /// Embed a batch of already tokenised inputs (special tokens included, each no longer
+    /// than `max_seq_len`). Returns one pooled (and, if configured, normalised) vector each.
+    fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
+}

@@ -1,0 +1,4 @@
+//! Model code, one model family per file.
+
+pub mod bert;
+pub mod llama;

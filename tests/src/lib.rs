@@ -1,0 +1,1 @@
+//! The contract suite lives in `tests/`.
