@@ -8,7 +8,9 @@
 //! - [`model`]: the traits a model implements ([`model::CausalLm`], [`model::EmbeddingModel`])
 //!   and the paged KV cache storage the decoder writes into.
 //! - [`gguf`], [`hf`]: weight and metadata loading.
-//! - [`tokenizer`]: `tokenizers` wrappers, GGUF vocab conversion, incremental detokenisation.
+//! - [`tokenizer`]: GGUF vocab conversion into a `tokenizers` tokenizer.
+//! - [`detok`]: incremental detokenisation and stop strings.
+//! - [`metrics`]: engine metrics (vLLM names) through the `metrics` facade.
 //! - [`chat_template`]: HF chat templates with minijinja.
 //! - [`models`]: the model code (Llama-family decoder, BERT-family encoder).
 //! - [`sampling`], [`block_manager`], [`scheduler`]: serving.
@@ -18,10 +20,12 @@
 pub mod api;
 pub mod block_manager;
 pub mod chat_template;
+pub mod detok;
 pub mod error;
 pub mod gguf;
 pub mod handle;
 pub mod hf;
+pub mod metrics;
 pub mod model;
 pub mod models;
 pub mod sampling;

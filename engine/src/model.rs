@@ -119,3 +119,27 @@ pub trait EmbeddingModel: Send + Sync {
     /// than `max_seq_len`). Returns one pooled (and, if configured, normalised) vector each.
     fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
 }
+
+/// A decoder checkpoint loaded with everything needed to serve it.
+pub struct LoadedDecoder {
+    pub model: Box<dyn CausalLm>,
+    /// Ready to encode prompts exactly as the reference does (no BOS added unless the
+    /// checkpoint says so).
+    pub tokenizer: tokenizers::Tokenizer,
+    /// The checkpoint's chat template (GGUF `tokenizer.chat_template` or the HF files).
+    pub chat_template: Option<String>,
+    /// Token strings the chat template may use as `bos_token` / `eos_token`.
+    pub bos_token: Option<String>,
+    pub eos_token: Option<String>,
+    /// The architecture name, for logs and model cards (e.g. `llama`).
+    pub architecture: String,
+}
+
+/// An encoder checkpoint loaded with everything needed to serve it.
+pub struct LoadedEncoder {
+    pub model: Box<dyn EmbeddingModel>,
+    /// Truncation and padding already set as the model expects (truncation off here: the
+    /// gateway decides; padding off).
+    pub tokenizer: tokenizers::Tokenizer,
+    pub architecture: String,
+}
