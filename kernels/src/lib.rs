@@ -1,1 +1,28 @@
-//! kernels
+//! CPU compute kernels for the engine's models.
+//!
+//! - [`DType`] and [`QMatrix`]: weight storage types (F32, F16, BF16, Q8_0, Q4_0, Q4_1) viewed
+//!   in place (a memory-mapped checkpoint is used as is; nothing is dequantised at load).
+//! - [`matmul`] / [`matmul_multi`]: `out = x · Wᵀ` with f32 activations. Few activation rows
+//!   (decode) run a fused kernel that dequantises each block inside the dot product; many rows
+//!   (prefill) dequantise weight tiles into a scratch buffer and call the `gemm` crate. Both keep
+//!   f32 accuracy.
+//! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
+//!
+//! SIMD is chosen at run time (AVX2+FMA+F16C on x86_64, with a scalar fallback everywhere).
+//! Parallel work runs on the current rayon pool: install a pool of the wanted size around
+//! calls (or build the global pool once) to control the thread count.
+
+mod dequant;
+mod dot;
+mod dtype;
+mod matmul;
+pub mod ops;
+mod simd;
+
+pub use dequant::dequantize_row;
+pub use dtype::{DType, KernelError, QMatrix};
+pub use matmul::{matmul, matmul_multi, MatmulJob};
+pub use simd::{simd_level, SimdLevel};
+
+#[cfg(test)]
+mod tests;

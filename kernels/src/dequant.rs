@@ -1,0 +1,75 @@
+//! Scalar dequantisation (the reference semantics every fast path must match).
+
+use crate::DType;
+
+#[inline]
+pub(crate) fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_bits(u16::from_le_bytes([b[i], b[i + 1]])).to_f32()
+}
+
+#[inline]
+pub(crate) fn bf16_at(b: &[u8], i: usize) -> f32 {
+    f32::from_bits(u32::from(u16::from_le_bytes([b[i], b[i + 1]])) << 16)
+}
+
+/// Dequantise one row (`out.len()` weights, block-aligned) stored as `dtype` in `bytes`.
+///
+/// # Panics
+/// If `bytes` is shorter than `dtype.row_bytes(out.len())` (callers pass rows of a checked
+/// [`crate::QMatrix`]).
+pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
+    let n = out.len();
+    assert!(
+        bytes.len() >= dtype.row_bytes(n) && n % dtype.block_elems() == 0,
+        "dequantize_row: {} bytes cannot hold {n} {dtype} weights",
+        bytes.len()
+    );
+    match dtype {
+        DType::F32 => {
+            for (o, c) in out.iter_mut().zip(bytes.chunks_exact(4)) {
+                *o = f32::from_le_bytes([c[0], c[1], c[2], c[3]]);
+            }
+        }
+        DType::F16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = f16_at(bytes, 2 * i);
+            }
+        }
+        DType::BF16 => {
+            for (i, o) in out.iter_mut().enumerate() {
+                *o = bf16_at(bytes, 2 * i);
+            }
+        }
+        DType::Q8_0 => {
+            for (blk, o) in bytes.chunks_exact(34).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(blk, 0);
+                for (w, &q) in o.iter_mut().zip(&blk[2..34]) {
+                    *w = d * f32::from(q as i8);
+                }
+            }
+        }
+        DType::Q4_0 => {
+            for (blk, o) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(blk, 0);
+                let (lo, hi) = o.split_at_mut(16);
+                for j in 0..16 {
+                    let q = blk[2 + j];
+                    lo[j] = d * (f32::from(q & 0x0F) - 8.0);
+                    hi[j] = d * (f32::from(q >> 4) - 8.0);
+                }
+            }
+        }
+        DType::Q4_1 => {
+            for (blk, o) in bytes.chunks_exact(20).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(blk, 0);
+                let m = f16_at(blk, 2);
+                let (lo, hi) = o.split_at_mut(16);
+                for j in 0..16 {
+                    let q = blk[4 + j];
+                    lo[j] = d * f32::from(q & 0x0F) + m;
+                    hi[j] = d * f32::from(q >> 4) + m;
+                }
+            }
+        }
+    }
+}

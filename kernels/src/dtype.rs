@@ -1,0 +1,148 @@
+//! Weight storage types and matrix views.
+
+use thiserror::Error;
+
+/// Errors from building kernel inputs (shape and size mismatches).
+#[derive(Debug, Error, PartialEq, Eq)]
+pub enum KernelError {
+    #[error("{dtype} row length {cols} is not a multiple of its block size {block}")]
+    RowNotBlockAligned {
+        dtype: DType,
+        cols: usize,
+        block: usize,
+    },
+    #[error("{dtype} matrix {rows}x{cols} needs {expected} bytes, got {got}")]
+    SizeMismatch {
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        expected: usize,
+        got: usize,
+    },
+    #[error("shape mismatch: {0}")]
+    Shape(String),
+}
+
+/// Element storage of a weight matrix. Block layouts follow ggml:
+/// - `Q8_0`: 32 weights = f16 scale `d` + 32 × i8; `w = d·q`.
+/// - `Q4_0`: 32 weights = f16 `d` + 16 bytes; weight `j < 16` is the low nibble of byte `j`,
+///   weight `16 + j` its high nibble; `w = d·(q − 8)`.
+/// - `Q4_1`: 32 weights = f16 `d`, f16 `m` + 16 bytes (nibbles as Q4_0); `w = d·q + m`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[allow(non_camel_case_types)]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    Q8_0,
+    Q4_0,
+    Q4_1,
+}
+
+impl DType {
+    /// Weights per block.
+    pub const fn block_elems(self) -> usize {
+        match self {
+            DType::F32 | DType::F16 | DType::BF16 => 1,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+        }
+    }
+
+    /// Bytes per block.
+    pub const fn block_bytes(self) -> usize {
+        match self {
+            DType::F32 => 4,
+            DType::F16 | DType::BF16 => 2,
+            DType::Q8_0 => 34,
+            DType::Q4_0 => 18,
+            DType::Q4_1 => 20,
+        }
+    }
+
+    /// Bytes of one row of `cols` weights (`cols` must be block-aligned).
+    pub const fn row_bytes(self, cols: usize) -> usize {
+        cols / self.block_elems() * self.block_bytes()
+    }
+
+    pub const fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "F32",
+            DType::F16 => "F16",
+            DType::BF16 => "BF16",
+            DType::Q8_0 => "Q8_0",
+            DType::Q4_0 => "Q4_0",
+            DType::Q4_1 => "Q4_1",
+        }
+    }
+}
+
+impl std::fmt::Display for DType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A row-major weight matrix (`rows` output features × `cols` input features) in its storage
+/// type, borrowed from wherever the bytes live (usually a memory map).
+#[derive(Debug, Clone, Copy)]
+pub struct QMatrix<'a> {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    data: &'a [u8],
+}
+
+impl<'a> QMatrix<'a> {
+    /// Check the shape against the byte length.
+    pub fn new(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        let block = dtype.block_elems();
+        if cols % block != 0 {
+            return Err(KernelError::RowNotBlockAligned { dtype, cols, block });
+        }
+        let expected = rows * dtype.row_bytes(cols);
+        if data.len() != expected {
+            return Err(KernelError::SizeMismatch {
+                dtype,
+                rows,
+                cols,
+                expected,
+                got: data.len(),
+            });
+        }
+        Ok(QMatrix {
+            dtype,
+            rows,
+            cols,
+            data,
+        })
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+    pub fn data(&self) -> &'a [u8] {
+        self.data
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.dtype.row_bytes(self.cols);
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Dequantise row `r` into `out` (length `cols`).
+    pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
+        crate::dequantize_row(self.dtype, self.row(r), out);
+    }
+}

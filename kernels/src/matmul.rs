@@ -1,0 +1,217 @@
+//! `out = x · Wᵀ` for quantised or float weights and f32 activations.
+//!
+//! - Few activation rows (decode): [`crate::dot`]'s fused kernels, parallel over output rows.
+//! - Many rows (prefill, big batches): each task dequantises a tile of weight rows into a
+//!   thread-local f32 buffer and multiplies it with the `gemm` crate, parallel over tiles.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use crate::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
+use crate::{simd_level, KernelError, QMatrix};
+
+/// Up to this many activation rows use the fused kernels; more use tiles + GEMM.
+pub const FUSED_MAX_ROWS: usize = 8;
+/// Weight rows per task in the fused path (at least).
+const FUSED_CHUNK_MIN: usize = 16;
+/// Weight rows per dequantised tile in the GEMM path.
+const TILE_ROWS: usize = 64;
+
+/// One weight matrix and where its product goes (`m × w.rows()`, row-major).
+pub struct MatmulJob<'w, 'o> {
+    pub w: QMatrix<'w>,
+    pub out: &'o mut [f32],
+}
+
+/// A raw output pointer shared by tasks that write disjoint elements.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: tasks write disjoint (row, column) ranges of the outputs; the pointers outlive the
+// parallel region (it is joined before the mutable borrows end).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+thread_local! {
+    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out = x · Wᵀ` (or `out += x · Wᵀ` when `accumulate`), with `x` holding `m` rows of
+/// `w.cols()` floats and `out` `m` rows of `w.rows()`.
+pub fn matmul(
+    x: &[f32],
+    m: usize,
+    w: &QMatrix<'_>,
+    out: &mut [f32],
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    matmul_multi(x, m, &mut [MatmulJob { w: *w, out }], accumulate)
+}
+
+/// Several products of the same activations (e.g. Q, K and V) in one parallel region.
+pub fn matmul_multi(
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatmulJob<'_, '_>],
+    accumulate: bool,
+) -> Result<(), KernelError> {
+    let Some(first) = jobs.first() else {
+        return Ok(());
+    };
+    let k = first.w.cols();
+    if x.len() != m * k {
+        return Err(KernelError::Shape(format!(
+            "activations have {} floats, expected {m} x {k}",
+            x.len()
+        )));
+    }
+    for j in jobs.iter() {
+        if j.w.cols() != k {
+            return Err(KernelError::Shape(format!(
+                "weights of {} columns in a batch over {k}",
+                j.w.cols()
+            )));
+        }
+        if j.out.len() != m * j.w.rows() {
+            return Err(KernelError::Shape(format!(
+                "output has {} floats, expected {m} x {}",
+                j.out.len(),
+                j.w.rows()
+            )));
+        }
+    }
+    if m == 0 {
+        return Ok(());
+    }
+    if m <= FUSED_MAX_ROWS {
+        fused(x, m, k, jobs, accumulate);
+    } else {
+        tiled(x, m, k, jobs, accumulate);
+    }
+    Ok(())
+}
+
+/// (job, first row, end row) work items covering every job.
+fn split_rows(
+    jobs: &[MatmulJob<'_, '_>],
+    chunk_for: impl Fn(usize) -> usize,
+) -> Vec<(usize, usize, usize)> {
+    let mut tasks = Vec::new();
+    for (j, job) in jobs.iter().enumerate() {
+        let n = job.w.rows();
+        let chunk = chunk_for(n).max(1);
+        let mut r = 0;
+        while r < n {
+            let e = (r + chunk).min(n);
+            tasks.push((j, r, e));
+            r = e;
+        }
+    }
+    tasks
+}
+
+fn fused(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
+    let level = simd_level();
+    let nb = k / 32;
+    let need_sums = jobs.iter().any(|j| needs_block_sums(j.w.dtype()));
+    let mut xsum = Vec::new();
+    if need_sums {
+        xsum.resize(m * nb, 0.0);
+        for (xr, sr) in x.chunks_exact(k).zip(xsum.chunks_exact_mut(nb.max(1))) {
+            block_sums(xr, sr);
+        }
+    }
+    let threads = rayon::current_num_threads().max(1);
+    let total_rows: usize = jobs.iter().map(|j| j.w.rows()).sum();
+    // About four tasks per thread over all jobs, for load balance.
+    let target = (total_rows / (threads * 4)).max(FUSED_CHUNK_MIN);
+    let tasks = split_rows(jobs, |_| target);
+    let ws: Vec<(QMatrix<'_>, usize, OutPtr)> = jobs
+        .iter_mut()
+        .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
+        .collect();
+    let xsum = &xsum;
+    tasks.par_iter().for_each(|&(j, r0, r1)| {
+        let (w, n, out) = ws[j];
+        let mut vals = [0f32; MAX_R];
+        for row in r0..r1 {
+            let wrow = w.row(row);
+            let mut g = 0;
+            while g < m {
+                let rows = (m - g).min(MAX_R);
+                let args = DotArgs {
+                    dtype: w.dtype(),
+                    w: wrow,
+                    k,
+                    x: &x[g * k..],
+                    x_stride: k,
+                    xsum: if need_sums { &xsum[g * nb..] } else { &[] },
+                    xsum_stride: nb,
+                };
+                dot_rows(level, &args, &mut vals[..rows]);
+                for (i, v) in vals[..rows].iter().enumerate() {
+                    let idx = (g + i) * n + row;
+                    // SAFETY: `idx < m * n` (the output length checked by `matmul_multi`), and
+                    // no other task writes column `row` of this job's output.
+                    unsafe {
+                        let p = out.0.add(idx);
+                        if accumulate {
+                            *p += *v;
+                        } else {
+                            *p = *v;
+                        }
+                    }
+                }
+                g += rows;
+            }
+        }
+    });
+}
+
+fn tiled(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
+    let tasks = split_rows(jobs, |_| TILE_ROWS);
+    let ws: Vec<(QMatrix<'_>, usize, OutPtr)> = jobs
+        .iter_mut()
+        .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
+        .collect();
+    tasks.par_iter().for_each(|&(j, r0, r1)| {
+        let (w, n, out) = ws[j];
+        let rows = r1 - r0;
+        TILE.with(|tile| {
+            let mut tile = tile.borrow_mut();
+            if tile.len() < rows * k {
+                tile.resize(rows * k, 0.0);
+            }
+            for (i, row) in (r0..r1).enumerate() {
+                w.dequantize_row_into(row, &mut tile[i * k..(i + 1) * k]);
+            }
+            // SAFETY: dst covers rows 0..m, columns r0..r1 of this job's `m × n` output
+            // (checked length), which no other task touches; lhs is `m × k` with row stride
+            // k (checked length); rhs is the `k × rows` transpose view of the tile (element
+            // (kk, c) at tile[c * k + kk]).
+            unsafe {
+                gemm::gemm(
+                    m,
+                    rows,
+                    k,
+                    out.0.add(r0),
+                    1,
+                    n as isize,
+                    accumulate,
+                    x.as_ptr(),
+                    1,
+                    k as isize,
+                    tile.as_ptr(),
+                    k as isize,
+                    1,
+                    1.0f32,
+                    1.0f32,
+                    false,
+                    false,
+                    false,
+                    gemm::Parallelism::None,
+                );
+            }
+        });
+    });
+}
