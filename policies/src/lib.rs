@@ -1,1 +1,32 @@
-//! policies
+//! Pure request-policy decisions, no I/O.
+//!
+//! The gateway runs these in order over every typed request (CONTRACT sections
+//! 2-5, 8):
+//!
+//! 1. [`gate`]: the multimodal trust gate (shape check of `mm_processor_kwargs` /
+//!    `media_io_kwargs`, then refusal of non-empty ones from untrusted clients).
+//! 2. [`merge`]: deployment defaults merged with a trusted request's kwargs, then
+//!    typed validation of known keys.
+//! 3. the trusted-client profile's bounds on the merged kwargs.
+//! 4. per-prompt media item limits.
+//! 5. media URL decisions (schemes, data URLs, allowed domains, local paths) and
+//!    SSRF address classification ([`ip`]).
+//!
+//! Every refusal is a [`PolicyError`], which carries the message, `param`, HTTP
+//! status and error type the HTTP layer puts in the OpenAI-shaped error body.
+
+// Tests may unwrap; the library build keeps the workspace's unwrap/expect lints.
+#![cfg_attr(test, allow(clippy::unwrap_used, clippy::expect_used))]
+
+pub mod error;
+pub mod gate;
+pub mod ip;
+pub mod merge;
+
+pub use error::{KwargsField, PolicyError};
+pub use gate::{check_trust_gate, is_non_empty_kwargs, validate_kwargs_shape};
+pub use ip::{classify_ip, IpClass};
+pub use merge::{
+    is_startup_only_key, merge, DeploymentDefaults, KwargsMap, MergedKwargs, IMAGE_MODES,
+    STARTUP_ONLY_KEYS,
+};
