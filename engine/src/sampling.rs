@@ -1,1 +1,537 @@
-//! TODO(owner): see lib.rs module map.
+//! Turning one step's logits into the next token, with vLLM's semantics.
+//!
+//! Order of operations (as vLLM's v1 sampler):
+//! 1. logprobs, when requested, come from the raw model distribution (`log_softmax` of the
+//!    logits before any penalty or sampling transform: vLLM's default `raw_logprobs` mode);
+//! 2. `min_tokens`: EOS (unless `ignore_eos`) and `stop_token_ids` are masked until that many
+//!    tokens were generated;
+//! 3. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
+//!    divided by the penalty, a negative one multiplied), then frequency and presence (over output
+//!    tokens: `logit -= frequency * count + presence * (count > 0)`);
+//! 4. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
+//!    top_p, then a draw from the remaining distribution.
+//!
+//! A seeded request draws from its own `StdRng` (one draw per sampled token), so the same seed
+//! gives the same tokens whatever else runs in the batch; unseeded requests share the engine's
+//! RNG.
+
+use std::collections::{HashMap, HashSet};
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+
+use crate::api::{SamplingParams, StepLogprobs, TokenLogprob};
+use crate::error::{EngineError, Result};
+
+/// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
+pub const GREEDY_EPS: f32 = 1e-5;
+
+/// The outcome of sampling one token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    pub logprobs: Option<StepLogprobs>,
+}
+
+/// Per-sequence sampling state: parameters, the seeded RNG and penalty bookkeeping. It lives as
+/// long as the sequence (across preemption), so a recomputed sequence continues identically.
+#[derive(Debug)]
+pub struct SequenceSampler {
+    params: SamplingParams,
+    rng: Option<StdRng>,
+    output_counts: HashMap<u32, u32>,
+    /// Distinct prompt tokens; only built when a repetition penalty is set.
+    prompt_set: HashSet<u32>,
+    generated: usize,
+}
+
+fn total_cmp_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
+    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
+}
+
+/// `log_softmax` normaliser (max and log-sum-exp) in f64; `None` when no logit is finite.
+fn log_normaliser(logits: &[f32]) -> Option<(f64, f64)> {
+    let max = logits
+        .iter()
+        .copied()
+        .filter(|v| !v.is_nan())
+        .fold(f32::NEG_INFINITY, f32::max);
+    if !max.is_finite() {
+        return None;
+    }
+    let max = max as f64;
+    let sum: f64 = logits
+        .iter()
+        .filter(|v| !v.is_nan())
+        .map(|&v| (v as f64 - max).exp())
+        .sum();
+    Some((max, sum.ln()))
+}
+
+/// Indices of the `k` largest values, best first (ties broken by lower id).
+pub fn top_k_indices(values: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let mut pairs: Vec<(u32, f32)> = values
+        .iter()
+        .enumerate()
+        .map(|(i, &v)| (i as u32, if v.is_nan() { f32::NEG_INFINITY } else { v }))
+        .collect();
+    let k = k.min(pairs.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    if k < pairs.len() {
+        pairs.select_nth_unstable_by(k - 1, total_cmp_desc);
+        pairs.truncate(k);
+    }
+    pairs.sort_unstable_by(total_cmp_desc);
+    pairs
+}
+
+/// Index of the largest value (first on ties), ignoring NaN; `None` if nothing is finite.
+pub fn argmax(values: &[f32]) -> Option<u32> {
+    let mut best: Option<(usize, f32)> = None;
+    for (i, &v) in values.iter().enumerate() {
+        if v.is_nan() || v == f32::NEG_INFINITY {
+            continue;
+        }
+        match best {
+            Some((_, b)) if v <= b => {}
+            _ => best = Some((i, v)),
+        }
+    }
+    best.map(|(i, _)| i as u32)
+}
+
+impl SequenceSampler {
+    pub fn new(params: &SamplingParams, prompt: &[u32]) -> Self {
+        let prompt_set = if params.repetition_penalty != 1.0 {
+            prompt.iter().copied().collect()
+        } else {
+            HashSet::new()
+        };
+        SequenceSampler {
+            params: params.clone(),
+            rng: params.seed.map(StdRng::seed_from_u64),
+            output_counts: HashMap::new(),
+            prompt_set,
+            generated: 0,
+        }
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.params.temperature < GREEDY_EPS
+    }
+
+    /// Tokens generated so far (as recorded).
+    pub fn generated(&self) -> usize {
+        self.generated
+    }
+
+    /// Record a generated token (for penalties and `min_tokens`).
+    pub fn record(&mut self, token: u32) {
+        *self.output_counts.entry(token).or_insert(0) += 1;
+        self.generated += 1;
+    }
+
+    /// Sample the next token from `logits` (modified in place). `eos_ids` are the model's EOS
+    /// ids; `global` is the engine RNG used when the request has no seed.
+    pub fn sample(
+        &mut self,
+        logits: &mut [f32],
+        eos_ids: &[u32],
+        global: &mut StdRng,
+    ) -> Result<Sampled> {
+        let vocab = logits.len();
+        let logprobs = match self.params.logprobs {
+            Some(k) => Some(self.raw_logprobs(logits, k)?),
+            None => None,
+        };
+
+        if self.generated < self.params.min_tokens {
+            let stop_ids = self
+                .params
+                .stop_token_ids
+                .iter()
+                .chain(eos_ids.iter().filter(|_| !self.params.ignore_eos));
+            for &id in stop_ids {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = f32::NEG_INFINITY;
+                }
+            }
+        }
+        self.apply_penalties(logits);
+
+        let token = if self.is_greedy() {
+            argmax(logits)
+        } else {
+            let rng: &mut StdRng = match self.rng.as_mut() {
+                Some(r) => r,
+                None => global,
+            };
+            sample_random(logits, &self.params, rng)
+        };
+        let token = token.ok_or_else(|| {
+            EngineError::Internal(format!("no finite logit to sample from (vocab {vocab})"))
+        })?;
+        let logprobs = logprobs.map(|(norm, top)| StepLogprobs {
+            token_id: token,
+            logprob: norm.get(token as usize).unwrap_or(f32::NEG_INFINITY),
+            top,
+        });
+        Ok(Sampled { token, logprobs })
+    }
+
+    /// The raw distribution's logprob of every token (lazily: only the chosen one is read later)
+    /// and its top `k` entries.
+    fn raw_logprobs(&self, logits: &[f32], k: usize) -> Result<(RawLogprobs, Vec<TokenLogprob>)> {
+        let (max, lse) = log_normaliser(logits)
+            .ok_or_else(|| EngineError::Internal("the model produced no finite logit".into()))?;
+        let raw = RawLogprobs {
+            logits: logits.to_vec(),
+            max,
+            lse,
+        };
+        let top = top_k_indices(logits, k)
+            .into_iter()
+            .map(|(id, _)| TokenLogprob {
+                id,
+                logprob: raw.get(id as usize).unwrap_or(f32::NEG_INFINITY),
+            })
+            .collect();
+        Ok((raw, top))
+    }
+
+    fn apply_penalties(&self, logits: &mut [f32]) {
+        let p = &self.params;
+        if p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0 {
+            let rp = p.repetition_penalty;
+            let seen = self.prompt_set.iter().chain(self.output_counts.keys());
+            let mut done = HashSet::new();
+            for &id in seen {
+                if !done.insert(id) {
+                    continue;
+                }
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                }
+            }
+        }
+        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            for (&id, &count) in &self.output_counts {
+                if let Some(l) = logits.get_mut(id as usize) {
+                    *l -= p.frequency_penalty * count as f32 + p.presence_penalty;
+                }
+            }
+        }
+    }
+}
+
+/// The raw logits with their `log_softmax` normaliser.
+#[derive(Debug)]
+struct RawLogprobs {
+    logits: Vec<f32>,
+    max: f64,
+    lse: f64,
+}
+
+impl RawLogprobs {
+    fn get(&self, i: usize) -> Option<f32> {
+        self.logits.get(i).map(|&v| {
+            if v.is_nan() {
+                f32::NEG_INFINITY
+            } else {
+                (v as f64 - self.max - self.lse) as f32
+            }
+        })
+    }
+}
+
+/// Temperature, min_p, top_k, top_p, then one draw. `None` if nothing is finite.
+fn sample_random(logits: &mut [f32], p: &SamplingParams, rng: &mut StdRng) -> Option<u32> {
+    let inv_t = 1.0 / p.temperature;
+    let mut max = f32::NEG_INFINITY;
+    for l in logits.iter_mut() {
+        if l.is_nan() {
+            *l = f32::NEG_INFINITY;
+        }
+        *l *= inv_t;
+        max = max.max(*l);
+    }
+    if !max.is_finite() {
+        return None;
+    }
+    // min_p: keep tokens whose probability is at least min_p times the top one's.
+    let floor = if p.min_p > 0.0 {
+        max + p.min_p.ln()
+    } else {
+        f32::NEG_INFINITY
+    };
+    let vocab = logits.len();
+    let top_k = if p.top_k > 0 {
+        (p.top_k as usize).min(vocab)
+    } else {
+        vocab
+    };
+    let mut cands: Vec<(u32, f32)> = if top_k < vocab {
+        top_k_indices(logits, top_k)
+    } else {
+        logits
+            .iter()
+            .enumerate()
+            .map(|(i, &l)| (i as u32, l))
+            .collect()
+    };
+    cands.retain(|&(_, l)| l > f32::NEG_INFINITY && l >= floor);
+    if cands.is_empty() {
+        return None;
+    }
+    let mut weights: Vec<f64> = cands
+        .iter()
+        .map(|&(_, l)| ((l - max) as f64).exp())
+        .collect();
+    let mut total: f64 = weights.iter().sum();
+    if p.top_p < 1.0 {
+        if top_k >= vocab {
+            // Sort by probability (candidates from top_k_indices already are).
+            let mut order: Vec<usize> = (0..cands.len()).collect();
+            order.sort_unstable_by(|&a, &b| total_cmp_desc(&cands[a], &cands[b]));
+            cands = order.iter().map(|&i| cands[i]).collect();
+            weights = order.iter().map(|&i| weights[i]).collect();
+        }
+        let limit = p.top_p as f64 * total;
+        let mut acc = 0.0;
+        let mut keep = 0;
+        for w in &weights {
+            keep += 1;
+            acc += w;
+            if acc >= limit {
+                break;
+            }
+        }
+        cands.truncate(keep);
+        weights.truncate(keep);
+        total = acc;
+    }
+    let mut u = rng.random::<f64>() * total;
+    for (i, w) in weights.iter().enumerate() {
+        if u < *w {
+            return Some(cands[i].0);
+        }
+        u -= w;
+    }
+    cands.last().map(|c| c.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn params() -> SamplingParams {
+        SamplingParams::default()
+    }
+
+    fn rng() -> StdRng {
+        StdRng::seed_from_u64(7)
+    }
+
+    #[test]
+    fn greedy_takes_argmax_first_on_ties() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        let mut l = vec![0.0, 3.0, 3.0, -1.0];
+        assert_eq!(s.sample(&mut l, &[], &mut rng()).unwrap().token, 1);
+        let mut bad = vec![f32::NAN, f32::NEG_INFINITY];
+        assert!(s.sample(&mut bad, &[], &mut rng()).is_err());
+    }
+
+    #[test]
+    fn top_k_one_is_greedy() {
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_k: 1,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        for _ in 0..20 {
+            let mut l = vec![0.5, 0.1, 0.9, 0.8];
+            assert_eq!(s.sample(&mut l, &[], &mut rng()).unwrap().token, 2);
+        }
+    }
+
+    #[test]
+    fn top_p_and_min_p_restrict_support() {
+        // Probabilities ~ [0.643, 0.237, 0.087, 0.032].
+        let base = vec![3.0, 2.0, 1.0, 0.0];
+        let p = SamplingParams {
+            top_p: 0.6,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        let mut g = rng();
+        for _ in 0..50 {
+            assert_eq!(s.sample(&mut base.clone(), &[], &mut g).unwrap().token, 0);
+        }
+        let p = SamplingParams {
+            top_p: 0.85,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        let mut seen = HashSet::new();
+        for _ in 0..200 {
+            seen.insert(s.sample(&mut base.clone(), &[], &mut g).unwrap().token);
+        }
+        assert_eq!(seen, HashSet::from([0, 1]));
+        // min_p 0.3: tokens with p >= 0.3 * 0.643 = 0.193 -> {0, 1}.
+        let p = SamplingParams {
+            min_p: 0.3,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        let mut seen = HashSet::new();
+        for _ in 0..200 {
+            seen.insert(s.sample(&mut base.clone(), &[], &mut g).unwrap().token);
+        }
+        assert_eq!(seen, HashSet::from([0, 1]));
+    }
+
+    #[test]
+    fn sampling_follows_the_distribution() {
+        let p = params();
+        let mut s = SequenceSampler::new(&p, &[]);
+        let mut g = rng();
+        let mut counts = [0usize; 2];
+        let n = 4000;
+        for _ in 0..n {
+            // p = [0.731, 0.269]
+            let mut l = vec![1.0, 0.0];
+            counts[s.sample(&mut l, &[], &mut g).unwrap().token as usize] += 1;
+        }
+        let frac = counts[0] as f64 / n as f64;
+        assert!((frac - 0.731).abs() < 0.03, "{frac}");
+    }
+
+    #[test]
+    fn seeded_sampling_is_reproducible_and_independent_of_global_rng() {
+        let p = SamplingParams {
+            seed: Some(42),
+            ..params()
+        };
+        let logits: Vec<f32> = (0..50).map(|i| (i % 7) as f32 * 0.3).collect();
+        let run = |global_seed: u64| {
+            let mut s = SequenceSampler::new(&p, &[]);
+            let mut g = StdRng::seed_from_u64(global_seed);
+            (0..30)
+                .map(|_| {
+                    let t = s.sample(&mut logits.clone(), &[], &mut g).unwrap().token;
+                    s.record(t);
+                    t
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(run(1), run(2));
+        let other = SamplingParams {
+            seed: Some(43),
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&other, &[]);
+        let mut g = rng();
+        let alt: Vec<u32> = (0..30)
+            .map(|_| s.sample(&mut logits.clone(), &[], &mut g).unwrap().token)
+            .collect();
+        assert_ne!(alt, run(1));
+    }
+
+    #[test]
+    fn repetition_penalty_hf_semantics() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[0]);
+        s.record(1);
+        let mut l = vec![4.0, -1.0, 1.5, 0.0];
+        s.sample(&mut l, &[], &mut rng()).unwrap();
+        assert_eq!(l, vec![2.0, -2.0, 1.5, 0.0]);
+    }
+
+    #[test]
+    fn presence_and_frequency_over_output_only() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.25,
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[3]);
+        s.record(0);
+        s.record(0);
+        s.record(1);
+        let mut l = vec![1.0, 1.0, 1.0, 1.0];
+        s.sample(&mut l, &[], &mut rng()).unwrap();
+        assert_eq!(l, vec![0.0, 0.25, 1.0, 1.0]);
+    }
+
+    #[test]
+    fn min_tokens_masks_eos_and_stop_ids() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            min_tokens: 2,
+            stop_token_ids: vec![1],
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        let l = vec![9.0, 8.0, 7.0, 0.0];
+        let t = s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token;
+        assert_eq!(t, 2);
+        s.record(t);
+        assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 2);
+        s.record(2);
+        assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 0);
+        // ignore_eos leaves EOS unmasked (it is not a stop token then).
+        let p = SamplingParams {
+            ignore_eos: true,
+            ..p
+        };
+        let mut s = SequenceSampler::new(&p, &[]);
+        assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 0);
+    }
+
+    #[test]
+    fn logprobs_are_raw_distribution() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 10.0,
+            logprobs: Some(2),
+            ..params()
+        };
+        let mut s = SequenceSampler::new(&p, &[0]);
+        let mut l = vec![2.0, 1.0, 0.0];
+        let out = s.sample(&mut l, &[], &mut rng()).unwrap();
+        // The penalty moved the choice to token 1, logprobs still describe the raw logits.
+        assert_eq!(out.token, 1);
+        let lp = out.logprobs.unwrap();
+        let lse = (2f64.exp() + 1f64.exp() + 1.0).ln();
+        assert!((lp.logprob as f64 - (1.0 - lse)).abs() < 1e-6);
+        assert_eq!(lp.top.len(), 2);
+        assert_eq!(lp.top[0].id, 0);
+        assert!((lp.top[0].logprob as f64 - (2.0 - lse)).abs() < 1e-6);
+        assert_eq!(lp.top[1].id, 1);
+    }
+
+    #[test]
+    fn top_k_indices_selects_best() {
+        let v = vec![0.1, 5.0, f32::NAN, 3.0, 5.0];
+        let top = top_k_indices(&v, 3);
+        assert_eq!(top.iter().map(|t| t.0).collect::<Vec<_>>(), vec![1, 4, 3]);
+        assert!(top_k_indices(&v, 0).is_empty());
+        assert_eq!(top_k_indices(&v, 10).len(), 5);
+    }
+}
