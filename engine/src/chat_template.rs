@@ -496,6 +496,7 @@ fn cut_after_final_message(mut rendered: String, messages: &serde_json::Value) -
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
     use serde_json::json;

@@ -1,1 +1,165 @@
-//! TODO(owner): see lib.rs module map.
+//! Engine metrics under vLLM's names, recorded through the `metrics` facade (the gateway
+//! installs the Prometheus recorder). Every series carries the label `model_name`.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge, Histogram};
+
+use crate::api::FinishReason;
+
+pub const NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
+pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
+pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
+pub const PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries";
+pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits";
+pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
+pub const GENERATION_TOKENS: &str = "vllm:generation_tokens_total";
+pub const REQUEST_SUCCESS: &str = "vllm:request_success_total";
+pub const TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
+pub const INTER_TOKEN_LATENCY: &str = "vllm:inter_token_latency_seconds";
+pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
+
+/// Register the descriptions of every engine metric with the installed recorder.
+pub fn describe() {
+    use metrics::{describe_counter, describe_gauge, describe_histogram, Unit};
+    describe_gauge!(
+        NUM_REQUESTS_RUNNING,
+        "Number of requests in the model execution batch."
+    );
+    describe_gauge!(
+        NUM_REQUESTS_WAITING,
+        "Number of requests waiting to be processed."
+    );
+    describe_gauge!(
+        KV_CACHE_USAGE_PERC,
+        Unit::Percent,
+        "KV-cache usage. 1 means 100 percent usage."
+    );
+    describe_counter!(
+        PREFIX_CACHE_QUERIES,
+        Unit::Count,
+        "Prefix cache queries, in terms of number of queried tokens."
+    );
+    describe_counter!(
+        PREFIX_CACHE_HITS,
+        Unit::Count,
+        "Prefix cache hits, in terms of number of cached tokens."
+    );
+    describe_counter!(
+        PROMPT_TOKENS,
+        Unit::Count,
+        "Number of prefill tokens processed."
+    );
+    describe_counter!(
+        GENERATION_TOKENS,
+        Unit::Count,
+        "Number of generation tokens processed."
+    );
+    describe_counter!(
+        REQUEST_SUCCESS,
+        Unit::Count,
+        "Count of successfully processed requests."
+    );
+    describe_histogram!(
+        TIME_TO_FIRST_TOKEN,
+        Unit::Seconds,
+        "Histogram of time to first token in seconds."
+    );
+    describe_histogram!(
+        INTER_TOKEN_LATENCY,
+        Unit::Seconds,
+        "Histogram of inter-token latency in seconds."
+    );
+    describe_histogram!(
+        E2E_REQUEST_LATENCY,
+        Unit::Seconds,
+        "Histogram of e2e request latency in seconds."
+    );
+}
+
+/// The vLLM label value of a finish reason.
+pub fn finish_label(reason: FinishReason) -> &'static str {
+    match reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    }
+}
+
+/// Metric handles of one served model.
+#[derive(Debug)]
+pub struct ModelMetrics {
+    model_name: String,
+    running: Gauge,
+    waiting: Gauge,
+    kv_usage: Gauge,
+    prefix_queries: Counter,
+    prefix_hits: Counter,
+    prompt_tokens: Counter,
+    generation_tokens: Counter,
+    ttft: Histogram,
+    itl: Histogram,
+    e2e: Histogram,
+}
+
+impl ModelMetrics {
+    pub fn new(model_name: &str) -> Self {
+        let name = model_name.to_string();
+        ModelMetrics {
+            running: metrics::gauge!(NUM_REQUESTS_RUNNING, "model_name" => name.clone()),
+            waiting: metrics::gauge!(NUM_REQUESTS_WAITING, "model_name" => name.clone()),
+            kv_usage: metrics::gauge!(KV_CACHE_USAGE_PERC, "model_name" => name.clone()),
+            prefix_queries: metrics::counter!(PREFIX_CACHE_QUERIES, "model_name" => name.clone()),
+            prefix_hits: metrics::counter!(PREFIX_CACHE_HITS, "model_name" => name.clone()),
+            prompt_tokens: metrics::counter!(PROMPT_TOKENS, "model_name" => name.clone()),
+            generation_tokens: metrics::counter!(GENERATION_TOKENS, "model_name" => name.clone()),
+            ttft: metrics::histogram!(TIME_TO_FIRST_TOKEN, "model_name" => name.clone()),
+            itl: metrics::histogram!(INTER_TOKEN_LATENCY, "model_name" => name.clone()),
+            e2e: metrics::histogram!(E2E_REQUEST_LATENCY, "model_name" => name.clone()),
+            model_name: name,
+        }
+    }
+
+    pub fn model_name(&self) -> &str {
+        &self.model_name
+    }
+
+    /// Scheduler state after a step.
+    pub fn queue(&self, running: usize, waiting: usize, kv_usage: f64) {
+        self.running.set(running as f64);
+        self.waiting.set(waiting as f64);
+        self.kv_usage.set(kv_usage);
+    }
+
+    pub fn prefix_cache(&self, queried_tokens: usize, hit_tokens: usize) {
+        self.prefix_queries.increment(queried_tokens as u64);
+        self.prefix_hits.increment(hit_tokens as u64);
+    }
+
+    pub fn prompt_tokens(&self, n: usize) {
+        self.prompt_tokens.increment(n as u64);
+    }
+
+    pub fn generation_tokens(&self, n: usize) {
+        self.generation_tokens.increment(n as u64);
+    }
+
+    pub fn first_token(&self, d: Duration) {
+        self.ttft.record(d.as_secs_f64());
+    }
+
+    pub fn inter_token(&self, d: Duration) {
+        self.itl.record(d.as_secs_f64());
+    }
+
+    /// A request ended (on the async side, where stop strings are known).
+    pub fn request_finished(&self, reason: FinishReason, e2e: Duration) {
+        metrics::counter!(
+            REQUEST_SUCCESS,
+            "model_name" => self.model_name.clone(),
+            "finished_reason" => finish_label(reason)
+        )
+        .increment(1);
+        self.e2e.record(e2e.as_secs_f64());
+    }
+}

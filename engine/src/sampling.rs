@@ -327,6 +327,7 @@ fn sample_random(logits: &mut [f32], p: &SamplingParams, rng: &mut StdRng) -> Op
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::expect_used)]
 mod tests {
     use super::*;
 

@@ -1,1 +1,675 @@
-//! TODO(owner): see lib.rs module map.
+//! The engine thread: continuous batching with chunked prefill over a paged KV cache.
+//!
+//! One thread per decoder owns the model, the [`PagedKvCache`] and the [`BlockManager`]. Each
+//! step it:
+//! 1. takes new commands (blocking only when it has nothing to do);
+//! 2. drops sequences whose client went away (their stream was dropped);
+//! 3. schedules: running sequences first, in admission order (a decode token each, or the next
+//!    chunk of an unfinished prefill), then waiting sequences while there is token budget
+//!    (`max_num_batched_tokens`), room in the running batch (`max_num_active_seqs`) and KV
+//!    blocks. A new sequence first takes the cached blocks of its longest cached prompt prefix
+//!    (at least its last prompt token is always computed, to get logits). When a running
+//!    sequence needs a block and none is free, the youngest running sequence is preempted: its
+//!    blocks are freed and it goes back to the front of the queue, to be recomputed later with
+//!    its generated tokens as part of its prompt (its output then continues where it left off);
+//! 4. runs the model (a panic there fails the batch's sequences, not the thread);
+//! 5. registers newly filled blocks in the prefix cache, samples, and streams tokens out.
+//!
+//! Stop strings are matched on the async side (see [`crate::handle`]), which cancels the
+//! sequence when one is found.
+
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use rand::rngs::StdRng;
+use rand::SeedableRng;
+use tokio::sync::mpsc::UnboundedSender;
+
+use crate::api::{Finish, FinishReason, SamplingParams, StepLogprobs, StopReason};
+use crate::block_manager::{
+    extend_block_hashes, BlockHash, BlockId, BlockManager, BlockStats, HashContext,
+};
+use crate::error::{EngineError, Result};
+use crate::metrics::ModelMetrics;
+use crate::model::{CausalLm, PagedKvCache, SeqChunk};
+use crate::sampling::SequenceSampler;
+
+/// Limits the scheduler works within.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    pub max_num_seqs: usize,
+    pub max_num_active_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    pub block_size: usize,
+    pub num_blocks: usize,
+    pub max_model_len: usize,
+    pub enable_prefix_caching: bool,
+    /// Threads for the model's parallel work (`None`: rayon's global pool).
+    pub threads: Option<usize>,
+}
+
+/// What the engine sends back for one sequence.
+#[derive(Debug)]
+pub enum SeqEvent {
+    /// A generated token; `finish` is set on the last one.
+    Token {
+        id: u32,
+        logprobs: Option<StepLogprobs>,
+        /// Prompt tokens that were served from the prefix cache.
+        cached_tokens: usize,
+        finish: Option<Finish>,
+    },
+    /// The sequence ended without producing a further token.
+    Finished(Finish),
+    /// The sequence failed.
+    Failed(EngineError),
+}
+
+/// A sequence handed to the engine.
+#[derive(Debug)]
+pub struct Submission {
+    pub seq_id: u64,
+    pub request_id: String,
+    pub prompt_ids: Vec<u32>,
+    pub params: SamplingParams,
+    pub hash_ctx: HashContext,
+    pub events: UnboundedSender<SeqEvent>,
+    pub arrived: Instant,
+}
+
+/// Messages to the engine thread.
+#[derive(Debug)]
+pub enum Command {
+    Submit(Box<Submission>),
+    Cancel(u64),
+    Shutdown,
+}
+
+/// A snapshot of the engine's state, refreshed every step (for tests and health).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct EngineStats {
+    pub steps: u64,
+    pub running: usize,
+    pub waiting: usize,
+    pub blocks: BlockStats,
+    /// Prompt tokens looked up in the prefix cache, and of those, found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    pub preemptions: u64,
+    /// Tokens computed by the model (prefill and decode) over the engine's life.
+    pub computed_tokens: u64,
+}
+
+/// State shared between the engine thread and its handle.
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub alive: AtomicBool,
+    /// Sequences submitted and not yet finished (the `max_num_seqs` bound).
+    pub held: AtomicUsize,
+    pub stats: Mutex<EngineStats>,
+}
+
+impl Shared {
+    pub fn stats(&self) -> EngineStats {
+        match self.stats.lock() {
+            Ok(s) => s.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+}
+
+/// Marks the engine dead when its thread ends, however it ends.
+struct AliveGuard(Arc<Shared>);
+
+impl Drop for AliveGuard {
+    fn drop(&mut self) {
+        self.0.alive.store(false, Ordering::SeqCst);
+        if std::thread::panicking() {
+            tracing::error!("engine thread panicked; the model is unhealthy");
+        }
+    }
+}
+
+struct Sequence {
+    id: u64,
+    request_id: String,
+    /// Prompt followed by the generated tokens.
+    tokens: Vec<u32>,
+    prompt_len: usize,
+    max_tokens: usize,
+    /// Tokens whose K/V are in the cache.
+    computed: usize,
+    table: Vec<BlockId>,
+    hashes: Vec<BlockHash>,
+    /// Leading blocks already registered in the prefix cache.
+    registered: usize,
+    hash_ctx: HashContext,
+    sampler: SequenceSampler,
+    events: UnboundedSender<SeqEvent>,
+    admitted_once: bool,
+    cached_tokens: usize,
+    arrived: Instant,
+    last_token_at: Option<Instant>,
+}
+
+impl Sequence {
+    fn generated(&self) -> usize {
+        self.tokens.len() - self.prompt_len
+    }
+}
+
+/// The engine loop. Construct with [`Engine::new`] and run with [`Engine::run`] on its thread.
+pub struct Engine {
+    model: Box<dyn CausalLm>,
+    kv: PagedKvCache,
+    blocks: BlockManager,
+    cfg: SchedulerConfig,
+    waiting: VecDeque<Sequence>,
+    running: Vec<Sequence>,
+    rx: Receiver<Command>,
+    rng: StdRng,
+    shared: Arc<Shared>,
+    metrics: Arc<ModelMetrics>,
+    eos: Vec<u32>,
+    stats: EngineStats,
+    pool: Option<rayon::ThreadPool>,
+}
+
+/// Why a sequence leaves the engine.
+enum Exit {
+    Finished,
+    Cancelled,
+    Failed(EngineError),
+}
+
+impl Engine {
+    pub fn new(
+        model: Box<dyn CausalLm>,
+        cfg: SchedulerConfig,
+        rx: Receiver<Command>,
+        shared: Arc<Shared>,
+        metrics: Arc<ModelMetrics>,
+    ) -> Result<Self> {
+        if cfg.num_blocks * cfg.block_size < cfg.max_model_len {
+            return Err(EngineError::invalid(
+                format!(
+                    "the KV cache ({} blocks of {} tokens) cannot hold one sequence of max_model_len {}; raise the KV cache size or lower max_model_len",
+                    cfg.num_blocks, cfg.block_size, cfg.max_model_len
+                ),
+                Some("kv_cache_tokens"),
+            ));
+        }
+        if cfg.max_num_batched_tokens == 0 || cfg.max_num_seqs == 0 || cfg.max_num_active_seqs == 0
+        {
+            return Err(EngineError::invalid(
+                "max_num_seqs, max_num_active_seqs and max_num_batched_tokens must be at least 1",
+                None,
+            ));
+        }
+        let info = model.info().clone();
+        let kv = PagedKvCache::new(&info, cfg.block_size, cfg.num_blocks);
+        let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)?;
+        let pool = match cfg.threads {
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .build()
+                    .map_err(|e| {
+                        EngineError::Internal(format!("cannot build the engine thread pool: {e}"))
+                    })?,
+            ),
+            None => None,
+        };
+        shared.alive.store(true, Ordering::SeqCst);
+        Ok(Engine {
+            model,
+            kv,
+            blocks,
+            cfg,
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            rx,
+            rng: StdRng::from_rng(&mut rand::rng()),
+            shared,
+            metrics,
+            eos: info.eos_token_ids,
+            stats: EngineStats::default(),
+            pool,
+        })
+    }
+
+    /// Run until every sender is gone or a shutdown arrives. With a thread count configured,
+    /// the loop runs inside its own rayon pool so the model's parallel work uses that pool.
+    pub fn run(mut self) {
+        match self.pool.take() {
+            Some(pool) => pool.install(move || self.run_loop()),
+            None => self.run_loop(),
+        }
+    }
+
+    fn run_loop(mut self) {
+        let _guard = AliveGuard(self.shared.clone());
+        self.publish();
+        loop {
+            if self.running.is_empty() && self.waiting.is_empty() {
+                match self.rx.recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            break;
+                        }
+                    }
+                    Err(_) => break,
+                }
+            }
+            let mut stop = false;
+            loop {
+                match self.rx.try_recv() {
+                    Ok(cmd) => {
+                        if !self.handle(cmd) {
+                            stop = true;
+                            break;
+                        }
+                    }
+                    Err(TryRecvError::Empty) => break,
+                    Err(TryRecvError::Disconnected) => {
+                        // Only streams' own senders can be left; keep serving them.
+                        break;
+                    }
+                }
+            }
+            if stop {
+                break;
+            }
+            self.drop_closed();
+            if !self.running.is_empty() || !self.waiting.is_empty() {
+                self.step();
+            }
+            self.publish();
+        }
+        let all: Vec<Sequence> = self
+            .running
+            .drain(..)
+            .chain(self.waiting.drain(..))
+            .collect();
+        for seq in all {
+            let _ = seq.events.send(SeqEvent::Failed(EngineError::Stopped));
+            self.blocks.free_table(&seq.table);
+            self.shared.held.fetch_sub(1, Ordering::SeqCst);
+        }
+        self.publish();
+    }
+
+    /// Apply one command; false to stop the engine.
+    fn handle(&mut self, cmd: Command) -> bool {
+        match cmd {
+            Command::Submit(sub) => self.submit(*sub),
+            Command::Cancel(id) => {
+                if let Some(i) = self.running.iter().position(|s| s.id == id) {
+                    let seq = self.running.remove(i);
+                    self.exit(seq, Exit::Cancelled);
+                } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
+                    if let Some(seq) = self.waiting.remove(i) {
+                        self.exit(seq, Exit::Cancelled);
+                    }
+                }
+            }
+            Command::Shutdown => return false,
+        }
+        true
+    }
+
+    fn submit(&mut self, sub: Submission) {
+        let prompt_len = sub.prompt_ids.len();
+        let room = self.cfg.max_model_len.saturating_sub(prompt_len);
+        let max_tokens = sub.params.max_tokens.min(room);
+        let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids);
+        let seq = Sequence {
+            id: sub.seq_id,
+            request_id: sub.request_id,
+            tokens: sub.prompt_ids,
+            prompt_len,
+            max_tokens,
+            computed: 0,
+            table: Vec::new(),
+            hashes: Vec::new(),
+            registered: 0,
+            hash_ctx: sub.hash_ctx,
+            sampler,
+            events: sub.events,
+            admitted_once: false,
+            cached_tokens: 0,
+            arrived: sub.arrived,
+            last_token_at: None,
+        };
+        if max_tokens == 0 {
+            let finish = Finish {
+                reason: FinishReason::Length,
+                stop_reason: None,
+                prompt_tokens: prompt_len,
+                completion_tokens: 0,
+                cached_tokens: 0,
+            };
+            let _ = seq.events.send(SeqEvent::Finished(finish));
+            self.exit(seq, Exit::Finished);
+            return;
+        }
+        tracing::debug!(request_id = %seq.request_id, prompt_len, max_tokens, "sequence queued");
+        self.waiting.push_back(seq);
+    }
+
+    /// Release a sequence that leaves the engine.
+    fn exit(&mut self, seq: Sequence, why: Exit) {
+        self.blocks.free_table(&seq.table);
+        self.shared.held.fetch_sub(1, Ordering::SeqCst);
+        match why {
+            Exit::Finished => {}
+            Exit::Cancelled => {
+                tracing::debug!(request_id = %seq.request_id, "sequence cancelled");
+            }
+            Exit::Failed(err) => {
+                tracing::error!(request_id = %seq.request_id, "sequence failed: {err}");
+                let _ = seq.events.send(SeqEvent::Failed(err));
+            }
+        }
+    }
+
+    /// Remove sequences whose client has gone.
+    fn drop_closed(&mut self) {
+        let mut i = 0;
+        while i < self.running.len() {
+            if self.running[i].events.is_closed() {
+                let seq = self.running.remove(i);
+                self.exit(seq, Exit::Cancelled);
+            } else {
+                i += 1;
+            }
+        }
+        let mut j = 0;
+        while j < self.waiting.len() {
+            if self.waiting[j].events.is_closed() {
+                if let Some(seq) = self.waiting.remove(j) {
+                    self.exit(seq, Exit::Cancelled);
+                }
+            } else {
+                j += 1;
+            }
+        }
+    }
+
+    /// Free a running sequence's blocks and put it back at the front of the queue.
+    fn preempt(&mut self, idx: usize) {
+        let mut seq = self.running.remove(idx);
+        self.blocks.free_table(&seq.table);
+        seq.table.clear();
+        seq.computed = 0;
+        seq.registered = 0;
+        self.stats.preemptions += 1;
+        tracing::debug!(request_id = %seq.request_id, "sequence preempted for recompute");
+        self.waiting.push_front(seq);
+    }
+
+    /// Grow `seq`'s block table to cover `upto` tokens; false when blocks ran out.
+    fn grow(blocks: &mut BlockManager, seq: &mut Sequence, upto: usize) -> bool {
+        let need = blocks.blocks_for(upto).saturating_sub(seq.table.len());
+        if need == 0 {
+            return true;
+        }
+        match blocks.allocate_n(need) {
+            Some(new) => {
+                seq.table.extend(new);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Decide this step's chunks: `(index in running, tokens)`.
+    fn schedule(&mut self) -> Vec<(usize, usize)> {
+        let mut budget = self.cfg.max_num_batched_tokens;
+        let mut plan: Vec<(usize, usize)> = Vec::new();
+        let mut preempted = false;
+        let mut i = 0;
+        while i < self.running.len() && budget > 0 {
+            let seq = &self.running[i];
+            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let upto = seq.computed + n;
+            let mut scheduled = true;
+            while !Self::grow(&mut self.blocks, &mut self.running[i], upto) {
+                let victim = self.running.len() - 1;
+                preempted = true;
+                self.preempt(victim);
+                if victim == i {
+                    scheduled = false;
+                    break;
+                }
+            }
+            if !scheduled {
+                break;
+            }
+            plan.push((i, n));
+            budget -= n;
+            i += 1;
+        }
+        if preempted {
+            return plan;
+        }
+        let bs = self.cfg.block_size;
+        while budget > 0 && self.running.len() < self.cfg.max_num_active_seqs {
+            let Some(mut seq) = self.waiting.pop_front() else {
+                break;
+            };
+            extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
+            let max_hit = (seq.tokens.len() - 1) / bs;
+            let hit_blocks = self
+                .blocks
+                .acquire_cached(&seq.hashes[..max_hit.min(seq.hashes.len())]);
+            let hit = hit_blocks.len() * bs;
+            let n = (seq.tokens.len() - hit).min(budget);
+            seq.table = hit_blocks;
+            if !Self::grow(&mut self.blocks, &mut seq, hit + n) {
+                self.blocks.free_table(&seq.table);
+                seq.table.clear();
+                self.waiting.push_front(seq);
+                break;
+            }
+            seq.computed = hit;
+            seq.registered = hit / bs;
+            if !seq.admitted_once {
+                seq.admitted_once = true;
+                seq.cached_tokens = hit;
+                self.stats.prefix_cache_queries += seq.prompt_len as u64;
+                self.stats.prefix_cache_hits += hit as u64;
+                self.metrics.prefix_cache(seq.prompt_len, hit);
+                self.metrics.prompt_tokens(seq.prompt_len);
+            }
+            self.running.push(seq);
+            plan.push((self.running.len() - 1, n));
+            budget -= n;
+        }
+        plan
+    }
+
+    fn step(&mut self) {
+        let plan = self.schedule();
+        if plan.is_empty() {
+            if !self.waiting.is_empty() && self.running.is_empty() {
+                // Cannot happen with a cache that holds one max_model_len sequence; fail the
+                // head rather than spin.
+                if let Some(seq) = self.waiting.pop_front() {
+                    self.exit(
+                        seq,
+                        Exit::Failed(EngineError::Internal(
+                            "no KV blocks for the sequence".into(),
+                        )),
+                    );
+                }
+            }
+            return;
+        }
+        let result = {
+            let chunks: Vec<SeqChunk<'_>> = plan
+                .iter()
+                .map(|&(i, n)| {
+                    let s = &self.running[i];
+                    SeqChunk {
+                        tokens: &s.tokens[s.computed..s.computed + n],
+                        start_pos: s.computed,
+                        block_table: &s.table,
+                        want_logits: s.computed + n == s.tokens.len(),
+                    }
+                })
+                .collect();
+            let model = &self.model;
+            let kv = &mut self.kv;
+            catch_unwind(AssertUnwindSafe(|| model.forward(&chunks, kv)))
+        };
+        self.stats.steps += 1;
+        let outputs = match result {
+            Ok(Ok(out)) if out.len() == plan.len() => out,
+            Ok(Ok(out)) => {
+                let msg = format!(
+                    "model returned {} outputs for {} sequences",
+                    out.len(),
+                    plan.len()
+                );
+                self.fail_plan(&plan, &msg);
+                return;
+            }
+            Ok(Err(e)) => {
+                self.fail_plan(&plan, &format!("model forward failed: {e}"));
+                return;
+            }
+            Err(panic) => {
+                let what = panic
+                    .downcast_ref::<String>()
+                    .cloned()
+                    .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                    .unwrap_or_else(|| "unknown panic".into());
+                self.fail_plan(&plan, &format!("model forward panicked: {what}"));
+                return;
+            }
+        };
+        let now = Instant::now();
+        let mut finished: Vec<usize> = Vec::new();
+        let mut failed: Vec<(usize, EngineError)> = Vec::new();
+        let bs = self.cfg.block_size;
+        for (&(i, n), logits) in plan.iter().zip(outputs) {
+            self.stats.computed_tokens += n as u64;
+            let seq = &mut self.running[i];
+            seq.computed += n;
+            if self.blocks.caching_enabled() {
+                let full = seq.computed / bs;
+                if full > seq.registered {
+                    extend_block_hashes(
+                        &mut seq.hashes,
+                        &seq.tokens[..full * bs],
+                        bs,
+                        &seq.hash_ctx,
+                    );
+                    for b in seq.registered..full {
+                        self.blocks.register(seq.table[b], seq.hashes[b]);
+                    }
+                    seq.registered = full;
+                }
+            }
+            if seq.computed < seq.tokens.len() {
+                continue;
+            }
+            let Some(mut logits) = logits else {
+                failed.push((i, EngineError::Internal("model returned no logits".into())));
+                continue;
+            };
+            let sampled = match seq.sampler.sample(&mut logits, &self.eos, &mut self.rng) {
+                Ok(s) => s,
+                Err(e) => {
+                    failed.push((i, e));
+                    continue;
+                }
+            };
+            let token = sampled.token;
+            seq.sampler.record(token);
+            seq.tokens.push(token);
+            match seq.last_token_at {
+                None => self.metrics.first_token(now.duration_since(seq.arrived)),
+                Some(prev) => self.metrics.inter_token(now.duration_since(prev)),
+            }
+            seq.last_token_at = Some(now);
+            self.metrics.generation_tokens(1);
+            let finish = Self::check_finish(seq, &self.eos, self.cfg.max_model_len, token);
+            let done = finish.is_some();
+            let _ = seq.events.send(SeqEvent::Token {
+                id: token,
+                logprobs: sampled.logprobs,
+                cached_tokens: seq.cached_tokens,
+                finish,
+            });
+            if done {
+                finished.push(i);
+            }
+        }
+        let mut leaving: Vec<(usize, Exit)> =
+            finished.into_iter().map(|i| (i, Exit::Finished)).collect();
+        leaving.extend(failed.into_iter().map(|(i, e)| (i, Exit::Failed(e))));
+        leaving.sort_by_key(|l| std::cmp::Reverse(l.0));
+        for (i, why) in leaving {
+            let seq = self.running.remove(i);
+            self.exit(seq, why);
+        }
+    }
+
+    /// vLLM's stop check order: length, then (past min_tokens) EOS, then stop token ids.
+    fn check_finish(
+        seq: &Sequence,
+        eos: &[u32],
+        max_model_len: usize,
+        token: u32,
+    ) -> Option<Finish> {
+        let generated = seq.generated();
+        let params = seq.sampler.params();
+        let (reason, stop_reason) =
+            if seq.tokens.len() >= max_model_len || generated >= seq.max_tokens {
+                (FinishReason::Length, None)
+            } else if generated < params.min_tokens {
+                return None;
+            } else if !params.ignore_eos && eos.contains(&token) {
+                (FinishReason::Stop, Some(StopReason::Eos))
+            } else if params.stop_token_ids.contains(&token) {
+                (FinishReason::Stop, Some(StopReason::TokenId(token)))
+            } else {
+                return None;
+            };
+        Some(Finish {
+            reason,
+            stop_reason,
+            prompt_tokens: seq.prompt_len,
+            completion_tokens: generated,
+            cached_tokens: seq.cached_tokens,
+        })
+    }
+
+    fn fail_plan(&mut self, plan: &[(usize, usize)], msg: &str) {
+        tracing::error!("{msg}");
+        let mut idx: Vec<usize> = plan.iter().map(|p| p.0).collect();
+        idx.sort_unstable_by(|a, b| b.cmp(a));
+        for i in idx {
+            let seq = self.running.remove(i);
+            self.exit(seq, Exit::Failed(EngineError::Internal(msg.to_string())));
+        }
+    }
+
+    fn publish(&mut self) {
+        self.stats.running = self.running.len();
+        self.stats.waiting = self.waiting.len();
+        self.stats.blocks = self.blocks.stats();
+        self.metrics
+            .queue(self.running.len(), self.waiting.len(), self.blocks.usage());
+        match self.shared.stats.lock() {
+            Ok(mut s) => *s = self.stats.clone(),
+            Err(p) => *p.into_inner() = self.stats.clone(),
+        }
+    }
+}

@@ -1,5 +1,6 @@
 //! The SmolLM2 chat template rendered by our minijinja setup must give exactly the prompts
 //! transformers' `apply_chat_template(add_generation_prompt=True)` gave for the reference cases.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
 
