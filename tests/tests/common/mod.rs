@@ -1,0 +1,334 @@
+//! Shared harness for the integration tests: find and start the real `gateway` binary on
+//! a loopback port, wait for `/health`, stop it on drop; a counting media server; temp dirs.
+
+#![allow(dead_code)] // each test binary uses a different part of the harness
+
+use std::fs::File;
+use std::io::Read;
+use std::net::TcpListener as StdListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpListener;
+
+/// How long a server may take to answer `/health`.
+pub const START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The workspace root (the parent of this crate's folder).
+pub fn workspace_root() -> PathBuf {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).unwrap_or(manifest)
+}
+
+/// The gateway binary: `$GATEWAY_BIN`, else `gateway` next to this test's profile folder
+/// (`target/<profile>/deps/<test>` -> `target/<profile>/gateway`), else the workspace's
+/// default `target/<profile>/gateway`.
+pub fn gateway_bin() -> Result<PathBuf, String> {
+    if let Some(path) = std::env::var_os("GATEWAY_BIN") {
+        let path = PathBuf::from(path);
+        return if path.is_file() {
+            Ok(path)
+        } else {
+            Err(format!("GATEWAY_BIN={} is not a file", path.display()))
+        };
+    }
+    let exe = std::env::current_exe().map_err(|err| format!("current_exe: {err}"))?;
+    let profile_dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .ok_or_else(|| format!("unexpected test binary path {}", exe.display()))?;
+    let mut tried = vec![profile_dir.join("gateway")];
+    if let Some(profile) = profile_dir.file_name() {
+        tried.push(
+            workspace_root()
+                .join("target")
+                .join(profile)
+                .join("gateway"),
+        );
+    }
+    for candidate in &tried {
+        if candidate.is_file() {
+            return Ok(candidate.clone());
+        }
+    }
+    let tried: Vec<String> = tried.iter().map(|p| p.display().to_string()).collect();
+    Err(format!(
+        "the gateway binary was not found (looked at {}); run `cargo build -p gateway` first \
+         (same profile and target dir as the tests), or set GATEWAY_BIN",
+        tried.join(", ")
+    ))
+}
+
+/// Unwraps a harness result or fails the test with the error.
+pub fn must<T>(result: Result<T, String>) -> T {
+    match result {
+        Ok(value) => value,
+        Err(err) => panic!("{err}"),
+    }
+}
+
+/// A free loopback port (bound, read, released).
+pub fn free_port() -> Result<u16, String> {
+    let listener =
+        StdListener::bind("127.0.0.1:0").map_err(|err| format!("binding port 0: {err}"))?;
+    listener
+        .local_addr()
+        .map(|addr| addr.port())
+        .map_err(|err| format!("local_addr: {err}"))
+}
+
+/// A fresh temporary folder, removed on drop.
+pub struct TempDir {
+    pub path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> Result<Self, String> {
+        static COUNTER: AtomicUsize = AtomicUsize::new(0);
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let path = std::env::temp_dir().join(format!(
+            "contract-{label}-{}-{nanos}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&path)
+            .map_err(|err| format!("creating {}: {err}", path.display()))?;
+        Ok(Self { path })
+    }
+
+    pub fn write(&self, name: &str, text: &str) -> Result<PathBuf, String> {
+        let path = self.path.join(name);
+        std::fs::write(&path, text).map_err(|err| format!("writing {}: {err}", path.display()))?;
+        Ok(path)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.path);
+    }
+}
+
+/// The `gateway serve` command with our loopback defaults and a clean environment.
+pub fn serve_command(bin: &Path, port: u16, args: &[String]) -> Command {
+    let root = workspace_root();
+    let mut command = Command::new(bin);
+    command
+        .current_dir(&root)
+        .arg("serve")
+        .args(["--host", "127.0.0.1", "--port", &port.to_string()])
+        .arg("--models-cache")
+        .arg(root.join("models-cache"))
+        .args(args)
+        .env_remove("VLLM_API_KEY")
+        .env_remove("MODELS_CACHE")
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null());
+    command
+}
+
+/// A running gateway, killed on drop.
+pub struct Gateway {
+    child: Child,
+    pub port: u16,
+    pub base_url: String,
+    log: PathBuf,
+    _dir: TempDir,
+}
+
+impl Gateway {
+    /// Starts `gateway serve` with `args` and waits for `/health` to answer 200.
+    pub async fn start(args: &[&str]) -> Result<Self, String> {
+        let bin = gateway_bin()?;
+        let port = free_port()?;
+        let dir = TempDir::new("gateway")?;
+        let log = dir.path.join("stderr.log");
+        let stderr = File::create(&log).map_err(|err| format!("creating log: {err}"))?;
+        let stdout = stderr
+            .try_clone()
+            .map_err(|err| format!("cloning log handle: {err}"))?;
+        let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+        let child = serve_command(&bin, port, &args)
+            .stdout(Stdio::from(stdout))
+            .stderr(Stdio::from(stderr))
+            .spawn()
+            .map_err(|err| format!("spawning {}: {err}", bin.display()))?;
+        let mut gateway = Self {
+            child,
+            port,
+            base_url: format!("http://127.0.0.1:{port}"),
+            log,
+            _dir: dir,
+        };
+        gateway.wait_healthy(&args).await?;
+        Ok(gateway)
+    }
+
+    async fn wait_healthy(&mut self, args: &[String]) -> Result<(), String> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|err| err.to_string())?;
+        let url = format!("{}/health", self.base_url);
+        let started = Instant::now();
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Err(format!(
+                    "gateway serve {args:?} exited with {status} before /health answered; output:\n{}",
+                    self.output()
+                ));
+            }
+            if let Ok(response) = client.get(&url).send().await {
+                if response.status().as_u16() == 200 {
+                    return Ok(());
+                }
+            }
+            if started.elapsed() > START_TIMEOUT {
+                return Err(format!(
+                    "gateway serve {args:?} did not answer /health with 200 within {}s; output:\n{}",
+                    START_TIMEOUT.as_secs(),
+                    self.output()
+                ));
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// What the process wrote so far.
+    pub fn output(&self) -> String {
+        let mut text = String::new();
+        if let Ok(mut file) = File::open(&self.log) {
+            let _ = file.read_to_string(&mut text);
+        }
+        text
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Runs `gateway serve` with `args`, expecting it to exit by itself within `limit`;
+/// returns its exit status and stderr. A process still running at `limit` is killed and
+/// reported as an error.
+pub fn run_to_exit(args: &[&str], limit: Duration) -> Result<(ExitStatus, String), String> {
+    let bin = gateway_bin()?;
+    let port = free_port()?;
+    let dir = TempDir::new("startup")?;
+    let log = dir.path.join("stderr.log");
+    let stderr = File::create(&log).map_err(|err| format!("creating log: {err}"))?;
+    let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
+    let mut child = serve_command(&bin, port, &args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::from(stderr))
+        .spawn()
+        .map_err(|err| format!("spawning {}: {err}", bin.display()))?;
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() > limit => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!(
+                    "gateway serve {args:?} was still running after {}s (it should refuse to start)",
+                    limit.as_secs()
+                ));
+            }
+            Ok(None) => std::thread::sleep(Duration::from_millis(100)),
+            Err(err) => return Err(format!("waiting for the gateway: {err}")),
+        }
+    };
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    Ok((status, text))
+}
+
+/// A 1x1 PNG.
+pub const PNG_1X1: &[u8] = &[
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x01, 0x00, 0x00, 0x00, 0x01, 0x08, 0x06, 0x00, 0x00, 0x00, 0x1F, 0x15, 0xC4,
+    0x89, 0x00, 0x00, 0x00, 0x0A, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0x00, 0x01, 0x00, 0x00,
+    0x05, 0x00, 0x01, 0x0D, 0x0A, 0x2D, 0xB4, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE,
+    0x42, 0x60, 0x82,
+];
+
+/// A loopback HTTP/1.1 server that answers every request with a PNG and counts requests.
+pub struct MediaServer {
+    pub base_url: String,
+    hits: Arc<AtomicUsize>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl MediaServer {
+    pub async fn start() -> Result<Self, String> {
+        let listener = TcpListener::bind("127.0.0.1:0")
+            .await
+            .map_err(|err| format!("binding the media server: {err}"))?;
+        let addr = listener.local_addr().map_err(|err| err.to_string())?;
+        let hits = Arc::new(AtomicUsize::new(0));
+        let counter = Arc::clone(&hits);
+        let task = tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let counter = Arc::clone(&counter);
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 1024];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < 64 * 1024 {
+                        match socket.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if head.is_empty() {
+                        return;
+                    }
+                    counter.fetch_add(1, Ordering::SeqCst);
+                    let header = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        PNG_1X1.len()
+                    );
+                    let _ = socket.write_all(header.as_bytes()).await;
+                    let _ = socket.write_all(PNG_1X1).await;
+                    let _ = socket.shutdown().await;
+                });
+            }
+        });
+        Ok(Self {
+            base_url: format!("http://{addr}"),
+            hits,
+            task,
+        })
+    }
+
+    pub fn hits(&self) -> usize {
+        self.hits.load(Ordering::SeqCst)
+    }
+}
+
+impl Drop for MediaServer {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// Fails the test with the report's table unless every case passed.
+pub fn assert_report(report: &contract::Report, label: &str) {
+    assert!(
+        report.all_passed(),
+        "contract suite against the {label} server: {} of {} cases failed\n{}",
+        report.cases.len() - report.passed_count(),
+        report.cases.len(),
+        report.render_table()
+    );
+}
