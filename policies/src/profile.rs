@@ -9,19 +9,19 @@
 //! The policy file (YAML or JSON; see `policies/examples/trusted-clients.yaml`):
 //!
 //! ```yaml
-//! trusted_api_keys:
+//! trusted_keys:              # also accepted as `trusted_api_keys`
 //!   - "sk-plain-text-key"
 //!   - "sha256:<64 hex digits of the key's SHA-256>"
-//! media_io_kwargs:          # one JSON Schema per modality
+//! bounds:                    # one JSON Schema per modality (merged media_io_kwargs.<modality>)
 //!   video:
 //!     type: object
 //!     properties:
 //!       num_frames: {type: integer, minimum: 1, maximum: 64}
 //!     additionalProperties: false
-//! mm_processor_kwargs:      # optional, one JSON Schema for the flat object
-//!   type: object
-//!   properties:
-//!     max_pixels: {type: integer, maximum: 1605632}
+//!   mm_processor_kwargs:     # optional: the merged, flat mm_processor_kwargs
+//!     type: object
+//!     properties:
+//!       max_pixels: {type: integer, maximum: 1605632}
 //! ```
 //!
 //! * Keys are compared in constant time: each stored key is kept as its SHA-256
@@ -57,11 +57,11 @@ use crate::merge::{DeploymentDefaults, MergedKwargs};
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct PolicyFile {
-    trusted_api_keys: Vec<String>,
+    #[serde(alias = "trusted_api_keys")]
+    trusted_keys: Vec<String>,
+    /// Modality -> schema, plus the optional `mm_processor_kwargs` schema.
     #[serde(default)]
-    media_io_kwargs: BTreeMap<String, Value>,
-    #[serde(default)]
-    mm_processor_kwargs: Option<Value>,
+    bounds: BTreeMap<String, Value>,
 }
 
 /// The compiled trusted-client policy.
@@ -123,28 +123,29 @@ impl TrustedClientPolicy {
             Syntax::Json => serde_json::from_str(text).map_err(|e| file_error(e.to_string()))?,
             Syntax::Yaml => serde_yaml::from_str(text).map_err(|e| file_error(e.to_string()))?,
         };
-        if file.trusted_api_keys.is_empty() {
-            return Err(file_error("trusted_api_keys lists no keys".to_owned()));
+        if file.trusted_keys.is_empty() {
+            return Err(file_error("trusted_keys lists no keys".to_owned()));
         }
         let key_digests = file
-            .trusted_api_keys
+            .trusted_keys
             .iter()
             .enumerate()
             .map(|(i, entry)| {
                 key_digest(entry)
-                    .map_err(|reason| file_error(format!("trusted_api_keys[{i}]: {reason}")))
+                    .map_err(|reason| file_error(format!("trusted_keys[{i}]: {reason}")))
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let media_schemas = file
-            .media_io_kwargs
-            .iter()
-            .map(|(modality, schema)| Ok((modality.clone(), compile(modality, schema)?)))
-            .collect::<Result<BTreeMap<_, _>, PolicyError>>()?;
-        let mm_schema = file
-            .mm_processor_kwargs
-            .as_ref()
-            .map(|schema| compile(KwargsField::MmProcessorKwargs.as_str(), schema))
-            .transpose()?;
+        let mm_key = KwargsField::MmProcessorKwargs.as_str();
+        let mut media_schemas = BTreeMap::new();
+        let mut mm_schema = None;
+        for (target, schema) in &file.bounds {
+            let validator = compile(target, schema)?;
+            if target == mm_key {
+                mm_schema = Some(validator);
+            } else {
+                media_schemas.insert(target.clone(), validator);
+            }
+        }
         Ok(TrustedClientPolicy {
             key_digests,
             media_schemas,
@@ -351,10 +352,10 @@ mod tests {
     use serde_json::json;
 
     const POLICY: &str = r#"
-trusted_api_keys:
+trusted_keys:
   - "sk-trusted"
   - "sha256:4f39e3c6c9ec5d4f3e1c2ba9b55c1bb4d4a9f71b5c0a3d1f0e5c1b5e2f0d8a11"
-media_io_kwargs:
+bounds:
   video:
     type: object
     properties:
@@ -365,11 +366,11 @@ media_io_kwargs:
     type: object
     properties:
       image_mode: {enum: ["RGB", "L"]}
-mm_processor_kwargs:
-  type: object
-  properties:
-    max_pixels: {type: integer, maximum: 1605632}
-    min_pixels: {type: integer, minimum: 3136}
+  mm_processor_kwargs:
+    type: object
+    properties:
+      max_pixels: {type: integer, maximum: 1605632}
+      min_pixels: {type: integer, minimum: 3136}
 "#;
 
     fn policy() -> TrustedClientPolicy {
@@ -409,7 +410,7 @@ mm_processor_kwargs:
     fn hashed_keys() {
         let digest = hex::encode(Sha256::digest(b"sk-hashed-secret"));
         let text = format!(
-            "{{\"trusted_api_keys\": [\"sha256:{}\"]}}",
+            "{{\"trusted_keys\": [\"sha256:{}\"]}}",
             digest.to_uppercase()
         );
         let p = TrustedClientPolicy::from_str(&text).expect("json policy");
@@ -423,13 +424,14 @@ mm_processor_kwargs:
     #[test]
     fn bad_key_entries_are_startup_errors() {
         for text in [
-            r#"{"trusted_api_keys": []}"#,
-            r#"{"trusted_api_keys": [""]}"#,
-            r#"{"trusted_api_keys": ["sha256:abcd"]}"#,
-            r#"{"trusted_api_keys": ["sha256:zz"]}"#,
-            r#"{"trusted_api_keys": ["k"], "unknown": 1}"#,
-            r#"{"media_io_kwargs": {}}"#,
-            "trusted_api_keys: [\"k\"\n",
+            r#"{"trusted_keys": []}"#,
+            r#"{"trusted_keys": [""]}"#,
+            r#"{"trusted_keys": ["sha256:abcd"]}"#,
+            r#"{"trusted_keys": ["sha256:zz"]}"#,
+            r#"{"trusted_keys": ["k"], "unknown": 1}"#,
+            r#"{"trusted_keys": ["k"], "media_io_kwargs": {}}"#,
+            r#"{"bounds": {}}"#,
+            "trusted_keys: [\"k\"\n",
         ] {
             let err = TrustedClientPolicy::from_str(text).expect_err(text);
             assert!(err.is_startup_error(), "{text}");
@@ -519,8 +521,7 @@ mm_processor_kwargs:
 
     #[test]
     fn invalid_schema_names_the_modality() {
-        let text =
-            r#"{"trusted_api_keys": ["k"], "media_io_kwargs": {"video": {"type": "integr"}}}"#;
+        let text = r#"{"trusted_keys": ["k"], "bounds": {"video": {"type": "integr"}}}"#;
         let err = TrustedClientPolicy::from_str(text).expect_err("bad schema");
         assert!(matches!(err, PolicyError::InvalidSchema { ref target, .. } if target == "video"));
         assert!(
@@ -529,12 +530,13 @@ mm_processor_kwargs:
             "{}",
             err.message()
         );
-        let text = r#"{"trusted_api_keys": ["k"], "mm_processor_kwargs": {"maximum": "x"}}"#;
+        let text =
+            r#"{"trusted_keys": ["k"], "bounds": {"mm_processor_kwargs": {"maximum": "x"}}}"#;
         let err = TrustedClientPolicy::from_str(text).expect_err("bad schema");
         assert!(
             matches!(err, PolicyError::InvalidSchema { ref target, .. } if target == "mm_processor_kwargs")
         );
-        let text = r#"{"trusted_api_keys": ["k"], "media_io_kwargs": {"image": 5}}"#;
+        let text = r#"{"trusted_keys": ["k"], "bounds": {"image": 5}}"#;
         let err = TrustedClientPolicy::from_str(text).expect_err("not a schema");
         assert!(err.is_startup_error());
     }
@@ -564,6 +566,7 @@ mm_processor_kwargs:
             .expect("yaml")
             .is_trusted(Some("sk-trusted")));
         let json_path = dir.join("p.json");
+        // `trusted_api_keys` is accepted as an alias of `trusted_keys`.
         std::fs::write(&json_path, r#"{"trusted_api_keys": ["a"]}"#).expect("write");
         assert!(TrustedClientPolicy::from_file(&json_path)
             .expect("json")
