@@ -29,7 +29,7 @@ pub mod profile;
 pub use error::{KwargsField, PolicyError};
 pub use gate::{check_trust_gate, is_non_empty_kwargs, validate_kwargs_shape};
 pub use ip::{classify_ip, IpClass};
-pub use limits::{MmLimits, VLLM_DEFAULT_LIMIT_PER_MODALITY};
+pub use limits::{LimitMmPerPrompt, VLLM_DEFAULT_LIMIT_PER_MODALITY};
 pub use media_url::{
     base64_encoded_len, check_ip_is_public, parse_media_url, DataUrl, MediaUrl, MediaUrlPolicy,
     DEFAULT_MAX_DATA_URL_BYTES, DEFAULT_MAX_MEDIA_BYTES, MAX_REDIRECTS,

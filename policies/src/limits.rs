@@ -16,7 +16,7 @@
 //! unlimited. vLLM's V1 engine defaults to [`VLLM_DEFAULT_LIMIT_PER_MODALITY`]
 //! (999) per modality the model supports (its legacy V0 engine used 1); the
 //! gateway should pass 0 for modalities the model cannot take at all via
-//! [`MmLimits::set_limit`].
+//! [`LimitMmPerPrompt::set_limit`].
 
 use std::collections::BTreeMap;
 
@@ -33,17 +33,32 @@ const DUMMY_OPTION_KEYS: &[&str] = &["num_frames", "width", "height", "length"];
 const OPTION: &str = "--limit-mm-per-prompt";
 
 /// Per-modality limits on media items per prompt.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct MmLimits {
+///
+/// [`Default`] is vLLM's: no explicit limits, [`VLLM_DEFAULT_LIMIT_PER_MODALITY`]
+/// for every modality.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LimitMmPerPrompt {
     limits: BTreeMap<String, usize>,
     default_per_modality: Option<usize>,
 }
 
-impl MmLimits {
+impl Default for LimitMmPerPrompt {
+    fn default() -> Self {
+        LimitMmPerPrompt::new(Some(VLLM_DEFAULT_LIMIT_PER_MODALITY))
+    }
+}
+
+impl LimitMmPerPrompt {
+    /// Parses the `--limit-mm-per-prompt` JSON with vLLM's default
+    /// ([`VLLM_DEFAULT_LIMIT_PER_MODALITY`]) for modalities it does not name.
+    pub fn from_json(json: &str) -> Result<Self, PolicyError> {
+        Self::parse(Some(json), Some(VLLM_DEFAULT_LIMIT_PER_MODALITY))
+    }
+
     /// No explicit limits; every modality gets `default_per_modality`
     /// (`None` = unlimited).
     pub fn new(default_per_modality: Option<usize>) -> Self {
-        MmLimits {
+        LimitMmPerPrompt {
             limits: BTreeMap::new(),
             default_per_modality,
         }
@@ -54,7 +69,7 @@ impl MmLimits {
         json: Option<&str>,
         default_per_modality: Option<usize>,
     ) -> Result<Self, PolicyError> {
-        let mut limits = MmLimits::new(default_per_modality);
+        let mut limits = LimitMmPerPrompt::new(default_per_modality);
         let Some(text) = json else {
             return Ok(limits);
         };
@@ -70,7 +85,7 @@ impl MmLimits {
         value: &Value,
         default_per_modality: Option<usize>,
     ) -> Result<Self, PolicyError> {
-        let mut limits = MmLimits::new(default_per_modality);
+        let mut limits = LimitMmPerPrompt::new(default_per_modality);
         limits.apply_value(value)?;
         Ok(limits)
     }
@@ -202,7 +217,7 @@ mod tests {
 
     #[test]
     fn over_the_limit_is_a_400_naming_the_modality() {
-        let limits = MmLimits::parse(Some(r#"{"image": 2}"#), Some(1)).expect("parse");
+        let limits = LimitMmPerPrompt::parse(Some(r#"{"image": 2}"#), Some(1)).expect("parse");
         assert_eq!(limits.check_counts(&counts(&[("image", 2)])), Ok(()));
         let err = limits
             .check_counts(&counts(&[("image", 3)]))
@@ -218,7 +233,7 @@ mod tests {
 
     #[test]
     fn zero_limit_refuses_any_item() {
-        let limits = MmLimits::parse(Some(r#"{"video": 0}"#), None).expect("parse");
+        let limits = LimitMmPerPrompt::parse(Some(r#"{"video": 0}"#), None).expect("parse");
         assert_eq!(limits.check_counts(&counts(&[("video", 0)])), Ok(()));
         let err = limits
             .check_counts(&counts(&[("video", 1)]))
@@ -232,7 +247,7 @@ mod tests {
 
     #[test]
     fn unset_modalities_get_the_default() {
-        let limits = MmLimits::parse(Some(r#"{"image": 2}"#), Some(1)).expect("parse");
+        let limits = LimitMmPerPrompt::parse(Some(r#"{"image": 2}"#), Some(1)).expect("parse");
         assert_eq!(limits.limit_for("audio"), Some(1));
         let err = limits
             .check_counts(&counts(&[("audio", 2), ("image", 1)]))
@@ -242,21 +257,21 @@ mod tests {
             "At most 1 audio(s) may be provided in one prompt."
         );
 
-        let unlimited = MmLimits::parse(None, None).expect("parse");
+        let unlimited = LimitMmPerPrompt::parse(None, None).expect("parse");
         assert_eq!(unlimited.limit_for("image"), None);
         assert_eq!(
             unlimited.check_counts(&counts(&[("image", 10_000)])),
             Ok(())
         );
 
-        let vllm = MmLimits::new(Some(VLLM_DEFAULT_LIMIT_PER_MODALITY));
+        let vllm = LimitMmPerPrompt::default();
         assert_eq!(vllm.check_count("image", 999), Ok(()));
         assert!(vllm.check_count("image", 1000).is_err());
     }
 
     #[test]
     fn object_form_takes_count() {
-        let limits = MmLimits::parse(
+        let limits = LimitMmPerPrompt::parse(
             Some(r#"{"video": {"count": 1, "num_frames": 32, "width": 512, "height": 512}, "image": 3}"#),
             None,
         )
@@ -265,9 +280,9 @@ mod tests {
         assert_eq!(limits.limit_for("image"), Some(3));
         assert_eq!(limits.configured().len(), 2);
         let no_count =
-            MmLimits::parse(Some(r#"{"image": {"width": 64}}"#), Some(4)).expect("parse");
+            LimitMmPerPrompt::parse(Some(r#"{"image": {"width": 64}}"#), Some(4)).expect("parse");
         assert_eq!(no_count.limit_for("image"), Some(4));
-        let no_count = MmLimits::parse(Some(r#"{"image": {}}"#), None).expect("parse");
+        let no_count = LimitMmPerPrompt::parse(Some(r#"{"image": {}}"#), None).expect("parse");
         assert_eq!(
             no_count.limit_for("image"),
             Some(VLLM_DEFAULT_LIMIT_PER_MODALITY)
@@ -287,7 +302,7 @@ mod tests {
             r#"{"video": {"count": 1, "fps": 2}}"#,
             r#"{"": 1}"#,
         ] {
-            let err = MmLimits::parse(Some(bad), None).expect_err(bad);
+            let err = LimitMmPerPrompt::parse(Some(bad), None).expect_err(bad);
             assert!(err.is_startup_error(), "{bad}");
             assert!(
                 err.message().starts_with("Invalid --limit-mm-per-prompt: "),
@@ -299,14 +314,20 @@ mod tests {
 
     #[test]
     fn set_limit_overrides() {
-        let mut limits = MmLimits::parse(Some(r#"{"image": 5}"#), None).expect("parse");
+        let mut limits = LimitMmPerPrompt::parse(Some(r#"{"image": 5}"#), None).expect("parse");
         limits.set_limit("image", 0);
         limits.set_limit("audio", 0);
         assert_eq!(limits.limit_for("image"), Some(0));
         assert!(limits.check_count("audio", 1).is_err());
         assert_eq!(limits.default_per_modality(), None);
+        let from_json = LimitMmPerPrompt::from_json(r#"{"image": 2}"#).expect("json");
+        assert_eq!(from_json.limit_for("image"), Some(2));
+        assert_eq!(
+            from_json.limit_for("video"),
+            Some(VLLM_DEFAULT_LIMIT_PER_MODALITY)
+        );
         let from_value =
-            MmLimits::from_value(&serde_json::json!({"image": 2}), Some(1)).expect("value");
+            LimitMmPerPrompt::from_value(&serde_json::json!({"image": 2}), Some(1)).expect("value");
         assert_eq!(from_value.limit_for("image"), Some(2));
     }
 }

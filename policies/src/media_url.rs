@@ -197,12 +197,25 @@ pub fn check_ip_is_public(ip: IpAddr, host: &str) -> Result<(), PolicyError> {
 }
 
 /// The server's media URL settings.
+///
+/// Build it with [`MediaUrlPolicy::new`] at start-up (which checks the local
+/// path and normalises the domain list), or as a struct literal over
+/// [`MediaUrlPolicy::default`]; the checks do not rely on `new`'s
+/// normalisation (entries are compared in normalised form, the root is
+/// canonicalised again when a `file:` URL is checked).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MediaUrlPolicy {
-    allowed_local_media_path: Option<PathBuf>,
-    allowed_media_domains: Option<Vec<String>>,
-    allow_private_hosts: bool,
-    max_data_url_bytes: usize,
+    /// `--allowed-local-media-path`: `file:` URLs must resolve under it; `None`
+    /// refuses every `file:` URL.
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// `--allowed-media-domains`: exact hosts http(s) URLs may name; `None` or
+    /// an empty list means any host. A listed host is also exempt from the
+    /// SSRF refusal.
+    pub allowed_media_domains: Option<Vec<String>>,
+    /// `--allow-private-media-hosts`: turns the SSRF refusal off.
+    pub allow_private_hosts: bool,
+    /// Bound on a data URL's payload (bytes of base64), checked before decoding.
+    pub max_data_url_bytes: usize,
 }
 
 impl Default for MediaUrlPolicy {
@@ -272,26 +285,6 @@ impl MediaUrlPolicy {
         self
     }
 
-    /// The canonical `--allowed-local-media-path`, if set.
-    pub fn allowed_local_media_path(&self) -> Option<&Path> {
-        self.allowed_local_media_path.as_deref()
-    }
-
-    /// The normalised `--allowed-media-domains`, if restricted.
-    pub fn allowed_media_domains(&self) -> Option<&[String]> {
-        self.allowed_media_domains.as_deref()
-    }
-
-    /// Whether non-public addresses may be fetched from.
-    pub fn allow_private_hosts(&self) -> bool {
-        self.allow_private_hosts
-    }
-
-    /// The data URL payload bound.
-    pub fn max_data_url_bytes(&self) -> usize {
-        self.max_data_url_bytes
-    }
-
     /// Parses a media URL and applies every decision that needs no network:
     /// the data URL bound, the http(s) host rules (incl. IP literals), and
     /// the `file:` rules. A returned [`MediaUrl::File`] holds the canonical
@@ -330,8 +323,11 @@ impl MediaUrlPolicy {
             reason: "the URL has no host".to_owned(),
         })?;
         let normalised = normalise_host(&host);
-        if let Some(allowed) = &self.allowed_media_domains {
-            if !allowed.contains(&normalised) {
+        if let Some(allowed) = self.domain_list() {
+            if !allowed
+                .iter()
+                .any(|entry| entry_matches(entry, &normalised))
+            {
                 return Err(PolicyError::MediaDomainNotAllowed {
                     host: normalised,
                     allowed: allowed.join(", "),
@@ -359,12 +355,21 @@ impl MediaUrlPolicy {
         check_ip_is_public(ip, host)
     }
 
+    /// The domain restriction, if any (an empty list restricts nothing).
+    fn domain_list(&self) -> Option<&[String]> {
+        self.allowed_media_domains
+            .as_deref()
+            .filter(|list| !list.is_empty())
+    }
+
     fn is_explicitly_allowed(&self, host: &str) -> bool {
-        let Some(allowed) = &self.allowed_media_domains else {
+        let Some(allowed) = self.domain_list() else {
             return false;
         };
-        match Host::parse(host) {
-            Ok(parsed) => allowed.contains(&normalise_host(&parsed)),
+        match normalise_domain_entry(host) {
+            Ok(normalised) => allowed
+                .iter()
+                .any(|entry| entry_matches(entry, &normalised)),
             Err(_) => false,
         }
     }
@@ -397,10 +402,13 @@ impl MediaUrlPolicy {
             path: path.display().to_string(),
             reason: reason.to_owned(),
         };
+        let root = root
+            .canonicalize()
+            .map_err(|_| refuse("the allowed local media directory cannot be resolved"))?;
         let canonical = path
             .canonicalize()
             .map_err(|_| refuse("it does not exist or cannot be accessed"))?;
-        if !canonical.starts_with(root) {
+        if !canonical.starts_with(&root) {
             return Err(refuse("it is outside --allowed-local-media-path"));
         }
         if !canonical.is_file() {
@@ -408,6 +416,12 @@ impl MediaUrlPolicy {
         }
         Ok(canonical)
     }
+}
+
+/// Whether an allowed-domain entry (normalised or not) names the normalised host.
+fn entry_matches(entry: &str, normalised_host: &str) -> bool {
+    entry == normalised_host
+        || normalise_domain_entry(entry).is_ok_and(|entry| entry == normalised_host)
 }
 
 /// A host as the allowed-domain list stores it: its URL serialisation
@@ -622,7 +636,7 @@ mod tests {
             false,
         );
         assert_eq!(
-            p.allowed_media_domains(),
+            p.allowed_media_domains.as_deref(),
             Some(
                 &[
                     "example.com".to_owned(),
@@ -636,7 +650,22 @@ mod tests {
         assert!(MediaUrlPolicy::new(None, Some(&["exa mple.com".to_owned()]), false).is_err());
         // An empty list means no restriction.
         let open = MediaUrlPolicy::new(None, Some(&[]), false).expect("policy");
-        assert_eq!(open.allowed_media_domains(), None);
+        assert_eq!(open.allowed_media_domains, None);
+        // A struct literal with unnormalised entries behaves the same.
+        let literal = MediaUrlPolicy {
+            allowed_media_domains: Some(vec!["Example.COM.".to_owned()]),
+            ..MediaUrlPolicy::default()
+        };
+        assert!(literal.check_url("https://example.com/x.png").is_ok());
+        assert!(literal.check_url("https://other.com/x.png").is_err());
+        assert!(literal
+            .check_resolved_ip("127.0.0.1".parse().expect("ip"), "example.com")
+            .is_ok());
+        let empty = MediaUrlPolicy {
+            allowed_media_domains: Some(Vec::new()),
+            ..MediaUrlPolicy::default()
+        };
+        assert!(empty.check_url("https://any.example/x.png").is_ok());
     }
 
     // ----- SSRF -----
@@ -782,7 +811,10 @@ mod tests {
 
         let p = MediaUrlPolicy::new(Some(&root), None, false).expect("policy");
         let canonical_root = root.canonicalize().expect("canonical");
-        assert_eq!(p.allowed_local_media_path(), Some(canonical_root.as_path()));
+        assert_eq!(
+            p.allowed_local_media_path.as_deref(),
+            Some(canonical_root.as_path())
+        );
 
         // Inside: ok, canonical path returned.
         let inside = file_url(&root.join("sub/cat.png"));
@@ -842,6 +874,19 @@ mod tests {
             .expect_err("out");
         assert!(err.message().contains("outside"), "{err}");
         assert!(p.check_url(&file_url(&root.join("inner.png"))).is_ok());
+        // A root given as a literal, non-canonical path (through a symlink) works too.
+        std::os::unix::fs::symlink(&root, tmp.0.join("alias")).expect("symlink");
+        let literal = MediaUrlPolicy {
+            allowed_local_media_path: Some(tmp.0.join("alias")),
+            ..MediaUrlPolicy::default()
+        };
+        assert!(literal.check_url(&file_url(&root.join("ok.png"))).is_ok());
+        assert!(literal
+            .check_url(&file_url(&tmp.0.join("alias/ok.png")))
+            .is_ok());
+        assert!(literal
+            .check_url(&file_url(&root.join("link.png")))
+            .is_err());
     }
 
     #[test]
