@@ -1,15 +1,17 @@
-//! Pure request-policy decisions, no I/O.
+//! Pure request-policy decisions. No network; the only filesystem access is
+//! loading the trusted-client policy file at start-up and canonicalising the
+//! paths of `file:` URLs.
 //!
 //! The gateway runs these in order over every typed request (CONTRACT sections
 //! 2-5, 8):
 //!
 //! 1. [`gate`]: the multimodal trust gate (shape check of `mm_processor_kwargs` /
 //!    `media_io_kwargs`, then refusal of non-empty ones from untrusted clients).
-//! 2. [`merge`]: deployment defaults merged with a trusted request's kwargs, then
+//! 2. [`merge`](mod@merge): deployment defaults merged with a trusted request's kwargs, then
 //!    typed validation of known keys.
-//! 3. the trusted-client profile's bounds on the merged kwargs.
-//! 4. per-prompt media item limits.
-//! 5. media URL decisions (schemes, data URLs, allowed domains, local paths) and
+//! 3. [`profile`]: the trusted-client profile's bounds on the merged kwargs.
+//! 4. [`limits`]: per-prompt media item limits.
+//! 5. [`media_url`]: media URL decisions (schemes, data URLs, allowed domains, local paths) and
 //!    SSRF address classification ([`ip`]).
 //!
 //! Every refusal is a [`PolicyError`], which carries the message, `param`, HTTP
@@ -32,7 +34,7 @@ pub use ip::{classify_ip, IpClass};
 pub use limits::{LimitMmPerPrompt, VLLM_DEFAULT_LIMIT_PER_MODALITY};
 pub use media_url::{
     base64_encoded_len, check_ip_is_public, parse_media_url, DataUrl, MediaUrl, MediaUrlPolicy,
-    DEFAULT_MAX_DATA_URL_BYTES, DEFAULT_MAX_MEDIA_BYTES, MAX_REDIRECTS,
+    DEFAULT_MAX_DATA_URL_BYTES, DEFAULT_MAX_MEDIA_BYTES, MAX_DATA_URL_HEADER_BYTES, MAX_REDIRECTS,
 };
 pub use merge::{
     is_startup_only_key, merge, DeploymentDefaults, KwargsMap, MergedKwargs, IMAGE_MODES,

@@ -35,6 +35,9 @@ pub const DEFAULT_MAX_MEDIA_BYTES: usize = 256 * 1024 * 1024;
 /// [`DEFAULT_MAX_MEDIA_BYTES`].
 pub const DEFAULT_MAX_DATA_URL_BYTES: usize = base64_encoded_len(DEFAULT_MAX_MEDIA_BYTES);
 
+/// The longest `data:` header (media type and parameters) accepted.
+pub const MAX_DATA_URL_HEADER_BYTES: usize = 1024;
+
 /// Redirects followed for one media URL, at most.
 pub const MAX_REDIRECTS: usize = 3;
 
@@ -91,6 +94,8 @@ pub enum MediaUrl<'a> {
 
 /// Parses a media URL's syntax (no policy applied; see [`MediaUrlPolicy::check_url`]).
 pub fn parse_media_url(url: &str) -> Result<MediaUrl<'_>, PolicyError> {
+    // Leading spaces and control characters are dropped, as the URL parser does.
+    let url = url.trim_start_matches(|c: char| c <= ' ');
     if url
         .get(..5)
         .is_some_and(|prefix| prefix.eq_ignore_ascii_case("data:"))
@@ -129,9 +134,15 @@ fn parse_data_url(rest: &str) -> Result<DataUrl<'_>, PolicyError> {
     let invalid = |reason: &str| PolicyError::InvalidDataUrl {
         reason: reason.to_owned(),
     };
-    let (header, payload) = rest
-        .split_once(',')
-        .ok_or_else(|| invalid("it has no ',' separating the header from the data"))?;
+    let Some(comma) = rest.find(',') else {
+        return Err(invalid("it has no ',' separating the header from the data"));
+    };
+    if comma > MAX_DATA_URL_HEADER_BYTES {
+        return Err(PolicyError::InvalidDataUrl {
+            reason: format!("its header is longer than {MAX_DATA_URL_HEADER_BYTES} bytes"),
+        });
+    }
+    let (header, payload) = (&rest[..comma], &rest[comma + 1..]);
     let mut segments: Vec<&str> = header.split(';').collect();
     let is_base64 = segments.len() > 1
         && segments
@@ -529,6 +540,17 @@ mod tests {
         let err = parse_media_url("data:notamime;base64,AAAA").expect_err("mime");
         assert!(err.message().contains("type/subtype"), "{}", err.message());
         assert!(parse_media_url("data:;base64,AAAA").is_ok());
+        let long = format!("data:image/png;{};base64,AAAA", "x=y;".repeat(300));
+        let err = parse_media_url(&long).expect_err("long header");
+        assert!(
+            err.message().contains("header is longer than 1024 bytes"),
+            "{err}"
+        );
+        // Leading whitespace does not hide the scheme.
+        assert!(matches!(
+            parse_media_url("  data:image/png;base64,AAAA"),
+            Ok(MediaUrl::Data(_))
+        ));
     }
 
     #[test]
