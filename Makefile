@@ -1,0 +1,31 @@
+# The two commands of the README. Both install what they need on a fresh Debian machine.
+#   make serve   fetch the default models, build, and serve them on :8000
+#   make test    fetch the default models, build, and run every test (incl. the contract suite)
+
+CARGO ?= cargo
+ARGS ?=
+
+.PHONY: serve test deps models build lint fmt bench-gate
+
+deps:
+	@scripts/install-deps.sh
+
+models:
+	@scripts/fetch-models.sh
+
+build: deps
+	$(CARGO) build --release -p gateway
+
+serve: deps models
+	$(CARGO) run --release -p gateway -- serve $(ARGS)
+
+test: deps models
+	$(CARGO) build -p gateway
+	$(CARGO) test --workspace --no-fail-fast
+
+lint:
+	$(CARGO) fmt --all -- --check
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+fmt:
+	$(CARGO) fmt --all

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Gate benchmark: the trust gate's rejection path and a validated request that passes the gate
+# (/tokenize), against a bare axum handler, same machine, same run, wrk with 2 threads and 64
+# connections. Prints a markdown table of requests/s and p99 with ratios.
+#   bench/gate.sh [seconds per run, default 15]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+secs="${1:-15}"
+command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
+scripts/fetch-models.sh
+cargo build --release -q -p gateway --bin gateway --example bare_axum
+tmp=$(mktemp -d)
+trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
+target/release/examples/bare_axum 127.0.0.1:8101 &
+RUST_LOG=warn target/release/gateway serve --host 127.0.0.1 --port 8102 >"$tmp/gw.log" 2>&1 &
+for _ in $(seq 1 120); do curl -sf localhost:8102/health >/dev/null && break; sleep 0.5; done
+cat >"$tmp/reject.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"HuggingFaceTB/SmolLM2-135M-Instruct","messages":[{"role":"user","content":"Describe the picture."}],"max_tokens":16,"temperature":0.7,"mm_processor_kwargs":{"num_crops":4}}'
+LUA
+cat >"$tmp/pass.lua" <<'LUA'
+wrk.method = "POST"
+wrk.headers["Content-Type"] = "application/json"
+wrk.body = '{"model":"HuggingFaceTB/SmolLM2-135M-Instruct","prompt":"Describe the picture.","mm_processor_kwargs":{}}'
+LUA
+# Sanity: the gateway answers what we think it answers.
+curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$(sed -n 's/^wrk.body = .\(.*\).$/\1/p' "$tmp/reject.lua")" localhost:8102/v1/chat/completions | grep -q 400
+curl -s -o /dev/null -w '%{http_code}' -H 'Content-Type: application/json' -d "$(sed -n 's/^wrk.body = .\(.*\).$/\1/p' "$tmp/pass.lua")" localhost:8102/tokenize | grep -q 200
+run() { # url script -> "rps p99_ms"
+  wrk -t2 -c64 -d"${secs}s" --latency -s "$2" "$1" >"$tmp/out" 2>&1
+  rps=$(awk '/Requests\/sec/ {print $2}' "$tmp/out")
+  p99=$(awk '$1=="99%" {v=$2; if (v ~ /us$/) {sub(/us/,"",v); v=v/1000} else if (v ~ /ms$/) {sub(/ms/,"",v)} else if (v ~ /s$/) {sub(/s/,"",v); v=v*1000}; print v}' "$tmp/out")
+  echo "$rps $p99"
+}
+read -r b1 bp1 < <(run http://127.0.0.1:8101/v1/chat/completions "$tmp/reject.lua")
+read -r g1 gp1 < <(run http://127.0.0.1:8102/v1/chat/completions "$tmp/reject.lua")
+read -r b2 bp2 < <(run http://127.0.0.1:8101/tokenize "$tmp/pass.lua")
+read -r g2 gp2 < <(run http://127.0.0.1:8102/tokenize "$tmp/pass.lua")
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN {printf "%.2f", a/b}'; }
+echo "| path | bare axum req/s | gateway req/s | ratio | bare p99 ms | gateway p99 ms | p99 ratio |"
+echo "|---|---|---|---|---|---|---|"
+echo "| gate rejection (chat, mm_processor_kwargs) | $b1 | $g1 | $(ratio "$g1" "$b1") | $bp1 | $gp1 | $(ratio "$gp1" "$bp1") |"
+echo "| passes the gate (/tokenize) | $b2 | $g2 | $(ratio "$g2" "$b2") | $bp2 | $gp2 | $(ratio "$gp2" "$bp2") |"

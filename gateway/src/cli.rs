@@ -1,0 +1,284 @@
+//! The command line: `gateway serve | contract | bench-gate`, flags spelled as `vllm serve`
+//! spells them. `--config FILE` (YAML, same keys without the dashes) supplies values that flags
+//! on the command line override.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "gateway",
+    version,
+    about = "OpenAI-compatible inference server with a strict multimodal trust policy"
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the models over HTTP.
+    Serve(Box<ServeArgs>),
+    /// Run the contract suite (trust gate and validation matrix) against a deployment.
+    Contract(ContractArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// Model to serve: a GGUF file or an HF checkpoint folder (repeatable). Without any, the
+    /// two default models are served from the models cache.
+    #[arg(long = "model", value_name = "PATH")]
+    pub model: Vec<String>,
+    /// Name clients use for each --model, in the same order.
+    #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
+    pub served_model_name: Vec<String>,
+    #[arg(long, default_value = "0.0.0.0")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// API key(s) clients must send as `Authorization: Bearer <key>` (repeatable). Also read
+    /// from VLLM_API_KEY.
+    #[arg(long = "api-key", env = "VLLM_API_KEY", value_delimiter = ',')]
+    pub api_key: Vec<String>,
+    /// Let every client send mm_processor_kwargs / media_io_kwargs (vLLM's meaning: no bounds).
+    #[arg(
+        long = "trust-request-mm-kwargs",
+        overrides_with = "no_trust_request_mm_kwargs"
+    )]
+    pub trust_request_mm_kwargs: bool,
+    #[arg(
+        long = "no-trust-request-mm-kwargs",
+        overrides_with = "trust_request_mm_kwargs"
+    )]
+    pub no_trust_request_mm_kwargs: bool,
+    /// Deployment defaults for the multimodal processor (a flat JSON object).
+    #[arg(long = "mm-processor-kwargs", value_name = "JSON")]
+    pub mm_processor_kwargs: Option<String>,
+    /// Deployment defaults for media loading, keyed by modality, e.g. '{"video": {"num_frames": 40}}'.
+    #[arg(long = "media-io-kwargs", value_name = "JSON")]
+    pub media_io_kwargs: Option<String>,
+    /// Items per modality allowed in one prompt, e.g. '{"image": 2}'.
+    #[arg(long = "limit-mm-per-prompt", value_name = "JSON")]
+    pub limit_mm_per_prompt: Option<String>,
+    /// Folder under which `file:` media URLs may be read.
+    #[arg(long = "allowed-local-media-path", value_name = "DIR")]
+    pub allowed_local_media_path: Option<PathBuf>,
+    /// Hosts media may be fetched from (exact match after URL normalisation).
+    #[arg(long = "allowed-media-domains", value_name = "HOST", num_args = 1.., value_delimiter = ',')]
+    pub allowed_media_domains: Vec<String>,
+    /// Allow media URLs that resolve to loopback, private or other non-global addresses.
+    #[arg(long = "allow-private-media-hosts")]
+    pub allow_private_media_hosts: bool,
+    /// Accept a per-request `chat_template`.
+    #[arg(long = "trust-request-chat-template")]
+    pub trust_request_chat_template: bool,
+    /// Chat template kwargs every request gets (a JSON object; the request's win).
+    #[arg(long = "default-chat-template-kwargs", value_name = "JSON")]
+    pub default_chat_template_kwargs: Option<String>,
+    #[arg(long = "max-model-len")]
+    pub max_model_len: Option<usize>,
+    /// Sequences the engine holds (running and waiting).
+    #[arg(long = "max-num-seqs", default_value_t = 256)]
+    pub max_num_seqs: usize,
+    /// Sequences admitted into the running batch (<= --max-num-seqs).
+    #[arg(long = "max-num-active-seqs")]
+    pub max_num_active_seqs: Option<usize>,
+    #[arg(long = "max-num-batched-tokens")]
+    pub max_num_batched_tokens: Option<usize>,
+    #[arg(long = "max-logprobs", default_value_t = 20)]
+    pub max_logprobs: usize,
+    /// Trusted-client profile: trusted API keys and JSON Schema bounds (YAML or JSON).
+    #[arg(long = "trusted-client-policy", value_name = "FILE")]
+    pub trusted_client_policy: Option<PathBuf>,
+    /// YAML file with the same keys as the flags (`max-num-seqs: 8`).
+    #[arg(long = "config", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// Largest request body accepted, in bytes.
+    #[arg(long = "max-request-body-bytes", default_value_t = 64 * 1024 * 1024)]
+    pub max_request_body_bytes: usize,
+    /// Seconds a request may take to produce its response head.
+    #[arg(long = "request-timeout", default_value_t = 600)]
+    pub request_timeout: u64,
+    /// Requests in flight at once; more get 503 with Retry-After instead of queueing.
+    #[arg(long = "max-concurrent-requests", default_value_t = 1024)]
+    pub max_concurrent_requests: usize,
+    /// KV cache capacity in tokens, all sequences together.
+    #[arg(long = "kv-cache-tokens", default_value_t = 65536)]
+    pub kv_cache_tokens: usize,
+    /// Compute threads (default: all cores).
+    #[arg(long = "threads")]
+    pub threads: Option<usize>,
+    /// Where `scripts/fetch-models.sh` put the default models.
+    #[arg(
+        long = "models-cache",
+        env = "MODELS_CACHE",
+        default_value = "models-cache"
+    )]
+    pub models_cache: PathBuf,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ContractArgs {
+    /// The deployment to check, e.g. http://127.0.0.1:8000
+    #[arg(long = "base-url")]
+    pub base_url: String,
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// How the deployment was started: default, trusted, or profile.
+    #[arg(long = "mode", default_value = "default")]
+    pub mode: String,
+    /// For --mode profile: a key the profile trusts and one it does not.
+    #[arg(long = "trusted-key")]
+    pub trusted_key: Option<String>,
+    #[arg(long = "untrusted-key")]
+    pub untrusted_key: Option<String>,
+    /// The chat model to use (default: discovered from /v1/models).
+    #[arg(long = "model")]
+    pub model: Option<String>,
+    #[arg(long = "embedding-model")]
+    pub embedding_model: Option<String>,
+    /// Write the report as JSON here too.
+    #[arg(long = "json-report")]
+    pub json_report: Option<PathBuf>,
+}
+
+/// Turn a `--config` YAML file into flags placed before the command line's own, so that the
+/// command line wins. Keys are the flag names without `--` (snake_case also accepted).
+pub fn config_to_args(path: &std::path::Path) -> Result<Vec<String>, String> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text)
+        .map_err(|e| format!("--config {} is not valid YAML: {e}", path.display()))?;
+    let serde_yaml::Value::Mapping(map) = doc else {
+        return Err(format!(
+            "--config {} must be a mapping of flag names to values",
+            path.display()
+        ));
+    };
+    let mut out = Vec::new();
+    for (k, v) in map {
+        let Some(key) = k.as_str() else {
+            return Err(format!("--config {}: keys must be strings", path.display()));
+        };
+        let flag = format!("--{}", key.replace('_', "-"));
+        if flag == "--config" {
+            return Err("--config files cannot include another --config".into());
+        }
+        match v {
+            serde_yaml::Value::Bool(true) => out.push(flag),
+            serde_yaml::Value::Bool(false) => {
+                if flag == "--trust-request-mm-kwargs" {
+                    out.push("--no-trust-request-mm-kwargs".into());
+                }
+            }
+            serde_yaml::Value::Null => {}
+            serde_yaml::Value::Sequence(items) => {
+                for item in items {
+                    out.push(flag.clone());
+                    out.push(yaml_scalar(&item, key)?);
+                }
+            }
+            other => {
+                out.push(flag);
+                out.push(yaml_scalar(&other, key)?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+fn yaml_scalar(v: &serde_yaml::Value, key: &str) -> Result<String, String> {
+    match v {
+        serde_yaml::Value::String(s) => Ok(s.clone()),
+        serde_yaml::Value::Number(n) => Ok(n.to_string()),
+        serde_yaml::Value::Bool(b) => Ok(b.to_string()),
+        // Objects (e.g. media-io-kwargs) are passed on as JSON.
+        serde_yaml::Value::Mapping(_) => {
+            let json: serde_json::Value = serde_yaml::from_value(v.clone())
+                .map_err(|e| format!("--config key {key}: {e}"))?;
+            Ok(json.to_string())
+        }
+        _ => Err(format!("--config key {key}: unsupported value")),
+    }
+}
+
+/// argv with the `--config` file's values spliced in after the subcommand.
+pub fn expand_config(argv: Vec<String>) -> Result<Vec<String>, String> {
+    let mut config: Option<PathBuf> = None;
+    let mut i = 0;
+    while i < argv.len() {
+        if argv[i] == "--config" {
+            config = argv.get(i + 1).map(PathBuf::from);
+            break;
+        }
+        if let Some(p) = argv[i].strip_prefix("--config=") {
+            config = Some(PathBuf::from(p));
+            break;
+        }
+        i += 1;
+    }
+    let Some(path) = config else { return Ok(argv) };
+    let extra = config_to_args(&path)?;
+    // Insert right after the subcommand (argv[0] is the program, argv[1] the subcommand).
+    let split = 2.min(argv.len());
+    let mut out = argv[..split].to_vec();
+    out.extend(extra);
+    out.extend_from_slice(&argv[split..]);
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn config_values_come_first_so_flags_win() {
+        let dir = std::env::temp_dir().join(format!("gw-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("c.yaml");
+        std::fs::write(
+            &path,
+            "max-num-seqs: 8\ntrust_request_mm_kwargs: true\nmedia-io-kwargs:\n  video:\n    num_frames: 40\nmodel: [a.gguf, b]\n",
+        )
+        .unwrap();
+        let argv: Vec<String> = [
+            "gateway",
+            "serve",
+            "--config",
+            path.to_str().unwrap(),
+            "--max-num-seqs",
+            "4",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let expanded = expand_config(argv).unwrap();
+        let cli = Cli::try_parse_from(expanded).unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert_eq!(args.max_num_seqs, 4);
+        assert!(args.trust_request_mm_kwargs);
+        assert_eq!(args.model, vec!["a.gguf".to_string(), "b".to_string()]);
+        let media: serde_json::Value =
+            serde_json::from_str(args.media_io_kwargs.as_deref().unwrap()).unwrap();
+        assert_eq!(media["video"]["num_frames"], 40);
+    }
+
+    #[test]
+    fn no_trust_flag_parses_and_last_wins() {
+        let cli = Cli::try_parse_from([
+            "gateway",
+            "serve",
+            "--trust-request-mm-kwargs",
+            "--no-trust-request-mm-kwargs",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("not serve")
+        };
+        assert!(!args.trust_request_mm_kwargs);
+    }
+}

@@ -1,0 +1,174 @@
+//! The gateway's one error type, mapped to HTTP once (CONTRACT section 5).
+//!
+//! Handlers and layers return `Result<_, ApiError>`; nothing else builds an error body.
+
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use engine::EngineError;
+use policies::PolicyError;
+use serde::Serialize;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum ApiError {
+    /// A client mistake: validation, gate, limits, unsupported task.
+    #[error("{message}")]
+    BadRequest {
+        message: String,
+        param: Option<String>,
+    },
+    /// Unknown model.
+    #[error("The model `{0}` does not exist.")]
+    ModelNotFound(String),
+    /// A route or resource that does not exist.
+    #[error("{0}")]
+    NotFound(String),
+    /// Missing or wrong API key.
+    #[error("Unauthorized")]
+    Unauthorized,
+    /// The media could be addressed but not fetched (upstream error, size cap).
+    #[error("{message}")]
+    Unprocessable {
+        message: String,
+        param: Option<String>,
+    },
+    /// Too many requests in flight or queued; the client should retry.
+    #[error("{0}")]
+    Overloaded(String),
+    /// A feature the server does not implement (vLLM answers 501 in a few places).
+    #[error("{0}")]
+    NotImplemented(String),
+    /// The engine is not running.
+    #[error("{0}")]
+    Unavailable(String),
+    /// A bug. The message is logged in full; the client gets it too (no secrets in there).
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad_request(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::BadRequest {
+            message: message.into(),
+            param: param.map(str::to_string),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        match self {
+            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
+            ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
+            ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
+            ApiError::Overloaded(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
+            ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+
+    pub fn error_type(&self) -> &'static str {
+        match self {
+            ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "NotFoundError",
+            ApiError::Unauthorized => "AuthenticationError",
+            ApiError::Unprocessable { .. } => "UnprocessableEntityError",
+            ApiError::Overloaded(_) | ApiError::Unavailable(_) => "ServiceUnavailableError",
+            ApiError::NotImplemented(_) => "NotImplementedError",
+            ApiError::Internal(_) => "InternalServerError",
+        }
+    }
+
+    pub fn param(&self) -> Option<&str> {
+        match self {
+            ApiError::BadRequest { param, .. } | ApiError::Unprocessable { param, .. } => {
+                param.as_deref()
+            }
+            ApiError::ModelNotFound(_) => Some("model"),
+            _ => None,
+        }
+    }
+
+    /// The envelope `{"error": {"message", "type", "param", "code"}}`, keys in that order.
+    pub fn body(&self) -> ErrorBody<'_> {
+        ErrorBody {
+            error: ErrorDetail {
+                message: self.to_string(),
+                r#type: self.error_type(),
+                param: self.param(),
+                code: self.status().as_u16(),
+            },
+        }
+    }
+
+    pub fn to_json(&self) -> String {
+        // Serialising this struct cannot fail: it holds only strings and an integer.
+        serde_json::to_string(&self.body()).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+#[derive(Serialize)]
+pub struct ErrorBody<'a> {
+    pub error: ErrorDetail<'a>,
+}
+
+#[derive(Serialize)]
+pub struct ErrorDetail<'a> {
+    pub message: String,
+    #[serde(rename = "type")]
+    pub r#type: &'static str,
+    pub param: Option<&'a str>,
+    pub code: u16,
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        if status.is_server_error() && !matches!(self, ApiError::Overloaded(_)) {
+            tracing::error!(status = status.as_u16(), error = %self, "request failed");
+        } else {
+            tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
+        }
+        let mut resp = (
+            status,
+            [(header::CONTENT_TYPE, "application/json")],
+            self.to_json(),
+        )
+            .into_response();
+        if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {
+            resp.headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+        }
+        resp
+    }
+}
+
+impl From<PolicyError> for ApiError {
+    fn from(e: PolicyError) -> Self {
+        let message = e.message();
+        let param = e.param().map(str::to_string);
+        match e.status() {
+            422 => ApiError::Unprocessable { message, param },
+            _ => ApiError::BadRequest { message, param },
+        }
+    }
+}
+
+impl From<EngineError> for ApiError {
+    fn from(e: EngineError) -> Self {
+        match e {
+            EngineError::InvalidRequest { message, param } => {
+                ApiError::BadRequest { message, param }
+            }
+            EngineError::UnsupportedTask { .. } => ApiError::bad_request(e.to_string(), None),
+            EngineError::Template(msg) => ApiError::bad_request(msg, None),
+            EngineError::Overloaded(msg) => ApiError::Overloaded(msg),
+            EngineError::Stopped => ApiError::Unavailable("The engine is not running.".into()),
+            EngineError::Load { .. }
+            | EngineError::BackendUnavailable(_)
+            | EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+pub type ApiResult<T> = Result<T, ApiError>;

@@ -1,0 +1,90 @@
+//! API-key auth (CONTRACT section 5): `--api-key` guards `/v1`, `/v2`, `/pooling`, `/score`,
+//! `/rerank`, `/classify`, `/tokenize`, `/detokenize`; `/health`, `/ping`, `/version` and
+//! `/metrics` stay open. Keys are compared in constant time. Runs before anything else looks
+//! at the request.
+
+use std::sync::Arc;
+
+use axum::extract::{Request, State};
+use axum::http::header;
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
+use subtle::ConstantTimeEq;
+
+use crate::error::ApiError;
+
+/// The presented key, for the policy layers (trusted-client profile).
+#[derive(Clone, Debug)]
+pub struct PresentedKey(pub Option<String>);
+
+/// Extra acceptance check (the trusted-client profile's keys, possibly stored as hashes).
+pub type KeyCheck = Box<dyn Fn(&str) -> bool + Send + Sync>;
+
+pub struct AuthConfig {
+    /// `--api-key` values. Empty: no auth.
+    pub keys: Vec<Vec<u8>>,
+    pub also_accept: Option<KeyCheck>,
+}
+
+pub fn is_open_path(path: &str) -> bool {
+    matches!(path, "/health" | "/ping" | "/version" | "/metrics")
+}
+
+fn bearer(req: &Request) -> Option<&str> {
+    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+    let (scheme, token) = value.split_once(' ')?;
+    scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
+}
+
+/// Constant-time membership: every configured key is compared, whatever matches.
+pub fn key_matches(keys: &[Vec<u8>], presented: &[u8]) -> bool {
+    let mut ok = subtle::Choice::from(0u8);
+    for k in keys {
+        ok |= k.as_slice().ct_eq(presented);
+    }
+    bool::from(ok)
+}
+
+pub async fn auth(State(cfg): State<Arc<AuthConfig>>, mut req: Request, next: Next) -> Response {
+    let presented = bearer(&req).map(str::to_string);
+    if !cfg.keys.is_empty() && !is_open_path(req.uri().path()) {
+        let ok = presented.as_deref().is_some_and(|p| {
+            key_matches(&cfg.keys, p.as_bytes()) | cfg.also_accept.as_ref().is_some_and(|f| f(p))
+        });
+        if !ok {
+            return ApiError::Unauthorized.into_response();
+        }
+    }
+    req.extensions_mut().insert(PresentedKey(presented));
+    next.run(req).await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matching() {
+        let keys = vec![b"alpha".to_vec(), b"beta".to_vec()];
+        assert!(key_matches(&keys, b"beta"));
+        assert!(!key_matches(&keys, b"bet"));
+        assert!(!key_matches(&keys, b""));
+        assert!(!key_matches(&[], b"alpha"));
+    }
+
+    #[test]
+    fn open_paths() {
+        for p in ["/health", "/ping", "/version", "/metrics"] {
+            assert!(is_open_path(p));
+        }
+        for p in [
+            "/v1/models",
+            "/tokenize",
+            "/score",
+            "/v2/rerank",
+            "/pooling",
+        ] {
+            assert!(!is_open_path(p));
+        }
+    }
+}

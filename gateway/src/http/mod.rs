@@ -1,0 +1,7 @@
+//! The HTTP face: our JSON extractor, the tower stack, SSE framing.
+
+pub mod auth;
+pub mod extract;
+pub mod overload;
+pub mod sse;
+pub mod stack;

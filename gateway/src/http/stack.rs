@@ -1,0 +1,67 @@
+//! The tower stack around the router: request id, tracing, catch-panic to a JSON 500, auth,
+//! the concurrency limit, the body-size limit and the request timeout.
+
+use std::any::Any;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::http::{HeaderName, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Router;
+use tokio::sync::Semaphore;
+use tower::ServiceBuilder;
+use tower_http::catch_panic::CatchPanicLayer;
+use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
+use tower_http::timeout::TimeoutLayer;
+use tower_http::trace::TraceLayer;
+
+use super::auth::AuthConfig;
+use crate::error::ApiError;
+
+pub struct StackConfig {
+    pub auth: Arc<AuthConfig>,
+    pub max_concurrent: usize,
+    pub max_body_bytes: usize,
+    pub timeout: Duration,
+}
+
+fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
+    let detail = err
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| err.downcast_ref::<&str>().copied())
+        .unwrap_or("unknown panic");
+    tracing::error!(panic = detail, "handler panicked");
+    ApiError::Internal("The server hit an internal error while handling this request.".into())
+        .into_response()
+}
+
+pub fn apply(router: Router, cfg: StackConfig) -> Router {
+    let x_request_id = HeaderName::from_static("x-request-id");
+    let sem = Arc::new(Semaphore::new(cfg.max_concurrent.max(1)));
+    router
+        .layer(TimeoutLayer::with_status_code(
+            StatusCode::GATEWAY_TIMEOUT,
+            cfg.timeout,
+        ))
+        .layer(RequestBodyLimitLayer::new(cfg.max_body_bytes))
+        .layer(axum::middleware::from_fn_with_state(
+            sem,
+            super::overload::limit,
+        ))
+        .layer(axum::middleware::from_fn_with_state(
+            cfg.auth,
+            super::auth::auth,
+        ))
+        .layer(
+            ServiceBuilder::new()
+                .layer(SetRequestIdLayer::new(
+                    x_request_id.clone(),
+                    MakeRequestUuid,
+                ))
+                .layer(TraceLayer::new_for_http())
+                .layer(PropagateRequestIdLayer::new(x_request_id))
+                .layer(CatchPanicLayer::custom(panic_response)),
+        )
+}

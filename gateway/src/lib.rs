@@ -1,0 +1,21 @@
+//! The gateway: the OpenAI-compatible HTTP face of the server.
+//!
+//! - [`cli`]: flags (as `vllm serve` spells them) and `--config` YAML.
+//! - [`state`]: start-up validation and the shared state.
+//! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
+//!   overload, body limit, timeout), SSE framing.
+//! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
+//! - [`protocol`]: wire types.
+//! - [`routes`]: one file per route.
+//! - [`error`]: the one error type and its envelope.
+
+pub mod cli;
+pub mod contract_cmd;
+pub mod error;
+pub mod http;
+pub mod policy;
+pub mod protocol;
+pub mod routes;
+pub mod serve;
+pub mod server;
+pub mod state;

@@ -1,0 +1,29 @@
+//! The policy layers: tower services over the typed request, run before any media or model
+//! work, in the order CONTRACT section 2 gives:
+//!
+//! `TrustGate -> Merge (deployment defaults) -> Bounds (trusted-client profile) -> Limits`
+//!
+//! Each layer is one small piece with one decision; adding a policy is adding a layer. The
+//! request travels as [`Policed`], which carries the typed request and what the layers learn
+//! (whether the client is trusted, the merged kwargs).
+
+mod layers;
+mod media;
+
+pub use layers::{run_policies, Policed, PolicyRequest};
+pub use media::{count_media_parts, MediaCounts};
+
+/// The pooling-family requests carry the kwargs in their flattened `pooling` fields.
+#[macro_export]
+macro_rules! pooling_policy_request {
+    ($ty:ty) => {
+        impl $crate::policy::PolicyRequest for $ty {
+            fn mm_processor_kwargs(&self) -> Option<&serde_json::Value> {
+                self.pooling.mm_processor_kwargs.as_ref()
+            }
+            fn media_io_kwargs(&self) -> Option<&serde_json::Value> {
+                self.pooling.media_io_kwargs.as_ref()
+            }
+        }
+    };
+}

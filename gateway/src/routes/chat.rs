@@ -1,0 +1,406 @@
+//! `POST /v1/chat/completions`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use engine::api::{ChatTemplateOptions, StepLogprobs, Task};
+use engine::handle::ModelHandle;
+use futures::StreamExt;
+use serde_json::Value;
+
+use super::generate::{self, token_text};
+use super::messages::{parse_messages, ParsedMessages};
+use super::{presented_key, request_id, require_task, resolve_model};
+use crate::error::{ApiError, ApiResult};
+use crate::http::auth::PresentedKey;
+use crate::http::extract::ValidJson;
+use crate::http::sse;
+use crate::policy::{run_policies, MediaCounts, PolicyRequest};
+use crate::protocol::chat::*;
+use crate::protocol::{now_secs, PromptTokensDetails, Usage};
+use crate::state::AppState;
+
+struct ChatPolicyInput {
+    req: ChatRequest,
+    parsed: ParsedMessages,
+}
+
+impl PolicyRequest for ChatPolicyInput {
+    fn mm_processor_kwargs(&self) -> Option<&Value> {
+        self.req.mm_processor_kwargs.as_ref()
+    }
+    fn media_io_kwargs(&self) -> Option<&Value> {
+        self.req.media_io_kwargs.as_ref()
+    }
+    fn media_counts(&self) -> MediaCounts {
+        self.parsed.counts()
+    }
+}
+
+/// Chat's own field checks (after the shared sampling ones). Returns the top-logprobs count.
+pub fn validate_chat(req: &ChatRequest, state: &AppState) -> ApiResult<Option<usize>> {
+    let max_tokens = req.max_completion_tokens.or(req.sampling.max_tokens);
+    let field = if req.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    req.sampling.validate(max_tokens, field)?;
+    let top = match &req.top_logprobs {
+        None | Some(Value::Null) => None,
+        Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
+        Some(_) => {
+            return Err(ApiError::bad_request(
+                "`top_logprobs` must be an integer.",
+                Some("top_logprobs"),
+            ))
+        }
+    };
+    if let Some(t) = top {
+        if t < 0 || t as usize > state.max_logprobs {
+            return Err(ApiError::bad_request(
+                format!(
+                    "`top_logprobs` must be between 0 and {} (--max-logprobs), got {t}.",
+                    state.max_logprobs
+                ),
+                Some("top_logprobs"),
+            ));
+        }
+        if req.logprobs != Some(true) {
+            return Err(ApiError::bad_request(
+                "when using `top_logprobs`, `logprobs` must be set to true.",
+                Some("top_logprobs"),
+            ));
+        }
+    }
+    if req.chat_template.is_some() && !state.trust_request_chat_template {
+        return Err(ApiError::bad_request(
+            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
+            Some("chat_template"),
+        ));
+    }
+    if req.add_generation_prompt.unwrap_or(true) && req.continue_final_message.unwrap_or(false) {
+        return Err(ApiError::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            Some("continue_final_message"),
+        ));
+    }
+    Ok(if req.logprobs == Some(true) {
+        Some(top.unwrap_or(0) as usize)
+    } else {
+        None
+    })
+}
+
+/// Refuse media the model cannot take, naming the model and the modality.
+pub fn check_modalities(model: &ModelHandle, parsed: &ParsedMessages) -> ApiResult<()> {
+    for item in &parsed.media {
+        if !model
+            .card()
+            .input_modalities
+            .iter()
+            .any(|m| m == item.modality)
+        {
+            return Err(ApiError::bad_request(
+                format!(
+                    "The model `{}` does not accept {} input (it accepts: {}).",
+                    model.card().name,
+                    item.modality,
+                    model.card().input_modalities.join(", ")
+                ),
+                Some("messages"),
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// How to render a chat prompt.
+#[derive(Default)]
+pub struct RenderOptions<'a> {
+    pub add_generation_prompt: bool,
+    pub continue_final_message: bool,
+    pub chat_template: Option<&'a str>,
+    pub kwargs: Option<&'a serde_json::Map<String, Value>>,
+    pub tools: Option<&'a Value>,
+}
+
+/// Render the chat prompt with the model's template (or a trusted per-request one); the
+/// request's template kwargs win over the deployment's.
+pub fn render(
+    state: &AppState,
+    model: &ModelHandle,
+    messages: &[Value],
+    o: &RenderOptions<'_>,
+) -> ApiResult<String> {
+    let mut template_kwargs = state.default_chat_template_kwargs.clone();
+    if let Some(k) = o.kwargs {
+        for (key, v) in k {
+            template_kwargs.insert(key.clone(), v.clone());
+        }
+    }
+    let opts = ChatTemplateOptions {
+        add_generation_prompt: o.add_generation_prompt,
+        continue_final_message: o.continue_final_message,
+        chat_template: o.chat_template.map(str::to_string),
+        template_kwargs,
+        tools: o.tools.cloned(),
+    };
+    Ok(model.render_chat(&Value::Array(messages.to_vec()), &opts)?)
+}
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    key: Option<Extension<PresentedKey>>,
+    ValidJson(req): ValidJson<ChatRequest>,
+) -> Response {
+    match chat(state, headers, presented_key(key), req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn chat(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    key: Option<String>,
+    req: ChatRequest,
+) -> ApiResult<Response> {
+    // (1) fields
+    let logprobs = validate_chat(&req, &state)?;
+    let parsed = parse_messages(&req.messages)?;
+    // (2) model (chat checks the model before the gate)
+    let model = resolve_model(&state, req.model.as_deref(), Task::Generate)?;
+    require_task(&model, Task::Generate, "Chat Completions")?;
+    // (3) policy layers
+    let policed = run_policies(&state, ChatPolicyInput { req, parsed }, key).await?;
+    let ChatPolicyInput { req, parsed } = policed.req;
+    check_modalities(&model, &parsed)?;
+    // (4) render and tokenize
+    let prompt = render(
+        &state,
+        &model,
+        &parsed.template_messages,
+        &RenderOptions {
+            add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+            continue_final_message: req.continue_final_message.unwrap_or(false),
+            chat_template: req.chat_template.as_deref(),
+            kwargs: req.chat_template_kwargs.as_ref(),
+            tools: req.tools.as_ref(),
+        },
+    )?;
+    let mut ids = model.encode(&prompt, req.add_special_tokens.unwrap_or(false))?;
+    let max_len = model.card().max_model_len;
+    generate::truncate_prompt(&mut ids, req.sampling.truncate_prompt_tokens, max_len)?;
+    let field = if req.max_completion_tokens.is_some() {
+        "max_completion_tokens"
+    } else {
+        "max_tokens"
+    };
+    let max_tokens = generate::resolve_max_tokens(
+        ids.len(),
+        req.max_completion_tokens.or(req.sampling.max_tokens),
+        max_len,
+        field,
+    )?;
+    // (6) model work
+    let params = req.sampling.to_params(max_tokens, logprobs);
+    let rid = request_id(&headers);
+    let id = format!("chatcmpl-{rid}");
+    let n = req.sampling.n();
+    let prompt_len = ids.len();
+    let choices = generate::submit(
+        &model,
+        &rid,
+        &[ids],
+        &[params],
+        n,
+        req.sampling.cache_salt.as_deref(),
+    )?;
+    let served = model.card().name.clone();
+    if req.sampling.stream == Some(true) {
+        return Ok(stream_response(
+            model,
+            id,
+            served,
+            choices,
+            prompt_len,
+            req.sampling.include_usage(),
+            logprobs.is_some(),
+        ));
+    }
+    let done = generate::collect_all(choices).await?;
+    let completion_tokens: usize = done.iter().map(|c| c.finish.completion_tokens).sum();
+    let cached = done.first().map(|c| c.finish.cached_tokens).unwrap_or(0);
+    let choices = done
+        .into_iter()
+        .map(|c| ChatChoice {
+            index: c.index,
+            logprobs: logprobs.map(|_| chat_logprobs(&model, &c.logprobs)),
+            finish_reason: Some(generate::finish_reason(&c.finish)),
+            stop_reason: generate::stop_reason(&c.finish),
+            message: ChatMessageOut {
+                role: "assistant",
+                content: c.text,
+                tool_calls: Vec::new(),
+            },
+        })
+        .collect();
+    let mut usage = Usage::new(prompt_len, completion_tokens);
+    if cached > 0 {
+        usage.prompt_tokens_details = Some(PromptTokensDetails {
+            cached_tokens: cached,
+        });
+    }
+    Ok(Json(ChatCompletion {
+        id,
+        object: "chat.completion",
+        created: now_secs(),
+        model: served,
+        choices,
+        usage,
+    })
+    .into_response())
+}
+
+pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprobs {
+    ChatLogprobs {
+        content: steps
+            .iter()
+            .map(|s| {
+                let token = token_text(model, s.token_id);
+                ChatTokenLogprob {
+                    bytes: token.as_bytes().to_vec(),
+                    token,
+                    logprob: s.logprob,
+                    top_logprobs: s
+                        .top
+                        .iter()
+                        .map(|t| {
+                            let token = token_text(model, t.id);
+                            ChatTopLogprob {
+                                bytes: token.as_bytes().to_vec(),
+                                token,
+                                logprob: t.logprob,
+                            }
+                        })
+                        .collect(),
+                }
+            })
+            .collect(),
+    }
+}
+
+fn stream_response(
+    model: ModelHandle,
+    id: String,
+    served: String,
+    choices: Vec<generate::Choice>,
+    prompt_len: usize,
+    include_usage: bool,
+    want_logprobs: bool,
+) -> Response {
+    let created = now_secs();
+    let n = choices.len();
+    let first: Vec<Bytes> = (0..n)
+        .map(|index| {
+            let chunk = ChatChunk {
+                id: &id,
+                object: "chat.completion.chunk",
+                created,
+                model: &served,
+                choices: vec![ChatChunkChoice {
+                    index,
+                    delta: ChatDelta {
+                        role: Some("assistant"),
+                        content: Some(String::new()),
+                    },
+                    logprobs: None,
+                    finish_reason: None,
+                    stop_reason: None,
+                }],
+                usage: None,
+            };
+            sse::event(&serde_json::to_string(&chunk).unwrap_or_default())
+        })
+        .collect();
+    let mut completion_tokens = 0usize;
+    let mut remaining = n;
+    let mut failed = false;
+    let merged = generate::merged_stream(choices);
+    let body = futures::stream::iter(first.into_iter().map(Ok::<_, Infallible>)).chain(
+        merged
+            .map(move |(index, delta)| {
+                let mut out: Vec<Bytes> = Vec::new();
+                match delta {
+                    Err(e) => {
+                        if !failed {
+                            failed = true;
+                            out.push(sse::event(&e.to_json()));
+                            out.push(sse::done());
+                        }
+                    }
+                    Ok(_) if failed => {}
+                    Ok(d) => {
+                        let finish = d.finish.as_ref();
+                        if let Some(f) = finish {
+                            completion_tokens += f.completion_tokens;
+                            remaining -= 1;
+                        }
+                        if !d.text.is_empty() || finish.is_some() || !d.token_ids.is_empty() {
+                            let chunk = ChatChunk {
+                                id: &id,
+                                object: "chat.completion.chunk",
+                                created,
+                                model: &served,
+                                choices: vec![ChatChunkChoice {
+                                    index,
+                                    delta: ChatDelta {
+                                        role: None,
+                                        content: if d.text.is_empty() && finish.is_some() {
+                                            None
+                                        } else {
+                                            Some(d.text.clone())
+                                        },
+                                    },
+                                    logprobs: want_logprobs
+                                        .then(|| chat_logprobs(&model, &d.logprobs)),
+                                    finish_reason: finish.map(generate::finish_reason),
+                                    stop_reason: finish.and_then(generate::stop_reason),
+                                }],
+                                usage: None,
+                            };
+                            out.push(sse::event(
+                                &serde_json::to_string(&chunk).unwrap_or_default(),
+                            ));
+                        }
+                        if remaining == 0 {
+                            if include_usage {
+                                let chunk = ChatChunk {
+                                    id: &id,
+                                    object: "chat.completion.chunk",
+                                    created,
+                                    model: &served,
+                                    choices: Vec::new(),
+                                    usage: Some(Usage::new(prompt_len, completion_tokens)),
+                                };
+                                out.push(sse::event(
+                                    &serde_json::to_string(&chunk).unwrap_or_default(),
+                                ));
+                            }
+                            out.push(sse::done());
+                        }
+                    }
+                }
+                futures::stream::iter(out.into_iter().map(Ok::<_, Infallible>))
+            })
+            .flatten(),
+    );
+    sse::response(body)
+}

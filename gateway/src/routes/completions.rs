@@ -1,0 +1,327 @@
+//! `POST /v1/completions`.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use bytes::Bytes;
+use engine::api::{StepLogprobs, Task};
+use engine::handle::ModelHandle;
+use futures::StreamExt;
+use serde_json::{Map, Value};
+
+use super::generate::{self, token_text};
+use super::{presented_key, request_id, require_task, resolve_model};
+use crate::error::{ApiError, ApiResult};
+use crate::http::auth::PresentedKey;
+use crate::http::extract::ValidJson;
+use crate::http::sse;
+use crate::policy::{run_policies, PolicyRequest};
+use crate::protocol::completion::*;
+use crate::protocol::{now_secs, Usage};
+use crate::state::AppState;
+
+impl PolicyRequest for CompletionRequest {
+    fn mm_processor_kwargs(&self) -> Option<&Value> {
+        self.mm_processor_kwargs.as_ref()
+    }
+    fn media_io_kwargs(&self) -> Option<&Value> {
+        self.media_io_kwargs.as_ref()
+    }
+}
+
+fn validate(req: &CompletionRequest, state: &AppState) -> ApiResult<Option<usize>> {
+    req.sampling.validate(req.max_tokens(), "max_tokens")?;
+    if req.prompt.is_none() {
+        return Err(ApiError::bad_request(
+            "Either `prompt` or `prompt_embeds` must be provided.",
+            Some("prompt"),
+        ));
+    }
+    match req.logprobs {
+        None => Ok(None),
+        Some(-1) => Ok(Some(state.max_logprobs)),
+        Some(k) if k < -1 => Err(ApiError::bad_request(
+            format!("`logprobs` must be -1 or a non-negative integer, got {k}."),
+            Some("logprobs"),
+        )),
+        Some(k) if k as usize > state.max_logprobs => Err(ApiError::bad_request(
+            format!(
+                "Requested sample logprobs of {k}, which is greater than max allowed: {}",
+                state.max_logprobs
+            ),
+            Some("logprobs"),
+        )),
+        Some(k) => Ok(Some(k as usize)),
+    }
+}
+
+impl CompletionRequest {
+    fn max_tokens(&self) -> Option<i64> {
+        self.sampling.max_tokens
+    }
+}
+
+/// Prompts as token ids (text is encoded; id lists are checked against the vocabulary).
+fn tokenize_prompts(
+    model: &ModelHandle,
+    prompt: &PromptField,
+    add_special: bool,
+) -> ApiResult<Vec<Vec<u32>>> {
+    let vocab = model.vocab_size();
+    let encode = |t: &str| -> ApiResult<Vec<u32>> {
+        if t.is_empty() {
+            return Err(ApiError::bad_request(
+                "The prompt cannot be empty.",
+                Some("prompt"),
+            ));
+        }
+        Ok(model.encode(t, add_special)?)
+    };
+    match prompt {
+        PromptField::Text(t) => Ok(vec![encode(t)?]),
+        PromptField::Texts(ts) if ts.is_empty() => Err(ApiError::bad_request(
+            "The prompt cannot be empty.",
+            Some("prompt"),
+        )),
+        PromptField::Texts(ts) => ts.iter().map(|t| encode(t)).collect(),
+        PromptField::Ids(ids) if ids.is_empty() => Err(ApiError::bad_request(
+            "The prompt cannot be empty.",
+            Some("prompt"),
+        )),
+        PromptField::Ids(ids) => Ok(vec![generate::check_token_ids(ids, vocab, "prompt")?]),
+        PromptField::IdLists(lists) if lists.is_empty() || lists.iter().any(Vec::is_empty) => Err(
+            ApiError::bad_request("The prompt cannot be empty.", Some("prompt")),
+        ),
+        PromptField::IdLists(lists) => lists
+            .iter()
+            .map(|ids| generate::check_token_ids(ids, vocab, "prompt"))
+            .collect(),
+    }
+}
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    key: Option<Extension<PresentedKey>>,
+    ValidJson(req): ValidJson<CompletionRequest>,
+) -> Response {
+    match completions(state, headers, presented_key(key), req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn completions(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    key: Option<String>,
+    req: CompletionRequest,
+) -> ApiResult<Response> {
+    let logprobs = validate(&req, &state)?;
+    let model = resolve_model(&state, req.model.as_deref(), Task::Generate)?;
+    require_task(&model, Task::Generate, "Completions")?;
+    let policed = run_policies(&state, req, key).await?;
+    let req = policed.req;
+    let Some(prompt) = &req.prompt else {
+        return Err(ApiError::bad_request(
+            "`prompt` must be provided.",
+            Some("prompt"),
+        ));
+    };
+    let max_len = model.card().max_model_len;
+    let mut prompts = tokenize_prompts(&model, prompt, req.add_special_tokens.unwrap_or(true))?;
+    let mut params = Vec::with_capacity(prompts.len());
+    for ids in &mut prompts {
+        generate::truncate_prompt(ids, req.sampling.truncate_prompt_tokens, max_len)?;
+        let max_tokens = generate::resolve_max_tokens(
+            ids.len(),
+            req.sampling.max_tokens.or(Some(16)),
+            max_len,
+            "max_tokens",
+        )?;
+        params.push(req.sampling.to_params(max_tokens, logprobs));
+    }
+    let rid = request_id(&headers);
+    let id = format!("cmpl-{rid}");
+    let n = req.sampling.n();
+    let echo = req.echo.unwrap_or(false);
+    let echo_texts: Vec<String> = if echo {
+        prompts
+            .iter()
+            .map(|ids| model.decode(ids, false))
+            .collect::<Result<_, _>>()?
+    } else {
+        Vec::new()
+    };
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    let choices = generate::submit(
+        &model,
+        &rid,
+        &prompts,
+        &params,
+        n,
+        req.sampling.cache_salt.as_deref(),
+    )?;
+    let served = model.card().name.clone();
+    if req.sampling.stream == Some(true) {
+        return Ok(stream_response(
+            model,
+            id,
+            served,
+            choices,
+            echo_texts,
+            prompt_tokens,
+            req.sampling.include_usage(),
+            logprobs.is_some(),
+        ));
+    }
+    let done = generate::collect_all(choices).await?;
+    let completion_tokens: usize = done.iter().map(|c| c.finish.completion_tokens).sum();
+    let choices = done
+        .into_iter()
+        .map(|c| {
+            let mut text = echo_texts.get(c.prompt_idx).cloned().unwrap_or_default();
+            let offset = text.len();
+            text.push_str(&c.text);
+            CompletionChoice {
+                index: c.index,
+                logprobs: logprobs.map(|_| completion_logprobs(&model, &c.logprobs, offset)),
+                finish_reason: Some(generate::finish_reason(&c.finish)),
+                stop_reason: generate::stop_reason(&c.finish),
+                text,
+            }
+        })
+        .collect();
+    Ok(Json(Completion {
+        id,
+        object: "text_completion",
+        created: now_secs(),
+        model: served,
+        choices,
+        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+    })
+    .into_response())
+}
+
+fn completion_logprobs(
+    model: &ModelHandle,
+    steps: &[StepLogprobs],
+    start_offset: usize,
+) -> CompletionLogprobs {
+    let mut out = CompletionLogprobs::default();
+    let mut offset = start_offset;
+    for s in steps {
+        let token = token_text(model, s.token_id);
+        out.text_offset.push(offset);
+        offset += token.len();
+        out.token_logprobs.push(Some(s.logprob));
+        let mut top = Map::new();
+        for t in &s.top {
+            top.insert(token_text(model, t.id), Value::from(t.logprob));
+        }
+        out.top_logprobs.push(Some(top));
+        out.tokens.push(token);
+    }
+    out
+}
+
+#[allow(clippy::too_many_arguments)]
+fn stream_response(
+    model: ModelHandle,
+    id: String,
+    served: String,
+    choices: Vec<generate::Choice>,
+    echo_texts: Vec<String>,
+    prompt_tokens: usize,
+    include_usage: bool,
+    want_logprobs: bool,
+) -> Response {
+    let created = now_secs();
+    let n = choices.len();
+    let per_prompt = if echo_texts.is_empty() {
+        1
+    } else {
+        n / echo_texts.len().max(1)
+    };
+    let mut echoed = vec![echo_texts.is_empty(); n];
+    let mut remaining = n;
+    let mut completion_tokens = 0usize;
+    let mut failed = false;
+    let usage_id = id.clone();
+    let usage_model = served.clone();
+    let chunk_json = move |index: usize,
+                           text: String,
+                           lp: Option<CompletionLogprobs>,
+                           finish: Option<&engine::api::Finish>| {
+        let c = Completion {
+            id: id.clone(),
+            object: "text_completion",
+            created,
+            model: served.clone(),
+            choices: vec![CompletionChoice {
+                index,
+                text,
+                logprobs: lp,
+                finish_reason: finish.map(generate::finish_reason),
+                stop_reason: finish.and_then(generate::stop_reason),
+            }],
+            usage: None,
+        };
+        serde_json::to_string(&c).unwrap_or_default()
+    };
+    let usage_json = move |completion_tokens: usize| {
+        let c = Completion {
+            id: usage_id.clone(),
+            object: "text_completion",
+            created,
+            model: usage_model.clone(),
+            choices: Vec::new(),
+            usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+        };
+        serde_json::to_string(&c).unwrap_or_default()
+    };
+    let merged = generate::merged_stream(choices);
+    let body = merged
+        .map(move |(index, delta)| {
+            let mut out: Vec<Bytes> = Vec::new();
+            match delta {
+                Err(e) => {
+                    if !failed {
+                        failed = true;
+                        out.push(sse::event(&e.to_json()));
+                        out.push(sse::done());
+                    }
+                }
+                Ok(_) if failed => {}
+                Ok(d) => {
+                    let mut text = String::new();
+                    if !echoed[index] {
+                        echoed[index] = true;
+                        text.push_str(&echo_texts[index / per_prompt.max(1)]);
+                    }
+                    text.push_str(&d.text);
+                    if let Some(f) = &d.finish {
+                        completion_tokens += f.completion_tokens;
+                        remaining -= 1;
+                    }
+                    if !text.is_empty() || d.finish.is_some() || !d.token_ids.is_empty() {
+                        let lp = want_logprobs.then(|| completion_logprobs(&model, &d.logprobs, 0));
+                        out.push(sse::event(&chunk_json(index, text, lp, d.finish.as_ref())));
+                    }
+                    if remaining == 0 {
+                        if include_usage {
+                            out.push(sse::event(&usage_json(completion_tokens)));
+                        }
+                        out.push(sse::done());
+                    }
+                }
+            }
+            futures::stream::iter(out.into_iter().map(Ok::<_, Infallible>))
+        })
+        .flatten();
+    sse::response(body)
+}

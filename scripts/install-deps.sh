@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Install the system packages the build needs, where missing (Debian). Idempotent and quiet.
+set -euo pipefail
+need=()
+command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
+command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
+python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+if [ ${#need[@]} -gt 0 ]; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "installing: ${need[*]}" >&2
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
+  else
+    echo "missing system packages: ${need[*]} (install them, then retry)" >&2
+    exit 1
+  fi
+fi
+if ! command -v cargo >/dev/null 2>&1; then
+  echo "cargo not found: install the Rust toolchain (rustup) first" >&2
+  exit 1
+fi
