@@ -1,1 +1,327 @@
-//! TODO(owner): see lib.rs module map.
+//! HF checkpoint folders: `config.json`, `*.safetensors` (one file or sharded), `tokenizer.json`,
+//! `tokenizer_config.json`, the chat template, and the sentence-transformers files of encoders.
+//!
+//! - [`detect`] tells what a model path holds, for the engine's dispatch.
+//! - [`load_encoder`] loads a BERT-family embedding model ready to serve.
+//! - [`load_tokenizer`], [`read_chat_template`], [`read_special_tokens`] serve the decoder loaders.
+
+mod config;
+mod sentence_transformers;
+mod weights;
+
+use std::path::Path;
+
+pub use self::config::{HfConfig, TokenIds};
+pub use self::sentence_transformers::SentenceTransformersConfig;
+pub use self::weights::{F32Tensor, SafetensorsWeights};
+
+use crate::error::{EngineError, Result};
+use crate::model::{LoadedEncoder, Pooling};
+use crate::models::bert::BertEncoder;
+
+/// What a model path holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CheckpointKind {
+    /// An HF folder with an encoder (`model_type` bert, roberta, ...): [`load_encoder`].
+    Encoder,
+    /// An HF folder with a causal LM (`*ForCausalLM`, `*LMHeadModel`, ...).
+    Decoder,
+    /// A `.gguf` file, or a folder whose only weights are one `.gguf` file.
+    Gguf,
+    /// Nothing we recognise (no readable `config.json`, unknown architecture).
+    Unknown,
+}
+
+/// Encoder families by `model_type`. Only `bert` loads today; the others are recognised so
+/// that their load error says what is missing.
+const ENCODER_MODEL_TYPES: &[&str] = &[
+    "bert",
+    "roberta",
+    "xlm-roberta",
+    "distilbert",
+    "electra",
+    "mpnet",
+    "nomic_bert",
+    "modernbert",
+    "deberta",
+    "deberta-v2",
+];
+
+/// Architectures [`load_encoder`] accepts.
+const BERT_ARCHITECTURES: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining"];
+
+/// Tells whether `path` is an encoder folder, a decoder folder or a GGUF file. Never fails:
+/// anything unreadable is [`CheckpointKind::Unknown`].
+pub fn detect(path: &Path) -> CheckpointKind {
+    if path.is_file() {
+        return if has_extension(path, "gguf") {
+            CheckpointKind::Gguf
+        } else {
+            CheckpointKind::Unknown
+        };
+    }
+    let cfg = match HfConfig::from_dir(path) {
+        Ok(cfg) => cfg,
+        Err(_) => {
+            let ggufs = std::fs::read_dir(path)
+                .map(|it| {
+                    it.filter_map(|e| e.ok())
+                        .filter(|e| has_extension(&e.path(), "gguf"))
+                        .count()
+                })
+                .unwrap_or(0);
+            return if ggufs == 1 {
+                CheckpointKind::Gguf
+            } else {
+                CheckpointKind::Unknown
+            };
+        }
+    };
+    let arch = cfg.architecture();
+    let decoder_arch = ["ForCausalLM", "LMHeadModel", "ForConditionalGeneration"]
+        .iter()
+        .any(|suffix| arch.ends_with(suffix));
+    if decoder_arch {
+        return CheckpointKind::Decoder;
+    }
+    let model_type = cfg.model_type.as_deref().unwrap_or("");
+    if ENCODER_MODEL_TYPES.contains(&model_type) || BERT_ARCHITECTURES.contains(&arch) {
+        return CheckpointKind::Encoder;
+    }
+    CheckpointKind::Unknown
+}
+
+/// Loads an encoder folder: a BERT model from `config.json` and its safetensors, pooling and
+/// normalisation from the sentence-transformers files (without them: [CLS] pooling and
+/// normalisation, as vLLM does for a plain `BertModel`), and `tokenizer.json` with padding and
+/// truncation off. `max_seq_len` is `sentence_bert_config.json`'s `max_seq_length` if present,
+/// else `max_position_embeddings`.
+pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
+    let cfg = HfConfig::from_dir(dir)?;
+    let arch = cfg.architecture().to_string();
+    let model_type = cfg.model_type.clone().unwrap_or_default();
+    let is_bert = if arch.is_empty() {
+        model_type == "bert"
+    } else {
+        BERT_ARCHITECTURES.contains(&arch.as_str())
+    };
+    if !is_bert {
+        return Err(EngineError::load(
+            dir.join("config.json").display().to_string(),
+            format!(
+                "unsupported encoder architecture `{}` (model_type `{model_type}`); supported: {}",
+                if arch.is_empty() { "?" } else { &arch },
+                BERT_ARCHITECTURES.join(", ")
+            ),
+        ));
+    }
+    let st = SentenceTransformersConfig::from_dir(dir)?;
+    let max_position = cfg.require(cfg.max_position_embeddings, "max_position_embeddings")?;
+    let max_seq_len = match st.max_seq_length {
+        Some(n) if n > max_position => {
+            tracing::warn!(
+                max_seq_length = n,
+                max_position,
+                "sentence_bert_config max_seq_length exceeds max_position_embeddings; using the latter"
+            );
+            max_position
+        }
+        Some(n) => n,
+        None => max_position,
+    };
+    let (pooling, normalize) = if st.present {
+        (st.pooling.unwrap_or(Pooling::Mean), st.normalize)
+    } else {
+        tracing::info!("no modules.json: using [CLS] pooling with normalisation");
+        (Pooling::Cls, true)
+    };
+    let weights = SafetensorsWeights::open(dir)?;
+    let model = BertEncoder::load(&cfg, &weights, pooling, normalize, max_seq_len)?;
+    let tokenizer = load_tokenizer(dir)?;
+    Ok(LoadedEncoder {
+        model: Box::new(model),
+        tokenizer,
+        architecture: if arch.is_empty() {
+            "BertModel".to_string()
+        } else {
+            arch
+        },
+    })
+}
+
+/// `dir/tokenizer.json` with its padding and truncation settings removed (callers pad or
+/// truncate themselves; the file's values are often not the model's, e.g. MiniLM's 128).
+pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {
+    let path = dir.join("tokenizer.json");
+    let file = path.display().to_string();
+    if !path.is_file() {
+        return Err(EngineError::load(file, "tokenizer.json is missing"));
+    }
+    let mut tokenizer = tokenizers::Tokenizer::from_file(&path)
+        .map_err(|e| EngineError::load(&file, e.to_string()))?;
+    tokenizer.with_padding(None);
+    tokenizer
+        .with_truncation(None)
+        .map_err(|e| EngineError::load(&file, e.to_string()))?;
+    Ok(tokenizer)
+}
+
+/// The chat template of an HF folder: `chat_template.jinja`, else `chat_template.json`'s
+/// `chat_template`, else `tokenizer_config.json`'s `chat_template` (a string, or a list of
+/// named templates of which `default` or else the first is taken). `None` if there is none.
+pub fn read_chat_template(dir: &Path) -> Option<String> {
+    let jinja = dir.join("chat_template.jinja");
+    if let Ok(text) = std::fs::read_to_string(&jinja) {
+        return Some(text);
+    }
+    for file in ["chat_template.json", "tokenizer_config.json"] {
+        let Some(value) = read_json_value(&dir.join(file)) else {
+            continue;
+        };
+        if let Some(template) = template_from_value(value.get("chat_template")) {
+            return Some(template);
+        }
+    }
+    None
+}
+
+fn template_from_value(value: Option<&serde_json::Value>) -> Option<String> {
+    match value? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Array(items) => {
+            let named = |want: Option<&str>| {
+                items.iter().find_map(|item| {
+                    let name = item.get("name").and_then(|n| n.as_str());
+                    if want.is_none() || name == want {
+                        item.get("template")
+                            .and_then(|t| t.as_str())
+                            .map(str::to_string)
+                    } else {
+                        None
+                    }
+                })
+            };
+            named(Some("default")).or_else(|| named(None))
+        }
+        _ => None,
+    }
+}
+
+/// `bos_token` and `eos_token` from `tokenizer_config.json` (plain strings or
+/// `{"content": ...}` objects), falling back to `special_tokens_map.json`.
+pub fn read_special_tokens(dir: &Path) -> (Option<String>, Option<String>) {
+    let mut bos = None;
+    let mut eos = None;
+    for file in ["tokenizer_config.json", "special_tokens_map.json"] {
+        if let Some(value) = read_json_value(&dir.join(file)) {
+            bos = bos.or_else(|| token_string(value.get("bos_token")));
+            eos = eos.or_else(|| token_string(value.get("eos_token")));
+        }
+    }
+    (bos, eos)
+}
+
+fn token_string(value: Option<&serde_json::Value>) -> Option<String> {
+    match value? {
+        serde_json::Value::String(s) => Some(s.clone()),
+        serde_json::Value::Object(map) => map.get("content")?.as_str().map(str::to_string),
+        _ => None,
+    }
+}
+
+fn read_json_value(path: &Path) -> Option<serde_json::Value> {
+    let text = std::fs::read_to_string(path).ok()?;
+    match serde_json::from_str(&text) {
+        Ok(v) => Some(v),
+        Err(e) => {
+            tracing::warn!(file = %path.display(), error = %e, "ignoring unparsable JSON file");
+            None
+        }
+    }
+}
+
+fn has_extension(path: &Path, ext: &str) -> bool {
+    path.extension()
+        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmpdir(tag: &str) -> std::path::PathBuf {
+        let dir = std::env::temp_dir().join(format!("engine-hf-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
+    #[test]
+    fn detects_kinds() {
+        let dir = tmpdir("detect");
+        assert_eq!(detect(&dir), CheckpointKind::Unknown);
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"architectures": ["LlamaForCausalLM"]}"#,
+        )
+        .unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Decoder);
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"architectures": ["BertModel"], "model_type": "bert"}"#,
+        )
+        .unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Encoder);
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "xlm-roberta"}"#).unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Encoder);
+        std::fs::write(dir.join("config.json"), r#"{"model_type": "whisper"}"#).unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Unknown);
+        let gguf = dir.join("m.gguf");
+        std::fs::write(&gguf, b"GGUF").unwrap();
+        assert_eq!(detect(&gguf), CheckpointKind::Gguf);
+        std::fs::remove_file(dir.join("config.json")).unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Gguf);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn chat_template_sources() {
+        let dir = tmpdir("template");
+        assert_eq!(read_chat_template(&dir), None);
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"chat_template": [{"name": "tool_use", "template": "T"}, {"name": "default", "template": "D"}],
+                "bos_token": {"content": "<s>"}, "eos_token": "</s>"}"#,
+        )
+        .unwrap();
+        assert_eq!(read_chat_template(&dir).as_deref(), Some("D"));
+        assert_eq!(
+            read_special_tokens(&dir),
+            (Some("<s>".into()), Some("</s>".into()))
+        );
+        std::fs::write(dir.join("chat_template.json"), r#"{"chat_template": "J"}"#).unwrap();
+        assert_eq!(read_chat_template(&dir).as_deref(), Some("J"));
+        std::fs::write(dir.join("chat_template.jinja"), "{{ messages }}").unwrap();
+        assert_eq!(read_chat_template(&dir).as_deref(), Some("{{ messages }}"));
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn unsupported_architecture_is_named() {
+        let dir = tmpdir("arch");
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"architectures": ["XLMRobertaModel"], "model_type": "xlm-roberta"}"#,
+        )
+        .unwrap();
+        let err = load_encoder(&dir)
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+        assert!(
+            err.contains("XLMRobertaModel") && err.contains("BertModel"),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}

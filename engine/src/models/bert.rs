@@ -1,1 +1,498 @@
-//! TODO(owner): see lib.rs module map.
+//! BERT-family encoder (BERT, MiniLM, ...) for sentence embeddings.
+//!
+//! Word + position + token-type embeddings and LayerNorm, then post-LN transformer layers
+//! (self-attention, GELU feed-forward), then pooling (mean over the tokens, [CLS] or last
+//! token) and an optional L2 normalisation.
+//!
+//! A batch is run without padding: the tokens of all its sequences are packed into one
+//! `[tokens, hidden]` matrix, so every dense layer is one matrix product over the whole batch,
+//! and attention runs per (head, sequence) on that sequence's rows only. No attention mask is
+//! needed and a sequence's vector does not depend on what it was batched with. Work runs on the
+//! current rayon pool (`ThreadPool::install` to bound it).
+
+mod gemm;
+mod ops;
+
+use rayon::prelude::*;
+
+use self::gemm::{gemm, PackedB};
+use self::ops::{add_layer_norm, softmax_rows, Activation};
+use crate::error::{EngineError, Result};
+use crate::hf::{HfConfig, SafetensorsWeights};
+use crate::model::{EmbeddingModel, EncoderInfo, Pooling};
+
+/// Most tokens run through the layers at once; larger batches are split (by sequence).
+const CHUNK_TOKENS: usize = 2048;
+/// Rows per task for the row-wise operations (LayerNorm, activation).
+const ROWS_PER_TASK: usize = 32;
+
+#[derive(Debug, Clone)]
+struct Dims {
+    hidden: usize,
+    heads: usize,
+    head_dim: usize,
+    intermediate: usize,
+    vocab: usize,
+    max_position: usize,
+    eps: f32,
+    act: Activation,
+}
+
+struct Embeddings {
+    word: Vec<f32>,
+    position: Vec<f32>,
+    /// Row 0 of the token-type table (single-segment inputs).
+    token_type0: Vec<f32>,
+    ln_g: Vec<f32>,
+    ln_b: Vec<f32>,
+}
+
+struct Layer {
+    /// Query, key and value projections fused: n = 3 * hidden.
+    qkv: PackedB,
+    qkv_b: Vec<f32>,
+    attn_out: PackedB,
+    attn_out_b: Vec<f32>,
+    ln1_g: Vec<f32>,
+    ln1_b: Vec<f32>,
+    up: PackedB,
+    up_b: Vec<f32>,
+    down: PackedB,
+    down_b: Vec<f32>,
+    ln2_g: Vec<f32>,
+    ln2_b: Vec<f32>,
+}
+
+/// A loaded BERT encoder.
+pub struct BertEncoder {
+    info: EncoderInfo,
+    dims: Dims,
+    emb: Embeddings,
+    layers: Vec<Layer>,
+}
+
+impl std::fmt::Debug for BertEncoder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BertEncoder")
+            .field("info", &self.info)
+            .field("dims", &self.dims)
+            .field("layers", &self.layers.len())
+            .finish()
+    }
+}
+
+/// Reads tensors with the checkpoint's prefix (`bert.` in `BertForMaskedLM` and friends).
+struct Reader<'a> {
+    weights: &'a SafetensorsWeights,
+    prefix: &'static str,
+}
+
+impl Reader<'_> {
+    fn get(&self, name: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        self.weights
+            .tensor_f32_shaped(&format!("{}{name}", self.prefix), shape)
+    }
+
+    /// A LayerNorm's scale and shift (`weight`/`bias`, or the old `gamma`/`beta`).
+    fn layer_norm(&self, base: &str, h: usize) -> Result<(Vec<f32>, Vec<f32>)> {
+        let full = format!("{}{base}.weight", self.prefix);
+        if self.weights.contains(&full)
+            || !self
+                .weights
+                .contains(&format!("{}{base}.gamma", self.prefix))
+        {
+            Ok((
+                self.get(&format!("{base}.weight"), &[h])?,
+                self.get(&format!("{base}.bias"), &[h])?,
+            ))
+        } else {
+            Ok((
+                self.get(&format!("{base}.gamma"), &[h])?,
+                self.get(&format!("{base}.beta"), &[h])?,
+            ))
+        }
+    }
+}
+
+impl BertEncoder {
+    /// Builds the encoder from a parsed `config.json` and the checkpoint's weights. Every
+    /// missing or misshaped tensor is a `Load` error naming it.
+    pub fn load(
+        cfg: &HfConfig,
+        weights: &SafetensorsWeights,
+        pooling: Pooling,
+        normalize: bool,
+        max_seq_len: usize,
+    ) -> Result<Self> {
+        let hidden = cfg.require(cfg.hidden_size, "hidden_size")?;
+        let layers_n = cfg.require(cfg.num_hidden_layers, "num_hidden_layers")?;
+        let heads = cfg.require(cfg.num_attention_heads, "num_attention_heads")?;
+        let intermediate = cfg.require(cfg.intermediate_size, "intermediate_size")?;
+        let vocab = cfg.require(cfg.vocab_size, "vocab_size")?;
+        let max_position = cfg.require(cfg.max_position_embeddings, "max_position_embeddings")?;
+        let type_vocab = cfg.type_vocab_size.unwrap_or(2);
+        let eps = cfg.layer_norm_eps.unwrap_or(1e-12) as f32;
+        let act_name = cfg.hidden_act.as_deref().unwrap_or("gelu");
+        let act = Activation::from_hf(act_name).ok_or_else(|| {
+            EngineError::load(
+                "config.json",
+                format!("unsupported hidden_act `{act_name}`"),
+            )
+        })?;
+        if let Some(kind) = cfg.position_embedding_type.as_deref() {
+            if kind != "absolute" {
+                return Err(EngineError::load(
+                    "config.json",
+                    format!("unsupported position_embedding_type `{kind}` (only absolute)"),
+                ));
+            }
+        }
+        if heads == 0 || hidden == 0 || hidden % heads != 0 || type_vocab == 0 {
+            return Err(EngineError::load(
+                "config.json",
+                format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
+            ));
+        }
+        if max_seq_len == 0 || max_seq_len > max_position {
+            return Err(EngineError::load(
+                "config.json",
+                format!("max_seq_len {max_seq_len} is outside 1..={max_position} (max_position_embeddings)"),
+            ));
+        }
+        let prefix = if weights.contains("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            ""
+        };
+        let r = Reader { weights, prefix };
+        let (ln_g, ln_b) = r.layer_norm("embeddings.LayerNorm", hidden)?;
+        let token_types = r.get(
+            "embeddings.token_type_embeddings.weight",
+            &[type_vocab, hidden],
+        )?;
+        let emb = Embeddings {
+            word: r.get("embeddings.word_embeddings.weight", &[vocab, hidden])?,
+            position: r.get(
+                "embeddings.position_embeddings.weight",
+                &[max_position, hidden],
+            )?,
+            token_type0: token_types[..hidden].to_vec(),
+            ln_g,
+            ln_b,
+        };
+        let mut layers = Vec::with_capacity(layers_n);
+        for i in 0..layers_n {
+            let p = format!("encoder.layer.{i}");
+            let hh = [hidden, hidden];
+            let mut qkv_w = Vec::with_capacity(3 * hidden * hidden);
+            let mut qkv_b = Vec::with_capacity(3 * hidden);
+            for part in ["query", "key", "value"] {
+                qkv_w.extend(r.get(&format!("{p}.attention.self.{part}.weight"), &hh)?);
+                qkv_b.extend(r.get(&format!("{p}.attention.self.{part}.bias"), &[hidden])?);
+            }
+            let (ln1_g, ln1_b) =
+                r.layer_norm(&format!("{p}.attention.output.LayerNorm"), hidden)?;
+            let (ln2_g, ln2_b) = r.layer_norm(&format!("{p}.output.LayerNorm"), hidden)?;
+            layers.push(Layer {
+                qkv: PackedB::from_linear(&qkv_w, 3 * hidden, hidden),
+                qkv_b,
+                attn_out: PackedB::from_linear(
+                    &r.get(&format!("{p}.attention.output.dense.weight"), &hh)?,
+                    hidden,
+                    hidden,
+                ),
+                attn_out_b: r.get(&format!("{p}.attention.output.dense.bias"), &[hidden])?,
+                ln1_g,
+                ln1_b,
+                up: PackedB::from_linear(
+                    &r.get(
+                        &format!("{p}.intermediate.dense.weight"),
+                        &[intermediate, hidden],
+                    )?,
+                    intermediate,
+                    hidden,
+                ),
+                up_b: r.get(&format!("{p}.intermediate.dense.bias"), &[intermediate])?,
+                down: PackedB::from_linear(
+                    &r.get(&format!("{p}.output.dense.weight"), &[hidden, intermediate])?,
+                    hidden,
+                    intermediate,
+                ),
+                down_b: r.get(&format!("{p}.output.dense.bias"), &[hidden])?,
+                ln2_g,
+                ln2_b,
+            });
+        }
+        let dims = Dims {
+            hidden,
+            heads,
+            head_dim: hidden / heads,
+            intermediate,
+            vocab,
+            max_position,
+            eps,
+            act,
+        };
+        tracing::info!(
+            hidden,
+            layers = layers_n,
+            heads,
+            max_seq_len,
+            ?pooling,
+            normalize,
+            "loaded BERT encoder"
+        );
+        Ok(BertEncoder {
+            info: EncoderInfo {
+                hidden_size: hidden,
+                max_seq_len,
+                pooling,
+                normalize,
+            },
+            dims,
+            emb,
+            layers,
+        })
+    }
+
+    fn check_input(&self, index: usize, ids: &[u32]) -> Result<()> {
+        if ids.is_empty() {
+            return Err(EngineError::invalid(
+                format!("input {index} has no tokens"),
+                Some("input"),
+            ));
+        }
+        let max = self.info.max_seq_len.min(self.dims.max_position);
+        if ids.len() > max {
+            return Err(EngineError::invalid(
+                format!(
+                    "This model's maximum context length is {max} tokens. However, input {index} has {} tokens.",
+                    ids.len()
+                ),
+                Some("input"),
+            ));
+        }
+        if let Some(&bad) = ids.iter().find(|&&id| id as usize >= self.dims.vocab) {
+            return Err(EngineError::invalid(
+                format!(
+                    "token id {bad} in input {index} is out of vocabulary (size {})",
+                    self.dims.vocab
+                ),
+                Some("input"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Runs the layers over packed sequences and returns one pooled vector per sequence.
+    fn forward(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
+        let d = &self.dims;
+        let h = d.hidden;
+        let total: usize = seqs.iter().map(|s| s.len()).sum();
+        let mut spans = Vec::with_capacity(seqs.len());
+        let mut t0 = 0;
+        for s in seqs {
+            spans.push((t0, s.len()));
+            t0 += s.len();
+        }
+        let mut x = vec![0.0f32; total * h];
+        self.embed_tokens(seqs, &mut x);
+        let mut qkv = vec![0.0f32; total * 3 * h];
+        let mut ctx_heads = vec![0.0f32; total * h];
+        let mut ctx = vec![0.0f32; total * h];
+        let mut tmp = vec![0.0f32; total * h];
+        let mut ffn = vec![0.0f32; total * d.intermediate];
+        for layer in &self.layers {
+            gemm(
+                total,
+                &x,
+                h,
+                &layer.qkv,
+                &mut qkv,
+                3 * h,
+                Some(&layer.qkv_b),
+                true,
+            )?;
+            self.attention(&qkv, &spans, &mut ctx_heads)?;
+            self.heads_to_tokens(&ctx_heads, total, &mut ctx);
+            gemm(
+                total,
+                &ctx,
+                h,
+                &layer.attn_out,
+                &mut tmp,
+                h,
+                Some(&layer.attn_out_b),
+                true,
+            )?;
+            self.residual_norm(&mut tmp, &x, &layer.ln1_g, &layer.ln1_b);
+            std::mem::swap(&mut x, &mut tmp);
+            gemm(
+                total,
+                &x,
+                h,
+                &layer.up,
+                &mut ffn,
+                d.intermediate,
+                Some(&layer.up_b),
+                true,
+            )?;
+            let act = d.act;
+            ffn.par_chunks_mut(ROWS_PER_TASK * d.intermediate)
+                .for_each(|c| act.apply(c));
+            gemm(
+                total,
+                &ffn,
+                d.intermediate,
+                &layer.down,
+                &mut tmp,
+                h,
+                Some(&layer.down_b),
+                true,
+            )?;
+            self.residual_norm(&mut tmp, &x, &layer.ln2_g, &layer.ln2_b);
+            std::mem::swap(&mut x, &mut tmp);
+        }
+        Ok(spans
+            .iter()
+            .map(|&(t0, len)| self.pool(&x[t0 * h..(t0 + len) * h], len))
+            .collect())
+    }
+
+    fn embed_tokens(&self, seqs: &[&[u32]], x: &mut [f32]) {
+        let h = self.dims.hidden;
+        let mut rows = x.chunks_exact_mut(h);
+        for s in seqs {
+            for (pos, (&id, row)) in s.iter().zip(rows.by_ref()).enumerate() {
+                let word = &self.emb.word[id as usize * h..(id as usize + 1) * h];
+                let position = &self.emb.position[pos * h..(pos + 1) * h];
+                for (((o, &w), &p), &t) in row
+                    .iter_mut()
+                    .zip(word)
+                    .zip(position)
+                    .zip(&self.emb.token_type0)
+                {
+                    *o = w + p + t;
+                }
+            }
+        }
+        let (g, b, eps) = (&self.emb.ln_g, &self.emb.ln_b, self.dims.eps);
+        x.par_chunks_mut(ROWS_PER_TASK * h)
+            .for_each(|c| add_layer_norm(c, &[], g, b, eps));
+    }
+
+    /// `out = LayerNorm(out + residual)` row-wise, in parallel.
+    fn residual_norm(&self, out: &mut [f32], residual: &[f32], g: &[f32], b: &[f32]) {
+        let h = self.dims.hidden;
+        let eps = self.dims.eps;
+        out.par_chunks_mut(ROWS_PER_TASK * h)
+            .zip(residual.par_chunks(ROWS_PER_TASK * h))
+            .for_each(|(o, r)| add_layer_norm(o, r, g, b, eps));
+    }
+
+    /// Self-attention of every sequence, every head, into `out` laid out head-major:
+    /// `[head][token][head_dim]`, so each (head, sequence) task owns one contiguous slice.
+    fn attention(&self, qkv: &[f32], spans: &[(usize, usize)], out: &mut [f32]) -> Result<()> {
+        let d = &self.dims;
+        let (h, hd) = (d.hidden, d.head_dim);
+        let ld = 3 * h;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut tasks = Vec::with_capacity(d.heads * spans.len());
+        let mut rest = out;
+        for head in 0..d.heads {
+            for &(t0, len) in spans {
+                let (mine, tail) = std::mem::take(&mut rest).split_at_mut(len * hd);
+                tasks.push((head, t0, len, mine));
+                rest = tail;
+            }
+        }
+        tasks.into_par_iter().try_for_each_init(
+            || (PackedB::default(), PackedB::default(), Vec::<f32>::new()),
+            |(keys, values, scores), (head, t0, len, mine)| {
+                let q = &qkv[t0 * ld + head * hd..];
+                keys.pack_transposed(&qkv[t0 * ld + h + head * hd..], ld, hd, len);
+                scores.clear();
+                scores.resize(len * len, 0.0);
+                gemm(len, q, ld, keys, scores, len, None, false)?;
+                softmax_rows(scores, len, scale);
+                values.pack_rows(&qkv[t0 * ld + 2 * h + head * hd..], ld, len, hd);
+                gemm(len, scores, len, values, mine, hd, None, false)
+            },
+        )
+    }
+
+    /// Head-major attention output back to `[token][hidden]`.
+    fn heads_to_tokens(&self, heads: &[f32], total: usize, out: &mut [f32]) {
+        let (h, hd) = (self.dims.hidden, self.dims.head_dim);
+        out.par_chunks_mut(ROWS_PER_TASK * h)
+            .enumerate()
+            .for_each(|(blk, rows)| {
+                for (r, row) in rows.chunks_exact_mut(h).enumerate() {
+                    let t = blk * ROWS_PER_TASK + r;
+                    for (head, dst) in row.chunks_exact_mut(hd).enumerate() {
+                        let src = (head * total + t) * hd;
+                        dst.copy_from_slice(&heads[src..src + hd]);
+                    }
+                }
+            });
+    }
+
+    fn pool(&self, rows: &[f32], len: usize) -> Vec<f32> {
+        let h = self.dims.hidden;
+        let mut v = match self.info.pooling {
+            Pooling::Cls => rows[..h].to_vec(),
+            Pooling::LastToken => rows[(len - 1) * h..len * h].to_vec(),
+            Pooling::Mean => {
+                let mut sum = vec![0.0f32; h];
+                for row in rows.chunks_exact(h) {
+                    sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+                }
+                let inv = 1.0 / len as f32;
+                sum.iter_mut().for_each(|s| *s *= inv);
+                sum
+            }
+        };
+        if self.info.normalize {
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
+            v.iter_mut().for_each(|x| *x /= norm);
+        }
+        v
+    }
+}
+
+impl EmbeddingModel for BertEncoder {
+    fn info(&self) -> &EncoderInfo {
+        &self.info
+    }
+
+    fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+        for (i, ids) in batch.iter().enumerate() {
+            self.check_input(i, ids)?;
+        }
+        // Longest first, so chunks hold sequences of similar length and the attention tasks of
+        // a chunk are evenly sized.
+        let mut order: Vec<usize> = (0..batch.len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(batch[i].len()));
+        let mut out = vec![Vec::new(); batch.len()];
+        let mut start = 0;
+        while start < order.len() {
+            let mut end = start;
+            let mut tokens = 0;
+            while end < order.len()
+                && (end == start || tokens + batch[order[end]].len() <= CHUNK_TOKENS)
+            {
+                tokens += batch[order[end]].len();
+                end += 1;
+            }
+            let seqs: Vec<&[u32]> = order[start..end]
+                .iter()
+                .map(|&i| batch[i].as_slice())
+                .collect();
+            for (&i, v) in order[start..end].iter().zip(self.forward(&seqs)?) {
+                out[i] = v;
+            }
+            start = end;
+        }
+        Ok(out)
+    }
+}

@@ -1,0 +1,527 @@
+//! Dense f32 matrix multiply for the encoder: `C = A · B (+ bias)` with B pre-packed.
+//!
+//! B is packed once (weights at load time, attention keys/values per head) into column panels
+//! of [`NR`] floats, row after row, so the micro-kernel reads it with aligned, sequential loads.
+//! A is read in place (row-major with a stride). The micro-kernel computes an [`MR`]×[`NR`]
+//! tile with AVX2+FMA where the CPU has it (run-time detection) and a portable loop elsewhere.
+//!
+//! Every element of C is accumulated over k in the same order whatever the other rows are, so
+//! a row of C does not depend on which batch it was computed in (batched and one-by-one
+//! results are bit-identical). Large products are split over row blocks on the current rayon
+//! pool.
+
+use rayon::prelude::*;
+
+use crate::error::{EngineError, Result};
+
+/// Rows per micro-tile.
+pub(crate) const MR: usize = 6;
+/// Columns per micro-tile (and per packed panel).
+pub(crate) const NR: usize = 16;
+/// Depth of one k block: a B panel block (`KC * NR` floats, 16 KiB) stays in L1.
+const KC: usize = 256;
+/// Largest row block one task handles.
+const MC_MAX: usize = 96;
+/// Below this many multiply-adds a product runs on the calling thread.
+const PAR_MIN_FLOPS: usize = 1 << 18;
+/// Floats per 64-byte cache line.
+const LINE: usize = 16;
+
+/// `B` (k × n) packed into `ceil(n / NR)` panels; panel `p` holds rows `0..k` of columns
+/// `p*NR .. p*NR+NR` (zero-padded), one NR-wide row after the other.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct PackedB {
+    k: usize,
+    n: usize,
+    /// Backing store, over-allocated so that the panels can start on a cache line.
+    buf: Vec<f32>,
+    start: usize,
+}
+
+impl PackedB {
+    fn panels(&self) -> usize {
+        self.n.div_ceil(NR)
+    }
+
+    fn data(&self) -> &[f32] {
+        &self.buf[self.start..]
+    }
+
+    /// Resizes the store for a k × n matrix (zeroed) and returns the panel area.
+    fn reshape(&mut self, k: usize, n: usize) -> &mut [f32] {
+        self.k = k;
+        self.n = n;
+        let len = n.div_ceil(NR) * NR * k;
+        self.buf.clear();
+        self.buf.resize(len + LINE, 0.0);
+        let misalign = (self.buf.as_ptr() as usize / std::mem::size_of::<f32>()) % LINE;
+        self.start = (LINE - misalign) % LINE;
+        &mut self.buf[self.start..self.start + len]
+    }
+
+    /// Packs a PyTorch `Linear` weight (`n` rows of `k` inputs, row-major), so that
+    /// `x · B = x · Wᵀ`.
+    pub(crate) fn from_linear(w: &[f32], n: usize, k: usize) -> Self {
+        let mut b = PackedB::default();
+        b.pack_transposed(w, k, k, n);
+        b
+    }
+
+    /// Packs `B[kk][nn] = src[nn * ld + kk]` (B given column by column, e.g. keys for Q·Kᵀ).
+    pub(crate) fn pack_transposed(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
+        let dst = self.reshape(k, n);
+        for (p, panel) in dst
+            .chunks_exact_mut(NR * k.max(1))
+            .enumerate()
+            .take(n.div_ceil(NR))
+        {
+            for j in 0..NR.min(n - p * NR) {
+                let col = &src[(p * NR + j) * ld..(p * NR + j) * ld + k];
+                for (kk, &v) in col.iter().enumerate() {
+                    panel[kk * NR + j] = v;
+                }
+            }
+        }
+    }
+
+    /// Packs `B[kk][nn] = src[kk * ld + nn]` (B given row by row, e.g. values for P·V).
+    pub(crate) fn pack_rows(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
+        let dst = self.reshape(k, n);
+        for (p, panel) in dst
+            .chunks_exact_mut(NR * k.max(1))
+            .enumerate()
+            .take(n.div_ceil(NR))
+        {
+            let width = NR.min(n - p * NR);
+            for kk in 0..k {
+                let row = &src[kk * ld + p * NR..kk * ld + p * NR + width];
+                panel[kk * NR..kk * NR + width].copy_from_slice(row);
+            }
+        }
+    }
+}
+
+/// `C[m × n] = A[m × k] · B (+ bias)`, where `A` has row stride `lda` and `C` row stride `ldc`
+/// (`ldc >= n`; only the first `n` columns of each C row are written). Splits large products
+/// over the current rayon pool when `parallel` is set.
+pub(crate) fn gemm(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    bias: Option<&[f32]>,
+    parallel: bool,
+) -> Result<()> {
+    let (k, n) = (b.k, b.n);
+    if m == 0 || n == 0 {
+        return Ok(());
+    }
+    let a_needed = (m - 1) * lda + k;
+    if lda < k || ldc < n || a.len() < a_needed || c.len() < (m - 1) * ldc + n {
+        return Err(EngineError::Internal(format!(
+            "gemm shapes: m={m} k={k} n={n} lda={lda} ldc={ldc} a={} c={}",
+            a.len(),
+            c.len()
+        )));
+    }
+    if bias.is_some_and(|bias| bias.len() < n) {
+        return Err(EngineError::Internal(format!(
+            "gemm bias shorter than n={n}"
+        )));
+    }
+    let c = &mut c[..(m - 1) * ldc + n];
+    let kernel = Kernel::detect();
+    let threads = rayon::current_num_threads();
+    if !parallel || threads < 2 || m * n * k < PAR_MIN_FLOPS || m <= MR {
+        gemm_rows(kernel, 0, m, a, lda, b, c, ldc, bias);
+        return Ok(());
+    }
+    // Enough row blocks to balance the threads, each a whole number of micro-tiles.
+    let mc = m
+        .div_ceil(4 * threads)
+        .next_multiple_of(MR)
+        .clamp(MR, MC_MAX);
+    c.par_chunks_mut(mc * ldc)
+        .enumerate()
+        .for_each(|(blk, c_blk)| {
+            let r0 = blk * mc;
+            let rows = mc.min(m - r0);
+            gemm_rows(kernel, r0, rows, a, lda, b, c_blk, ldc, bias);
+        });
+    Ok(())
+}
+
+/// Rows `r0 .. r0 + rows` of the product into `c` (which starts at row `r0`).
+#[allow(clippy::too_many_arguments)]
+fn gemm_rows(
+    kernel: Kernel,
+    r0: usize,
+    rows: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    bias: Option<&[f32]>,
+) {
+    let (k, n) = (b.k, b.n);
+    let data = b.data();
+    let blocks = k.div_ceil(KC).max(1);
+    let kc_even = k.div_ceil(blocks);
+    let mut k0 = 0;
+    loop {
+        let kc = kc_even.min(k - k0);
+        let first = k0 == 0;
+        let last = k0 + kc >= k;
+        for p in 0..b.panels() {
+            let cols = NR.min(n - p * NR);
+            let panel = &data[(p * k + k0) * NR..(p * k + k0 + kc) * NR];
+            let bias_tile = if last {
+                bias.map(|bs| &bs[p * NR..p * NR + cols])
+            } else {
+                None
+            };
+            let mut i = 0;
+            while i < rows {
+                let tile_rows = MR.min(rows - i);
+                let mut a_rows = [0usize; MR];
+                for (r, slot) in a_rows.iter_mut().enumerate() {
+                    // Rows past the end repeat the first row of the tile; their results are
+                    // computed but not stored.
+                    let row = if r < tile_rows { r0 + i + r } else { r0 + i };
+                    *slot = row * lda + k0;
+                }
+                let tile = Tile {
+                    kc,
+                    a,
+                    a_rows,
+                    panel,
+                    c_off: i * ldc + p * NR,
+                    ldc,
+                    rows: tile_rows,
+                    cols,
+                    first,
+                    bias: bias_tile,
+                };
+                kernel.run(&tile, c);
+                i += MR;
+            }
+        }
+        k0 += kc;
+        if k0 >= k {
+            break;
+        }
+    }
+}
+
+/// One micro-tile: `C[rows × cols] (+)= A[rows, k0..k0+kc] · panel`.
+struct Tile<'a> {
+    kc: usize,
+    a: &'a [f32],
+    /// Offsets into `a` of the MR rows, at column k0.
+    a_rows: [usize; MR],
+    /// `kc × NR` packed floats.
+    panel: &'a [f32],
+    /// Offset into `c` of the tile's top-left element.
+    c_off: usize,
+    ldc: usize,
+    rows: usize,
+    cols: usize,
+    /// First k block: overwrite C instead of accumulating into it.
+    first: bool,
+    /// Last k block: add the bias (`cols` values).
+    bias: Option<&'a [f32]>,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Kernel {
+    Portable,
+    #[cfg(target_arch = "x86_64")]
+    Avx2Fma,
+}
+
+impl Kernel {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                return Kernel::Avx2Fma;
+            }
+        }
+        Kernel::Portable
+    }
+
+    fn run(self, t: &Tile<'_>, c: &mut [f32]) {
+        let mut acc = [[0.0f32; NR]; MR];
+        match self {
+            Kernel::Portable => portable_tile(t, &mut acc),
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2Fma => {
+                // Every A row read ends at a_rows[r] + kc <= a.len() and the panel holds
+                // kc * NR floats; checked here once so the kernel can use unchecked loads.
+                let in_bounds = t.panel.len() >= t.kc * NR
+                    && t.a_rows.iter().all(|&off| off + t.kc <= t.a.len());
+                if !in_bounds {
+                    portable_tile(t, &mut acc);
+                } else if t.rows == MR && t.cols == NR && t.c_off + (MR - 1) * t.ldc + NR <= c.len()
+                {
+                    // SAFETY: AVX2 and FMA were detected at run time; the bounds of A, the
+                    // panel and the full C tile were checked just above.
+                    unsafe { avx2::tile_store(t, c) };
+                    return;
+                } else {
+                    // SAFETY: as above; the result goes to `acc`, not to C.
+                    unsafe { avx2::tile_acc(t, &mut acc) };
+                }
+            }
+        }
+        store_partial(t, &acc, c);
+    }
+}
+
+/// Merges an accumulator tile into C for the valid rows and columns.
+fn store_partial(t: &Tile<'_>, acc: &[[f32; NR]; MR], c: &mut [f32]) {
+    for (r, acc_row) in acc.iter().enumerate().take(t.rows) {
+        let row = &mut c[t.c_off + r * t.ldc..t.c_off + r * t.ldc + t.cols];
+        for (j, out) in row.iter_mut().enumerate() {
+            let mut v = if t.first {
+                acc_row[j]
+            } else {
+                *out + acc_row[j]
+            };
+            if let Some(bias) = t.bias {
+                v += bias[j];
+            }
+            *out = v;
+        }
+    }
+}
+
+fn portable_tile(t: &Tile<'_>, acc: &mut [[f32; NR]; MR]) {
+    for p in 0..t.kc {
+        let brow = &t.panel[p * NR..p * NR + NR];
+        for (r, acc_row) in acc.iter_mut().enumerate() {
+            let x = t.a[t.a_rows[r] + p];
+            for (o, &bv) in acc_row.iter_mut().zip(brow) {
+                *o += x * bv;
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2 {
+    use super::{Tile, MR, NR};
+    use std::arch::x86_64::*;
+
+    /// The accumulators of one tile, as (low 8, high 8) column halves per row.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `a_rows[r] + kc <= a.len()` for every row and the panel
+    /// holds `kc * NR` floats.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn tile_compute(t: &Tile<'_>) -> [[__m256; 2]; MR] {
+        // SAFETY: every pointer below stays inside `a` or the panel, as documented above.
+        unsafe {
+            let a = t.a.as_ptr();
+            let p0 = a.add(t.a_rows[0]);
+            let p1 = a.add(t.a_rows[1]);
+            let p2 = a.add(t.a_rows[2]);
+            let p3 = a.add(t.a_rows[3]);
+            let p4 = a.add(t.a_rows[4]);
+            let p5 = a.add(t.a_rows[5]);
+            let mut c00 = _mm256_setzero_ps();
+            let mut c01 = _mm256_setzero_ps();
+            let mut c10 = _mm256_setzero_ps();
+            let mut c11 = _mm256_setzero_ps();
+            let mut c20 = _mm256_setzero_ps();
+            let mut c21 = _mm256_setzero_ps();
+            let mut c30 = _mm256_setzero_ps();
+            let mut c31 = _mm256_setzero_ps();
+            let mut c40 = _mm256_setzero_ps();
+            let mut c41 = _mm256_setzero_ps();
+            let mut c50 = _mm256_setzero_ps();
+            let mut c51 = _mm256_setzero_ps();
+            let mut bp = t.panel.as_ptr();
+            for p in 0..t.kc {
+                let b0 = _mm256_loadu_ps(bp);
+                let b1 = _mm256_loadu_ps(bp.add(8));
+                let x = _mm256_broadcast_ss(&*p0.add(p));
+                c00 = _mm256_fmadd_ps(x, b0, c00);
+                c01 = _mm256_fmadd_ps(x, b1, c01);
+                let x = _mm256_broadcast_ss(&*p1.add(p));
+                c10 = _mm256_fmadd_ps(x, b0, c10);
+                c11 = _mm256_fmadd_ps(x, b1, c11);
+                let x = _mm256_broadcast_ss(&*p2.add(p));
+                c20 = _mm256_fmadd_ps(x, b0, c20);
+                c21 = _mm256_fmadd_ps(x, b1, c21);
+                let x = _mm256_broadcast_ss(&*p3.add(p));
+                c30 = _mm256_fmadd_ps(x, b0, c30);
+                c31 = _mm256_fmadd_ps(x, b1, c31);
+                let x = _mm256_broadcast_ss(&*p4.add(p));
+                c40 = _mm256_fmadd_ps(x, b0, c40);
+                c41 = _mm256_fmadd_ps(x, b1, c41);
+                let x = _mm256_broadcast_ss(&*p5.add(p));
+                c50 = _mm256_fmadd_ps(x, b0, c50);
+                c51 = _mm256_fmadd_ps(x, b1, c51);
+                bp = bp.add(NR);
+            }
+            [
+                [c00, c01],
+                [c10, c11],
+                [c20, c21],
+                [c30, c31],
+                [c40, c41],
+                [c50, c51],
+            ]
+        }
+    }
+
+    /// The full tile straight into C.
+    ///
+    /// # Safety
+    /// The CPU has AVX2 and FMA; `a_rows[r] + kc <= a.len()` for every row, the panel holds
+    /// `kc * NR` floats and `c_off + (MR-1)*ldc + NR <= c.len()`.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_store(t: &Tile<'_>, c: &mut [f32]) {
+        // SAFETY: bounds as documented above.
+        unsafe {
+            let acc = tile_compute(t);
+            let cp = c.as_mut_ptr().add(t.c_off);
+            for (r, halves) in acc.iter().enumerate().take(MR) {
+                for (h, &v) in halves.iter().enumerate() {
+                    let dst = cp.add(r * t.ldc + h * 8);
+                    let mut out = if t.first {
+                        v
+                    } else {
+                        _mm256_add_ps(_mm256_loadu_ps(dst), v)
+                    };
+                    if let Some(bias) = t.bias {
+                        out = _mm256_add_ps(out, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
+                    }
+                    _mm256_storeu_ps(dst, out);
+                }
+            }
+        }
+    }
+
+    /// The tile into an accumulator array (for edge tiles).
+    ///
+    /// # Safety
+    /// As [`tile_store`], without the condition on C.
+    #[target_feature(enable = "avx2,fma")]
+    pub(super) unsafe fn tile_acc(t: &Tile<'_>, out: &mut [[f32; NR]; MR]) {
+        // SAFETY: bounds as documented above; `out` rows hold NR = 16 floats.
+        unsafe {
+            let acc = tile_compute(t);
+            for (r, halves) in acc.iter().enumerate() {
+                _mm256_storeu_ps(out[r].as_mut_ptr(), halves[0]);
+                _mm256_storeu_ps(out[r].as_mut_ptr().add(8), halves[1]);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn naive(m: usize, k: usize, n: usize, a: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
+        let mut c = vec![0.0f32; m * n];
+        for i in 0..m {
+            for j in 0..n {
+                let mut s = 0.0f64;
+                for p in 0..k {
+                    s += a[i * k + p] as f64 * w[j * k + p] as f64;
+                }
+                c[i * n + j] = s as f32 + bias.map_or(0.0, |b| b[j]);
+            }
+        }
+        c
+    }
+
+    fn values(len: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..len)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2000) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    #[test]
+    fn matches_naive_for_odd_shapes() {
+        for &(m, k, n) in &[
+            (1, 1, 1),
+            (7, 5, 17),
+            (13, 300, 33),
+            (64, 384, 48),
+            (100, 520, 20),
+            (6, 16, 16),
+        ] {
+            let a = values(m * k, 1);
+            let w = values(n * k, 2);
+            let bias = values(n, 3);
+            let b = PackedB::from_linear(&w, n, k);
+            for parallel in [false, true] {
+                let mut c = vec![f32::NAN; m * n];
+                gemm(m, &a, k, &b, &mut c, n, Some(&bias), parallel).unwrap();
+                let want = naive(m, k, n, &a, &w, Some(&bias));
+                for (x, y) in c.iter().zip(&want) {
+                    assert!(
+                        (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                        "m={m} k={k} n={n}: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn rows_do_not_depend_on_the_batch() {
+        let (m, k, n) = (50, 700, 40);
+        let a = values(m * k, 4);
+        let b = PackedB::from_linear(&values(n * k, 5), n, k);
+        let mut all = vec![0.0; m * n];
+        gemm(m, &a, k, &b, &mut all, n, None, true).unwrap();
+        for i in [0, 7, 49] {
+            let mut one = vec![0.0; n];
+            gemm(1, &a[i * k..(i + 1) * k], k, &b, &mut one, n, None, false).unwrap();
+            assert_eq!(&all[i * n..(i + 1) * n], one.as_slice(), "row {i}");
+        }
+    }
+
+    #[test]
+    fn strided_operands_and_row_packing() {
+        // A is the left 3 columns of a 4-wide matrix; B is given row-major with stride 5.
+        let (m, k, n) = (4, 3, 2);
+        let a_wide = values(m * 4, 6);
+        let b_wide = values(k * 5, 7);
+        let mut b = PackedB::default();
+        b.pack_rows(&b_wide, 5, k, n);
+        assert_eq!((b.k, b.n), (k, n));
+        let mut c = vec![0.0; m * 3];
+        gemm(m, &a_wide, 4, &b, &mut c, 3, None, false).unwrap();
+        for i in 0..m {
+            for j in 0..n {
+                let want: f32 = (0..k).map(|p| a_wide[i * 4 + p] * b_wide[p * 5 + j]).sum();
+                assert!((c[i * 3 + j] - want).abs() < 1e-5);
+            }
+            assert_eq!(c[i * 3 + 2], 0.0, "column past n untouched");
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let b = PackedB::from_linear(&[1.0; 6], 2, 3);
+        let mut c = vec![0.0; 2];
+        assert!(gemm(2, &[1.0; 3], 3, &b, &mut c, 2, None, false).is_err());
+    }
+}
