@@ -1,1 +1,669 @@
-//! TODO(owner): see lib.rs module map.
+//! Llama-family decoder (Llama, SmolLM, Mistral, Qwen2/3) over the paged KV cache.
+//!
+//! Pre-norm transformer: RMSNorm → attention (RoPE, grouped KV heads, optional Q/K/V biases
+//! and per-head Q/K norms) → residual, RMSNorm → SwiGLU feed-forward → residual; final RMSNorm
+//! and the LM head (tied to the token embeddings when the file has no `output.weight`).
+//!
+//! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
+//! fly. A step stacks the tokens of every chunk in the batch into one activation matrix, so the
+//! projections of a batch of decode tokens run as one GEMM; attention runs per sequence over
+//! its block table.
+//!
+//! RoPE layout: llama.cpp's converter permutes Llama Q/K rows so that the "normal" rotation
+//! (adjacent pairs) applies; Qwen-style architectures are stored unpermuted and use the NeoX
+//! rotation (pairs `i`, `i + d/2`).
+
+mod attention;
+
+use std::sync::{Arc, Mutex};
+
+use kernels::{ops, DType, MatmulJob, QMatrix};
+use memmap2::Mmap;
+
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::model::{CausalLm, DecoderInfo, PagedKvCache, SeqChunk};
+use crate::tokenizer::GgufTokenizer;
+
+use attention::{AttnShape, ChunkSpan};
+
+/// Architectures this decoder serves, with their RoPE layout (true = NeoX).
+fn rope_is_neox(arch: &str) -> Option<bool> {
+    match arch {
+        "llama" | "mistral" | "granite" => Some(false),
+        "qwen2" | "qwen3" => Some(true),
+        _ => None,
+    }
+}
+
+/// Hyper-parameters read from the GGUF metadata.
+#[derive(Debug, Clone)]
+pub struct LlamaConfig {
+    pub architecture: String,
+    pub hidden: usize,
+    pub n_layers: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    pub vocab: usize,
+    pub eps: f32,
+    pub rope_base: f32,
+    pub rope_dim: usize,
+    pub rope_neox: bool,
+    /// Position scale for linear RoPE scaling (1 / factor).
+    pub rope_freq_scale: f32,
+    pub max_position: usize,
+}
+
+/// A weight matrix inside the memory map.
+#[derive(Debug, Clone, Copy)]
+struct Weight {
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    start: usize,
+    len: usize,
+}
+
+struct Layer {
+    attn_norm: Vec<f32>,
+    wq: Weight,
+    wk: Weight,
+    wv: Weight,
+    wo: Weight,
+    bq: Option<Vec<f32>>,
+    bk: Option<Vec<f32>>,
+    bv: Option<Vec<f32>>,
+    q_norm: Option<Vec<f32>>,
+    k_norm: Option<Vec<f32>>,
+    ffn_norm: Vec<f32>,
+    w_gate: Weight,
+    w_up: Weight,
+    w_down: Weight,
+}
+
+/// Step buffers, kept between steps so decode does not allocate per layer.
+#[derive(Default)]
+struct Scratch {
+    x: Vec<f32>,
+    h: Vec<f32>,
+    q: Vec<f32>,
+    k: Vec<f32>,
+    v: Vec<f32>,
+    attn: Vec<f32>,
+    gate: Vec<f32>,
+    up: Vec<f32>,
+    cos: Vec<f32>,
+    sin: Vec<f32>,
+}
+
+/// A loaded Llama-family decoder.
+pub struct LlamaModel {
+    info: DecoderInfo,
+    cfg: LlamaConfig,
+    mmap: Arc<Mmap>,
+    token_embd: Weight,
+    output: Weight,
+    output_norm: Vec<f32>,
+    rope_factors: Option<Vec<f32>>,
+    layers: Vec<Layer>,
+    scratch: Mutex<Scratch>,
+}
+
+impl std::fmt::Debug for LlamaModel {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LlamaModel")
+            .field("cfg", &self.cfg)
+            .finish()
+    }
+}
+
+fn internal(e: impl std::fmt::Display) -> EngineError {
+    EngineError::Internal(e.to_string())
+}
+
+/// Loading helpers over one GGUF file.
+struct Loader<'a> {
+    g: &'a GgufFile,
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str) -> Result<&crate::gguf::TensorInfo> {
+        self.g
+            .tensor(name)
+            .ok_or_else(|| self.g.error(format!("missing tensor '{name}'")))
+    }
+
+    fn dtype(&self, name: &str) -> Result<DType> {
+        let t = self.info(name)?;
+        t.ggml_type.dtype().ok_or_else(|| {
+            self.g.error(format!(
+                "tensor '{name}' has type {}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                t.ggml_type
+            ))
+        })
+    }
+
+    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`).
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        let dtype = self.dtype(name)?;
+        let t = self.info(name)?;
+        if t.dims != [cols as u64, rows as u64] {
+            return Err(self.g.error(format!(
+                "tensor '{name}' has dims {:?}, expected [{cols}, {rows}]",
+                t.dims
+            )));
+        }
+        let w = Weight {
+            dtype,
+            rows,
+            cols,
+            start: t.start,
+            len: t.len,
+        };
+        QMatrix::new(dtype, rows, cols, self.g.tensor_data(t))
+            .map_err(|e| self.g.error(format!("tensor '{name}': {e}")))?;
+        Ok(w)
+    }
+
+    /// A 1-D tensor of `n` values as f32.
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let dtype = self.dtype(name)?;
+        let t = self.info(name)?;
+        if t.n_elements() != n as u64 || t.dims.len() != 1 {
+            return Err(self.g.error(format!(
+                "tensor '{name}' has dims {:?}, expected [{n}]",
+                t.dims
+            )));
+        }
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(self.g.error(format!(
+                "tensor '{name}' is {dtype}; 1-D tensors must be F32, F16 or BF16"
+            )));
+        }
+        let mut v = vec![0f32; n];
+        kernels::dequantize_row(dtype, self.g.tensor_data(t), &mut v);
+        Ok(v)
+    }
+
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.g.tensor(name).is_some() {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn usize_key(&self, key: &str) -> Result<usize> {
+        Ok(self.g.require_u64(key)? as usize)
+    }
+}
+
+fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
+    let arch = g
+        .get_str("general.architecture")?
+        .ok_or_else(|| g.error("missing metadata 'general.architecture'"))?
+        .to_string();
+    let rope_neox = rope_is_neox(&arch).ok_or_else(|| {
+        g.error(format!(
+            "unsupported architecture '{arch}' (supported: llama, mistral, granite, qwen2, qwen3)"
+        ))
+    })?;
+    let l = Loader { g };
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = l.usize_key(&key("embedding_length"))?;
+    let n_layers = l.usize_key(&key("block_count"))?;
+    let n_heads = l.usize_key(&key("attention.head_count"))?;
+    let n_kv_heads = g
+        .get_u64(&key("attention.head_count_kv"))?
+        .map_or(n_heads, |v| v as usize);
+    let ffn = l.usize_key(&key("feed_forward_length"))?;
+    if hidden == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || ffn == 0 {
+        return Err(g.error("model dimensions must be non-zero"));
+    }
+    if n_heads % n_kv_heads != 0 {
+        return Err(g.error(format!(
+            "{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads"
+        )));
+    }
+    let head_dim = match g.get_u64(&key("attention.key_length"))? {
+        Some(v) => v as usize,
+        None if hidden % n_heads == 0 => hidden / n_heads,
+        None => {
+            return Err(g.error(format!(
+                "hidden size {hidden} is not a multiple of {n_heads} heads"
+            )))
+        }
+    };
+    if let Some(vl) = g.get_u64(&key("attention.value_length"))? {
+        if vl as usize != head_dim {
+            return Err(g.error("attention.value_length differs from key_length (unsupported)"));
+        }
+    }
+    let rope_dim = g
+        .get_u64(&key("rope.dimension_count"))?
+        .map_or(head_dim, |v| v as usize);
+    if rope_dim > head_dim || rope_dim % 2 != 0 || head_dim % 2 != 0 {
+        return Err(g.error(format!(
+            "invalid rope dimension {rope_dim} for head dim {head_dim}"
+        )));
+    }
+    let eps = g
+        .get_f64(&key("attention.layer_norm_rms_epsilon"))?
+        .unwrap_or(1e-5) as f32;
+    let rope_base = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+    let scaling = g.get_str(&key("rope.scaling.type"))?.unwrap_or("none");
+    let factor = g.get_f64(&key("rope.scaling.factor"))?;
+    let rope_freq_scale = match (scaling, factor) {
+        ("linear", Some(f)) if f > 0.0 => (1.0 / f) as f32,
+        ("none", _) | (_, None) => {
+            // Older files give the scale directly.
+            g.get_f64(&key("rope.scale_linear"))?
+                .filter(|f| *f > 0.0)
+                .map_or(1.0, |f| (1.0 / f) as f32)
+        }
+        (other, Some(f)) if f == 1.0 => {
+            tracing::debug!(scaling = other, "rope scaling factor 1: no scaling");
+            1.0
+        }
+        (other, _) => {
+            return Err(g.error(format!("unsupported rope scaling type '{other}'")));
+        }
+    };
+    let max_position = g
+        .get_u64(&key("context_length"))?
+        .map_or(2048, |v| v as usize);
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+        Some(t) => {
+            return Err(g.error(format!(
+                "tensor 'token_embd.weight' has dims {:?}, expected 2-D",
+                t.dims
+            )))
+        }
+        None => return Err(g.error("missing tensor 'token_embd.weight'")),
+    };
+    Ok(LlamaConfig {
+        architecture: arch,
+        hidden,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        ffn,
+        vocab,
+        eps,
+        rope_base,
+        rope_dim,
+        rope_neox,
+        rope_freq_scale,
+        max_position,
+    })
+}
+
+impl LlamaModel {
+    /// Build the model from a parsed GGUF file (the tokenizer supplies BOS/EOS ids).
+    pub fn from_gguf(g: &GgufFile, tok: &GgufTokenizer) -> Result<Self> {
+        let t0 = std::time::Instant::now();
+        let cfg = read_config(g)?;
+        let l = Loader { g };
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let token_embd = l.matrix("token_embd.weight", cfg.vocab, h)?;
+        let output = if g.tensor("output.weight").is_some() {
+            l.matrix("output.weight", cfg.vocab, h)?
+        } else {
+            token_embd
+        };
+        let output_norm = l.vector("output_norm.weight", h)?;
+        let rope_factors = l.optional_vector("rope_freqs.weight", cfg.rope_dim / 2)?;
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("blk.{i}.{s}");
+            layers.push(Layer {
+                attn_norm: l.vector(&n("attn_norm.weight"), h)?,
+                wq: l.matrix(&n("attn_q.weight"), q_dim, h)?,
+                wk: l.matrix(&n("attn_k.weight"), kv_dim, h)?,
+                wv: l.matrix(&n("attn_v.weight"), kv_dim, h)?,
+                wo: l.matrix(&n("attn_output.weight"), h, q_dim)?,
+                bq: l.optional_vector(&n("attn_q.bias"), q_dim)?,
+                bk: l.optional_vector(&n("attn_k.bias"), kv_dim)?,
+                bv: l.optional_vector(&n("attn_v.bias"), kv_dim)?,
+                q_norm: l.optional_vector(&n("attn_q_norm.weight"), hd)?,
+                k_norm: l.optional_vector(&n("attn_k_norm.weight"), hd)?,
+                ffn_norm: l.vector(&n("ffn_norm.weight"), h)?,
+                w_gate: l.matrix(&n("ffn_gate.weight"), cfg.ffn, h)?,
+                w_up: l.matrix(&n("ffn_up.weight"), cfg.ffn, h)?,
+                w_down: l.matrix(&n("ffn_down.weight"), h, cfg.ffn)?,
+            });
+        }
+        let info = DecoderInfo {
+            vocab_size: cfg.vocab,
+            n_layers: cfg.n_layers,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            max_position: cfg.max_position,
+            bos_token_id: tok.bos_token_id,
+            eos_token_ids: tok.eos_token_ids.clone(),
+        };
+        tracing::info!(
+            file = %g.path(),
+            architecture = %cfg.architecture,
+            layers = cfg.n_layers,
+            hidden = h,
+            heads = cfg.n_heads,
+            kv_heads = cfg.n_kv_heads,
+            ffn = cfg.ffn,
+            vocab = cfg.vocab,
+            tied_embeddings = g.tensor("output.weight").is_none(),
+            rope_base = cfg.rope_base,
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "built Llama-family decoder"
+        );
+        Ok(LlamaModel {
+            info,
+            cfg,
+            mmap: Arc::clone(g.mmap()),
+            token_embd,
+            output,
+            output_norm,
+            rope_factors,
+            layers,
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+
+    pub fn config(&self) -> &LlamaConfig {
+        &self.cfg
+    }
+
+    fn qm(&self, w: &Weight) -> Result<QMatrix<'_>> {
+        QMatrix::new(
+            w.dtype,
+            w.rows,
+            w.cols,
+            &self.mmap[w.start..w.start + w.len],
+        )
+        .map_err(internal)
+    }
+
+    fn validate(&self, batch: &[SeqChunk<'_>], kv: &PagedKvCache) -> Result<()> {
+        if kv.n_layers != self.cfg.n_layers
+            || kv.n_kv_heads != self.cfg.n_kv_heads
+            || kv.head_dim != self.cfg.head_dim
+        {
+            return Err(EngineError::Internal(format!(
+                "KV cache shape ({} layers, {} KV heads, head dim {}) does not match the model",
+                kv.n_layers, kv.n_kv_heads, kv.head_dim
+            )));
+        }
+        let per_layer = kv.num_blocks * kv.block_size * kv.token_stride();
+        if kv.block_size == 0 || kv.k.iter().chain(&kv.v).any(|b| b.len() != per_layer) {
+            return Err(EngineError::Internal(
+                "KV cache buffers have the wrong size".into(),
+            ));
+        }
+        for (i, c) in batch.iter().enumerate() {
+            if c.tokens.is_empty() {
+                return Err(EngineError::Internal(format!(
+                    "batch chunk {i} has no tokens"
+                )));
+            }
+            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
+                return Err(EngineError::invalid(
+                    format!(
+                        "token id {t} is out of range for a vocabulary of {} tokens",
+                        self.cfg.vocab
+                    ),
+                    Some("prompt"),
+                ));
+            }
+            let end = c.start_pos + c.tokens.len();
+            if end > self.cfg.max_position {
+                return Err(EngineError::invalid(
+                    format!(
+                        "sequence length {end} exceeds the model's maximum of {} positions",
+                        self.cfg.max_position
+                    ),
+                    None,
+                ));
+            }
+            let needed = end.div_ceil(kv.block_size);
+            if c.block_table.len() < needed {
+                return Err(EngineError::Internal(format!(
+                    "block table of chunk {i} has {} blocks, {needed} needed for {end} positions",
+                    c.block_table.len()
+                )));
+            }
+            if let Some(b) = c.block_table[..needed]
+                .iter()
+                .find(|&&b| b as usize >= kv.num_blocks)
+            {
+                return Err(EngineError::Internal(format!(
+                    "block id {b} is outside the cache's {} blocks",
+                    kv.num_blocks
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn run(
+        &self,
+        batch: &[SeqChunk<'_>],
+        kv: &mut PagedKvCache,
+        s: &mut Scratch,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let cfg = &self.cfg;
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let half = cfg.rope_dim / 2;
+        let t_total: usize = batch.iter().map(|c| c.tokens.len()).sum();
+
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for c in batch {
+            spans.push(ChunkSpan {
+                row,
+                len: c.tokens.len(),
+                start_pos: c.start_pos,
+                block_table: c.block_table,
+            });
+            row += c.tokens.len();
+        }
+
+        s.x.resize(t_total * h, 0.0);
+        s.h.resize(t_total * h, 0.0);
+        s.q.resize(t_total * q_dim, 0.0);
+        s.k.resize(t_total * kv_dim, 0.0);
+        s.v.resize(t_total * kv_dim, 0.0);
+        s.attn.resize(t_total * q_dim, 0.0);
+        s.gate.resize(t_total * cfg.ffn, 0.0);
+        s.up.resize(t_total * cfg.ffn, 0.0);
+        s.cos.resize(t_total * half, 0.0);
+        s.sin.resize(t_total * half, 0.0);
+
+        // Embeddings (only the looked-up rows are dequantised) and rotary angles.
+        let embd = self.qm(&self.token_embd)?;
+        for (c, span) in batch.iter().zip(&spans) {
+            for (i, &tok) in c.tokens.iter().enumerate() {
+                let t = span.row + i;
+                embd.dequantize_row_into(tok as usize, &mut s.x[t * h..(t + 1) * h]);
+                ops::rope_angles(
+                    c.start_pos + i,
+                    cfg.rope_base,
+                    cfg.rope_dim,
+                    cfg.rope_freq_scale,
+                    self.rope_factors.as_deref(),
+                    &mut s.cos[t * half..(t + 1) * half],
+                    &mut s.sin[t * half..(t + 1) * half],
+                );
+            }
+        }
+
+        let shape = AttnShape {
+            n_heads: cfg.n_heads,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            block_size: kv.block_size,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        for (li, layer) in self.layers.iter().enumerate() {
+            for t in 0..t_total {
+                ops::rmsnorm(
+                    &s.x[t * h..(t + 1) * h],
+                    &layer.attn_norm,
+                    cfg.eps,
+                    &mut s.h[t * h..(t + 1) * h],
+                );
+            }
+            kernels::matmul_multi(
+                &s.h,
+                t_total,
+                &mut [
+                    MatmulJob {
+                        w: self.qm(&layer.wq)?,
+                        out: &mut s.q,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.wk)?,
+                        out: &mut s.k,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.wv)?,
+                        out: &mut s.v,
+                    },
+                ],
+                false,
+            )
+            .map_err(internal)?;
+            for t in 0..t_total {
+                let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
+                let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
+                let v = &mut s.v[t * kv_dim..(t + 1) * kv_dim];
+                if let Some(b) = &layer.bq {
+                    ops::add_assign(q, b);
+                }
+                if let Some(b) = &layer.bk {
+                    ops::add_assign(k, b);
+                }
+                if let Some(b) = &layer.bv {
+                    ops::add_assign(v, b);
+                }
+                if let Some(w) = &layer.q_norm {
+                    head_norm(q, w, hd, cfg.eps);
+                }
+                if let Some(w) = &layer.k_norm {
+                    head_norm(k, w, hd, cfg.eps);
+                }
+                let cos = &s.cos[t * half..(t + 1) * half];
+                let sin = &s.sin[t * half..(t + 1) * half];
+                ops::rope(q, cfg.n_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
+                ops::rope(k, cfg.n_kv_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
+            }
+            // Store this step's keys and values, then attend over the cache.
+            for span in &spans {
+                for i in 0..span.len {
+                    let t = span.row + i;
+                    let off = kv.offset(span.block_table, span.start_pos + i);
+                    kv.k[li][off..off + kv_dim].copy_from_slice(&s.k[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.v[li][off..off + kv_dim].copy_from_slice(&s.v[t * kv_dim..(t + 1) * kv_dim]);
+                }
+            }
+            attention::attend(&shape, &spans, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
+            kernels::matmul(&s.attn, t_total, &self.qm(&layer.wo)?, &mut s.x, true)
+                .map_err(internal)?;
+
+            for t in 0..t_total {
+                ops::rmsnorm(
+                    &s.x[t * h..(t + 1) * h],
+                    &layer.ffn_norm,
+                    cfg.eps,
+                    &mut s.h[t * h..(t + 1) * h],
+                );
+            }
+            kernels::matmul_multi(
+                &s.h,
+                t_total,
+                &mut [
+                    MatmulJob {
+                        w: self.qm(&layer.w_gate)?,
+                        out: &mut s.gate,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.w_up)?,
+                        out: &mut s.up,
+                    },
+                ],
+                false,
+            )
+            .map_err(internal)?;
+            ops::silu_mul(&mut s.gate, &s.up);
+            kernels::matmul(&s.gate, t_total, &self.qm(&layer.w_down)?, &mut s.x, true)
+                .map_err(internal)?;
+        }
+
+        // Final norm and LM head for the chunks that want logits.
+        let wanted: Vec<usize> = batch
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| c.want_logits)
+            .map(|(i, _)| i)
+            .collect();
+        let mut results: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
+        if wanted.is_empty() {
+            return Ok(results);
+        }
+        let n = wanted.len();
+        let mut normed = vec![0f32; n * h];
+        for (j, &ci) in wanted.iter().enumerate() {
+            let t = spans[ci].row + spans[ci].len - 1;
+            ops::rmsnorm(
+                &s.x[t * h..(t + 1) * h],
+                &self.output_norm,
+                cfg.eps,
+                &mut normed[j * h..(j + 1) * h],
+            );
+        }
+        let mut logits = vec![0f32; n * cfg.vocab];
+        kernels::matmul(&normed, n, &self.qm(&self.output)?, &mut logits, false)
+            .map_err(internal)?;
+        for (j, &ci) in wanted.iter().enumerate() {
+            results[ci] = Some(logits[j * cfg.vocab..(j + 1) * cfg.vocab].to_vec());
+        }
+        Ok(results)
+    }
+}
+
+/// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
+fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
+    let mut tmp = vec![0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        ops::rmsnorm(head, w, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+impl CausalLm for LlamaModel {
+    fn info(&self) -> &DecoderInfo {
+        &self.info
+    }
+
+    fn forward(
+        &self,
+        batch: &[SeqChunk<'_>],
+        kv: &mut PagedKvCache,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        if batch.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.validate(batch, kv)?;
+        // The scratch holds only buffers that every step overwrites: a poisoned lock is safe
+        // to reuse.
+        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
+        self.run(batch, kv, &mut scratch)
+    }
+}
