@@ -13,13 +13,65 @@
 use std::fmt::Write as _;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use minijinja::value::{Kwargs, Value};
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use minijinja::value::{Enumerator, Kwargs, Object, Value};
 use minijinja::{Environment, Error as JinjaError, ErrorKind};
 
 use crate::api::ChatTemplateOptions;
 use crate::error::{EngineError, Result};
 
 const TEMPLATE_NAME: &str = "chat_template";
+
+/// A JSON object exposed to templates with its key order kept (Python dicts keep insertion
+/// order; minijinja's own maps would sort keys unless built with `preserve_order`).
+#[derive(Debug)]
+struct JsonMap {
+    keys: Vec<Value>,
+    values: HashMap<String, Value>,
+}
+
+impl Object for JsonMap {
+    fn get_value(self: &Arc<Self>, key: &Value) -> Option<Value> {
+        self.values.get(key.as_str()?).cloned()
+    }
+
+    fn enumerate(self: &Arc<Self>) -> Enumerator {
+        Enumerator::Iter(Box::new(self.keys.clone().into_iter()))
+    }
+
+    fn enumerator_len(self: &Arc<Self>) -> Option<usize> {
+        Some(self.keys.len())
+    }
+}
+
+/// Convert request JSON into template values, keeping object key order.
+fn json_value(v: &serde_json::Value) -> Value {
+    use serde_json::Value as J;
+    match v {
+        J::Null => Value::from(()),
+        J::Bool(b) => Value::from(*b),
+        J::Number(n) => {
+            if let Some(i) = n.as_i64() {
+                Value::from(i)
+            } else if let Some(u) = n.as_u64() {
+                Value::from(u)
+            } else {
+                Value::from(n.as_f64().unwrap_or(f64::NAN))
+            }
+        }
+        J::String(s) => Value::from(s.as_str()),
+        J::Array(items) => Value::from(items.iter().map(json_value).collect::<Vec<_>>()),
+        J::Object(map) => Value::from_object(JsonMap {
+            keys: map.keys().map(|k| Value::from(k.as_str())).collect(),
+            values: map
+                .iter()
+                .map(|(k, v)| (k.clone(), json_value(v)))
+                .collect(),
+        }),
+    }
+}
 
 /// vLLM's message when a model has no template.
 pub const NO_TEMPLATE_MESSAGE: &str = "As of transformers v4.44, default chat template is no longer allowed, so you must provide a chat template if the tokenizer does not define one.";
@@ -430,7 +482,7 @@ impl ChatTemplate {
         );
         let template = self.env.get_template(TEMPLATE_NAME).map_err(map_error)?;
         let rendered = template
-            .render(Value::from(minijinja::value::Serde(&ctx)))
+            .render(json_value(&serde_json::Value::Object(ctx)))
             .map_err(map_error)?;
         if opts.continue_final_message {
             return cut_after_final_message(rendered, messages);

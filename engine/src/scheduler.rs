@@ -462,7 +462,9 @@ impl Engine {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
+            if self.blocks.caching_enabled() {
+                extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
+            }
             let max_hit = (seq.tokens.len() - 1) / bs;
             let hit_blocks = self
                 .blocks
