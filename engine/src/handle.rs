@@ -720,12 +720,14 @@ impl GenerationStream {
         };
         let mut delta = Delta::default();
         if let Err(e) = self.apply(first, &mut delta) {
+            self.abort();
             return Some(Err(e));
         }
         while delta.finish.is_none() {
             match self.events.try_recv() {
                 Ok(ev) => {
                     if let Err(e) = self.apply(ev, &mut delta) {
+                        self.abort();
                         return Some(Err(e));
                     }
                 }
@@ -733,6 +735,14 @@ impl GenerationStream {
             }
         }
         Some(Ok(delta))
+    }
+
+    /// End the stream after an error: no more deltas, and the engine drops the sequence.
+    fn abort(&mut self) {
+        self.done = true;
+        if let Some((tx, id)) = self.cancel.take() {
+            let _ = tx.send(Command::Cancel(id));
+        }
     }
 
     fn apply(&mut self, ev: SeqEvent, delta: &mut Delta) -> Result<()> {
@@ -767,7 +777,7 @@ impl GenerationStream {
                 let piece = if stop_token && !self.include_stop_str_in_output {
                     String::new()
                 } else {
-                    self.detok_push(id)?
+                    self.detok.push(id)?
                 };
                 let allow = self.completion_tokens > self.min_tokens;
                 let check = self.stops.push(&piece, allow);
@@ -793,24 +803,20 @@ impl GenerationStream {
                     let tail = self.detok.flush()?;
                     let check = self.stops.push(&tail, allow);
                     delta.text.push_str(&check.text);
-                    if let Some(stop) = check.stopped {
-                        let f = Finish {
+                    // The flushed tail (an incomplete character) may still complete a stop string.
+                    let f = match check.stopped {
+                        Some(stop) => Finish {
                             reason: FinishReason::Stop,
                             stop_reason: Some(StopReason::String(stop)),
                             ..f
-                        };
-                        self.finish(f, delta);
-                    } else {
-                        self.finish(f, delta);
-                    }
+                        },
+                        None => f,
+                    };
+                    self.finish(f, delta);
                 }
                 Ok(())
             }
         }
-    }
-
-    fn detok_push(&mut self, id: u32) -> Result<String> {
-        self.detok.push(id)
     }
 
     fn finish(&mut self, finish: Finish, delta: &mut Delta) {
