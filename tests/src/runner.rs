@@ -43,11 +43,18 @@ pub async fn run(cfg: &SuiteConfig) -> Report {
 
 /// Runs `cases` with at most `concurrency` in flight; results keep the cases' order.
 pub async fn run_cases(client: &Client, cases: Vec<Case>, concurrency: usize) -> Report {
-    let results = stream::iter(cases.into_iter().map(|case| execute(client.clone(), case)))
-        .buffered(concurrency.max(1))
+    let mut results: Vec<(usize, CaseResult)> =
+        stream::iter(cases.into_iter().enumerate().map(|(index, case)| {
+            let client = client.clone();
+            async move { (index, execute(client, case).await) }
+        }))
+        .buffer_unordered(concurrency.max(1))
         .collect()
         .await;
-    Report { cases: results }
+    results.sort_by_key(|(index, _)| *index);
+    Report {
+        cases: results.into_iter().map(|(_, result)| result).collect(),
+    }
 }
 
 /// Runs one case.
@@ -80,5 +87,53 @@ pub async fn execute(client: Client, case: Case) -> CaseResult {
         expected,
         got,
         detail: failures.join("; "),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::expect::{status_is, Expect};
+    use crate::http::RequestSpec;
+
+    #[tokio::test]
+    async fn transport_failures_are_recorded_and_order_is_kept() {
+        let port = match std::net::TcpListener::bind("127.0.0.1:0") {
+            Ok(listener) => listener.local_addr().map(|a| a.port()).unwrap_or(9),
+            Err(err) => panic!("bind: {err}"),
+        };
+        let client = match Client::new(
+            &format!("http://127.0.0.1:{port}"),
+            None,
+            Duration::from_secs(5),
+        ) {
+            Ok(client) => client,
+            Err(err) => panic!("client: {err}"),
+        };
+        let cases = vec![
+            Case::single(
+                "unreachable",
+                RequestSpec::get("/health"),
+                Expect::new("200").with(status_is(200)),
+            ),
+            Case::decided("known good", "-", "nothing", Ok("fine".into())),
+            Case::decided("known bad", "-", "a model", Err("no model".into())),
+        ];
+        let report = run_cases(&client, cases, 2).await;
+        let names: Vec<&str> = report.cases.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(names, ["unreachable", "known good", "known bad"]);
+        assert!(!report.cases[0].passed);
+        assert!(
+            report.cases[0].got.contains("request failed"),
+            "{:?}",
+            report.cases[0]
+        );
+        assert_eq!(report.cases[0].route, "GET /health");
+        assert!(report.cases[1].passed);
+        assert!(!report.cases[2].passed);
+        assert_eq!(report.cases[2].detail, "no model");
+        assert!(!report.all_passed());
     }
 }

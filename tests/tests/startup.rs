@@ -85,3 +85,33 @@ fn unreadable_policy_file_is_refused() {
         &["trusted-client-policy", "trusted_client_policy", "policy"],
     );
 }
+
+#[test]
+fn missing_config_file_is_refused() {
+    let dir = must(TempDir::new("config"));
+    let missing = dir.path.join("missing.yaml");
+    let missing = missing.display().to_string();
+    refuses(&["--config", &missing], &["config"]);
+}
+
+#[test]
+fn config_file_with_a_bad_value_is_refused() {
+    let dir = must(TempDir::new("config"));
+    let config = must(dir.write("gateway.yaml", "max-num-seqs: 4\nmax-num-active-seqs: 8\n"));
+    let config = config.display().to_string();
+    refuses(
+        &["--config", &config],
+        &["max-num-active-seqs", "max_num_active_seqs"],
+    );
+}
+
+#[test]
+fn policy_with_an_invalid_schema_is_refused() {
+    let dir = must(TempDir::new("policy"));
+    let policy = must(dir.write(
+        "policy.yaml",
+        "trusted_keys: [\"k\"]\nbounds:\n  video: {type: 5}\n",
+    ));
+    let policy = policy.display().to_string();
+    refuses(&["--trusted-client-policy", &policy], &["video"]);
+}

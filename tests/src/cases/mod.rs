@@ -248,3 +248,101 @@ pub fn unset(mut body: serde_json::Value, key: &str) -> serde_json::Value {
     }
     body
 }
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use crate::routes::Route;
+
+    use super::*;
+
+    fn ctx(mode: ServerMode, api_key: Option<&str>, media: bool) -> Ctx {
+        let mut cfg = SuiteConfig::new("http://127.0.0.1:1");
+        cfg.mode = mode;
+        cfg.api_key = api_key.map(str::to_string);
+        if media {
+            cfg.media_base_url = Some("http://127.0.0.1:2".into());
+        }
+        let listing = serde_json::json!({"data": [
+            {"id": "gen", "tasks": ["generate"], "max_model_len": 8192},
+            {"id": "emb", "tasks": ["embed", "score"], "max_model_len": 256},
+        ]});
+        let models = Models::from_listing(&listing, &cfg);
+        Ctx::new(cfg, models)
+    }
+
+    fn profile() -> ServerMode {
+        ServerMode::Profile {
+            trusted_key: "t".into(),
+            untrusted_key: "u".into(),
+        }
+    }
+
+    #[test]
+    fn case_names_are_unique_in_every_mode() {
+        for ctx in [
+            ctx(ServerMode::Default, None, true),
+            ctx(ServerMode::Trusted, Some("k"), false),
+            ctx(profile(), None, true),
+        ] {
+            let cases = all(&ctx);
+            let mut seen = HashSet::new();
+            for case in &cases {
+                assert!(
+                    seen.insert(case.name.clone()),
+                    "duplicate case {:?}",
+                    case.name
+                );
+                assert!(
+                    !matches!(&case.kind, CaseKind::Decided { outcome, .. } if !outcome.failures.is_empty()),
+                    "{} cannot run although both models are known",
+                    case.name
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_gate_matrix_covers_every_route_field_and_value() {
+        // Per variant and route: no kwargs, 3 fields x 4 values, 3 mixed; plus 3 chat-style
+        // forms each for tokenize and embeddings.
+        let per_variant = Route::GATED.len() * (1 + 3 * 4 + 3) + 2 * 3;
+        let default = gate::cases(&ctx(ServerMode::Default, None, false));
+        assert_eq!(default.len(), per_variant);
+        let profiled = gate::cases(&ctx(profile(), None, false));
+        assert_eq!(profiled.len(), 2 * per_variant);
+        assert!(profiled
+            .iter()
+            .any(|c| c.name.starts_with("gate[trusted-key]")));
+        assert!(profiled
+            .iter()
+            .any(|c| c.name.starts_with("gate[untrusted-key]")));
+    }
+
+    #[test]
+    fn auth_and_media_cases_follow_the_config() {
+        assert!(auth::cases(&ctx(ServerMode::Default, None, false)).is_empty());
+        assert!(!auth::cases(&ctx(ServerMode::Default, Some("k"), false)).is_empty());
+        assert!(!auth::cases(&ctx(profile(), None, false)).is_empty());
+        assert!(media::cases(&ctx(ServerMode::Default, None, false)).is_empty());
+        assert!(!media::cases(&ctx(ServerMode::Default, None, true)).is_empty());
+        // Trusted servers fetch media: no refusal cases there.
+        assert!(media::cases(&ctx(ServerMode::Trusted, None, true)).is_empty());
+    }
+
+    #[test]
+    fn missing_models_make_cases_fail_not_vanish() {
+        let cfg = SuiteConfig::new("http://127.0.0.1:1");
+        let ctx = Ctx::new(
+            cfg.clone(),
+            Models::configured_only(&cfg, "unreachable".into()),
+        );
+        let cases = gate::cases(&ctx);
+        assert!(!cases.is_empty());
+        assert!(cases.iter().all(|case| matches!(
+            &case.kind,
+            CaseKind::Decided { outcome, .. } if outcome.failures[0].contains("unreachable")
+        )));
+    }
+}

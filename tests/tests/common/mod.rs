@@ -129,7 +129,7 @@ pub fn serve_command(bin: &Path, port: u16, args: &[String]) -> Command {
         .args(args)
         .env_remove("VLLM_API_KEY")
         .env_remove("MODELS_CACHE")
-        .env("RUST_LOG", "warn")
+        .env_remove("RUST_LOG")
         .stdin(Stdio::null());
     command
 }
