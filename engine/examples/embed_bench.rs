@@ -223,10 +223,15 @@ fn main() -> Result<(), String> {
     for (name, texts) in &workloads {
         let tokens = pool.install(|| pass(&enc, texts, args.batch_size))?;
         let mut times = Vec::with_capacity(args.runs);
+        let mut cpu = Vec::with_capacity(args.runs);
         for _ in 0..args.runs {
+            let c0 = process_cpu_seconds();
             let t0 = Instant::now();
             pool.install(|| pass(&enc, texts, args.batch_size))?;
             times.push(t0.elapsed().as_secs_f64());
+            if let (Some(c0), Some(c1)) = (c0, process_cpu_seconds()) {
+                cpu.push(c1 - c0);
+            }
         }
         let mut sorted = times.clone();
         sorted.sort_by(f64::total_cmp);
@@ -251,6 +256,7 @@ fn main() -> Result<(), String> {
                 "tok_s": round(tokens as f64 / median, 1),
                 "median_s": round(median, 4),
                 "all_s": times.iter().map(|t| round(*t, 4)).collect::<Vec<_>>(),
+                "cpu_s": cpu.iter().map(|t| round(*t, 2)).collect::<Vec<_>>(),
             }),
         );
     }
@@ -271,6 +277,19 @@ fn main() -> Result<(), String> {
     });
     println!("{doc}");
     Ok(())
+}
+
+/// User plus system CPU time of the whole process (all threads), from `/proc/self/stat`; on a
+/// shared machine it tells how much of the wall time was the benchmark's own work.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
+    let rest = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // Clock ticks are 100 per second on Linux unless the kernel was built otherwise.
+    Some((utime + stime) / 100.0)
 }
 
 fn round3(v: f64) -> f64 {

@@ -2,6 +2,8 @@
 //! (`shared/reference/minilm_embeddings.json`): token ids, embeddings, pair scores, batching,
 //! and load errors for broken checkpoints.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 
 use engine::hf::{detect, load_encoder, CheckpointKind};

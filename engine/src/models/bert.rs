@@ -13,6 +13,8 @@
 mod gemm;
 mod ops;
 
+use std::sync::Mutex;
+
 use rayon::prelude::*;
 
 use self::gemm::{gemm, PackedB};
@@ -63,12 +65,28 @@ struct Layer {
     ln2_b: Vec<f32>,
 }
 
+/// Activation buffers of one forward pass, kept between calls so that a pass allocates (and
+/// page-faults) nothing once warm.
+#[derive(Default)]
+struct Workspace {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    ctx_heads: Vec<f32>,
+    ctx: Vec<f32>,
+    tmp: Vec<f32>,
+    ffn: Vec<f32>,
+}
+
+/// Workspaces kept for reuse (one per concurrent `embed` call, up to this many).
+const MAX_IDLE_WORKSPACES: usize = 2;
+
 /// A loaded BERT encoder.
 pub struct BertEncoder {
     info: EncoderInfo,
     dims: Dims,
     emb: Embeddings,
     layers: Vec<Layer>,
+    workspaces: Mutex<Vec<Workspace>>,
 }
 
 impl std::fmt::Debug for BertEncoder {
@@ -147,7 +165,7 @@ impl BertEncoder {
                 ));
             }
         }
-        if heads == 0 || hidden == 0 || hidden % heads != 0 || type_vocab == 0 {
+        if heads == 0 || hidden == 0 || !hidden.is_multiple_of(heads) || type_vocab == 0 {
             return Err(EngineError::load(
                 "config.json",
                 format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
@@ -252,6 +270,7 @@ impl BertEncoder {
             dims,
             emb,
             layers,
+            workspaces: Mutex::new(Vec::new()),
         })
     }
 
@@ -286,8 +305,6 @@ impl BertEncoder {
 
     /// Runs the layers over packed sequences and returns one pooled vector per sequence.
     fn forward(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        let d = &self.dims;
-        let h = d.hidden;
         let total: usize = seqs.iter().map(|s| s.len()).sum();
         let mut spans = Vec::with_capacity(seqs.len());
         let mut t0 = 0;
@@ -295,44 +312,82 @@ impl BertEncoder {
             spans.push((t0, s.len()));
             t0 += s.len();
         }
-        let mut x = vec![0.0f32; total * h];
-        self.embed_tokens(seqs, &mut x);
-        let mut qkv = vec![0.0f32; total * 3 * h];
-        let mut ctx_heads = vec![0.0f32; total * h];
-        let mut ctx = vec![0.0f32; total * h];
-        let mut tmp = vec![0.0f32; total * h];
-        let mut ffn = vec![0.0f32; total * d.intermediate];
+        let mut ws = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+            .pop()
+            .unwrap_or_default();
+        let result = self.forward_in(seqs, &spans, total, &mut ws);
+        let mut idle = self
+            .workspaces
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if idle.len() < MAX_IDLE_WORKSPACES {
+            idle.push(ws);
+        }
+        result
+    }
+
+    fn forward_in(
+        &self,
+        seqs: &[&[u32]],
+        spans: &[(usize, usize)],
+        total: usize,
+        ws: &mut Workspace,
+    ) -> Result<Vec<Vec<f32>>> {
+        let d = &self.dims;
+        let h = d.hidden;
+        for (buf, len) in [
+            (&mut ws.x, total * h),
+            (&mut ws.qkv, total * 3 * h),
+            (&mut ws.ctx_heads, total * h),
+            (&mut ws.ctx, total * h),
+            (&mut ws.tmp, total * h),
+            (&mut ws.ffn, total * d.intermediate),
+        ] {
+            if buf.len() < len {
+                buf.resize(len, 0.0);
+            }
+        }
+        let mut x = &mut ws.x[..total * h];
+        let mut tmp = &mut ws.tmp[..total * h];
+        let qkv = &mut ws.qkv[..total * 3 * h];
+        let ctx_heads = &mut ws.ctx_heads[..total * h];
+        let ctx = &mut ws.ctx[..total * h];
+        let ffn = &mut ws.ffn[..total * d.intermediate];
+        self.embed_tokens(seqs, x);
         for layer in &self.layers {
             gemm(
                 total,
-                &x,
+                x,
                 h,
                 &layer.qkv,
-                &mut qkv,
+                qkv,
                 3 * h,
                 Some(&layer.qkv_b),
                 true,
             )?;
-            self.attention(&qkv, &spans, &mut ctx_heads)?;
-            self.heads_to_tokens(&ctx_heads, total, &mut ctx);
+            self.attention(qkv, spans, ctx_heads)?;
+            self.heads_to_tokens(ctx_heads, total, ctx);
             gemm(
                 total,
-                &ctx,
+                ctx,
                 h,
                 &layer.attn_out,
-                &mut tmp,
+                tmp,
                 h,
                 Some(&layer.attn_out_b),
                 true,
             )?;
-            self.residual_norm(&mut tmp, &x, &layer.ln1_g, &layer.ln1_b);
+            self.residual_norm(tmp, x, &layer.ln1_g, &layer.ln1_b);
             std::mem::swap(&mut x, &mut tmp);
             gemm(
                 total,
-                &x,
+                x,
                 h,
                 &layer.up,
-                &mut ffn,
+                ffn,
                 d.intermediate,
                 Some(&layer.up_b),
                 true,
@@ -342,15 +397,15 @@ impl BertEncoder {
                 .for_each(|c| act.apply(c));
             gemm(
                 total,
-                &ffn,
+                ffn,
                 d.intermediate,
                 &layer.down,
-                &mut tmp,
+                tmp,
                 h,
                 Some(&layer.down_b),
                 true,
             )?;
-            self.residual_norm(&mut tmp, &x, &layer.ln2_g, &layer.ln2_b);
+            self.residual_norm(tmp, x, &layer.ln2_g, &layer.ln2_b);
             std::mem::swap(&mut x, &mut tmp);
         }
         Ok(spans
@@ -411,8 +466,10 @@ impl BertEncoder {
             |(keys, values, scores), (head, t0, len, mine)| {
                 let q = &qkv[t0 * ld + head * hd..];
                 keys.pack_transposed(&qkv[t0 * ld + h + head * hd..], ld, hd, len);
-                scores.clear();
-                scores.resize(len * len, 0.0);
+                if scores.len() < len * len {
+                    scores.resize(len * len, 0.0);
+                }
+                let scores = &mut scores[..len * len];
                 gemm(len, q, ld, keys, scores, len, None, false)?;
                 softmax_rows(scores, len, scale);
                 values.pack_rows(&qkv[t0 * ld + 2 * h + head * hd..], ld, len, hd);

@@ -18,10 +18,12 @@ use crate::error::{EngineError, Result};
 pub(crate) const MR: usize = 6;
 /// Columns per micro-tile (and per packed panel).
 pub(crate) const NR: usize = 16;
-/// Depth of one k block: a B panel block (`KC * NR` floats, 16 KiB) stays in L1.
-const KC: usize = 256;
+/// Depth of one k block: a B panel block (`KC * NR` floats, 24 KiB) stays in L1.
+const KC: usize = 384;
 /// Largest row block one task handles.
 const MC_MAX: usize = 96;
+/// Pack A when the product has at least this many column panels.
+const PACK_A_MIN_PANELS: usize = 16;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PAR_MIN_FLOPS: usize = 1 << 18;
 /// Floats per 64-byte cache line.
@@ -47,16 +49,23 @@ impl PackedB {
         &self.buf[self.start..]
     }
 
-    /// Resizes the store for a k × n matrix (zeroed) and returns the panel area.
+    /// Sizes the store for a k × n matrix and returns the panel area. Only the padding
+    /// columns of the last panel are zeroed: the packers write every other element.
     fn reshape(&mut self, k: usize, n: usize) -> &mut [f32] {
         self.k = k;
         self.n = n;
         let len = n.div_ceil(NR) * NR * k;
-        self.buf.clear();
-        self.buf.resize(len + LINE, 0.0);
+        if self.buf.len() < len + LINE {
+            self.buf.resize(len + LINE, 0.0);
+        }
         let misalign = (self.buf.as_ptr() as usize / std::mem::size_of::<f32>()) % LINE;
         self.start = (LINE - misalign) % LINE;
-        &mut self.buf[self.start..self.start + len]
+        let area = &mut self.buf[self.start..self.start + len];
+        if !n.is_multiple_of(NR) {
+            let last = (n / NR) * NR * k;
+            area[last..].fill(0.0);
+        }
+        area
     }
 
     /// Packs a PyTorch `Linear` weight (`n` rows of `k` inputs, row-major), so that
@@ -104,6 +113,7 @@ impl PackedB {
 /// `C[m × n] = A[m × k] · B (+ bias)`, where `A` has row stride `lda` and `C` row stride `ldc`
 /// (`ldc >= n`; only the first `n` columns of each C row are written). Splits large products
 /// over the current rayon pool when `parallel` is set.
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn gemm(
     m: usize,
     a: &[f32],
@@ -153,9 +163,31 @@ pub(crate) fn gemm(
     Ok(())
 }
 
-/// Rows `r0 .. r0 + rows` of the product into `c` (which starts at row `r0`).
+/// Rows `r0 .. r0 + rows` of the product into `c` (which starts at row `r0`), in blocks of at
+/// most [`MC_MAX`] rows so that a block of A stays in L2 while it meets every B panel.
 #[allow(clippy::too_many_arguments)]
 fn gemm_rows(
+    kernel: Kernel,
+    r0: usize,
+    rows: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    bias: Option<&[f32]>,
+) {
+    let mut done = 0;
+    while done < rows {
+        let block = MC_MAX.min(rows - done);
+        let c_blk = &mut c[done * ldc..];
+        gemm_block(kernel, r0 + done, block, a, lda, b, c_blk, ldc, bias);
+        done += block;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_block(
     kernel: Kernel,
     r0: usize,
     rows: usize,
@@ -170,48 +202,103 @@ fn gemm_rows(
     let data = b.data();
     let blocks = k.div_ceil(KC).max(1);
     let kc_even = k.div_ceil(blocks);
-    let mut k0 = 0;
-    loop {
-        let kc = kc_even.min(k - k0);
-        let first = k0 == 0;
-        let last = k0 + kc >= k;
-        for p in 0..b.panels() {
-            let cols = NR.min(n - p * NR);
-            let panel = &data[(p * k + k0) * NR..(p * k + k0 + kc) * NR];
-            let bias_tile = if last {
-                bias.map(|bs| &bs[p * NR..p * NR + cols])
-            } else {
-                None
-            };
-            let mut i = 0;
-            while i < rows {
-                let tile_rows = MR.min(rows - i);
-                let mut a_rows = [0usize; MR];
-                for (r, slot) in a_rows.iter_mut().enumerate() {
-                    // Rows past the end repeat the first row of the tile; their results are
-                    // computed but not stored.
-                    let row = if r < tile_rows { r0 + i + r } else { r0 + i };
-                    *slot = row * lda + k0;
-                }
-                let tile = Tile {
-                    kc,
-                    a,
-                    a_rows,
-                    panel,
-                    c_off: i * ldc + p * NR,
-                    ldc,
-                    rows: tile_rows,
-                    cols,
-                    first,
-                    bias: bias_tile,
+    let groups = rows.div_ceil(MR);
+    // Packing A costs about one pass over the block; it pays when many panels reuse it.
+    let pack = b.panels() >= PACK_A_MIN_PANELS;
+    A_PACK.with(|cell| {
+        let mut a_pack = cell.borrow_mut();
+        if pack && a_pack.len() < groups * MR * kc_even {
+            a_pack.resize(groups * MR * kc_even, 0.0);
+        }
+        let mut k0 = 0;
+        loop {
+            let kc = kc_even.min(k - k0);
+            let first = k0 == 0;
+            let last = k0 + kc >= k;
+            if pack {
+                pack_a(a, lda, r0, rows, k0, kc, &mut a_pack[..groups * MR * kc]);
+            }
+            for p in 0..b.panels() {
+                let cols = NR.min(n - p * NR);
+                let panel = &data[(p * k + k0) * NR..(p * k + k0 + kc) * NR];
+                let bias_tile = if last {
+                    bias.map(|bs| &bs[p * NR..p * NR + cols])
+                } else {
+                    None
                 };
-                kernel.run(&tile, c);
-                i += MR;
+                for g in 0..groups {
+                    let tile_rows = MR.min(rows - g * MR);
+                    let (a_src, a_rows, a_step): (&[f32], [usize; MR], usize) = if pack {
+                        (
+                            &a_pack[g * MR * kc..(g + 1) * MR * kc],
+                            std::array::from_fn(|r| r),
+                            MR,
+                        )
+                    } else {
+                        // Rows past the end repeat the tile's first row; their results are
+                        // computed but not stored.
+                        let offsets = std::array::from_fn(|r| {
+                            let row = if r < tile_rows {
+                                r0 + g * MR + r
+                            } else {
+                                r0 + g * MR
+                            };
+                            row * lda + k0
+                        });
+                        (a, offsets, 1)
+                    };
+                    let tile = Tile {
+                        kc,
+                        a: a_src,
+                        a_rows,
+                        a_step,
+                        panel,
+                        c_off: g * MR * ldc + p * NR,
+                        ldc,
+                        rows: tile_rows,
+                        cols,
+                        first,
+                        bias: bias_tile,
+                    };
+                    kernel.run(&tile, c);
+                }
+            }
+            k0 += kc;
+            if k0 >= k {
+                break;
             }
         }
-        k0 += kc;
-        if k0 >= k {
-            break;
+    });
+}
+
+thread_local! {
+    /// Per-thread buffer for packed blocks of A.
+    static A_PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Packs rows `r0..r0+rows`, columns `k0..k0+kc` of A into groups of [`MR`] rows laid out
+/// `[group][k][row]`, so the micro-kernel reads A as one sequential stream. Rows past the end
+/// of the last group are zero.
+fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, k0: usize, kc: usize, out: &mut [f32]) {
+    for (g, group) in out.chunks_exact_mut(MR * kc).enumerate() {
+        let valid = MR.min(rows - g * MR);
+        if valid == MR {
+            let row = |r: usize| {
+                let start = (r0 + g * MR + r) * lda + k0;
+                &a[start..start + kc]
+            };
+            let (a0, a1, a2, a3, a4, a5) = (row(0), row(1), row(2), row(3), row(4), row(5));
+            for (p, dst) in group.chunks_exact_mut(MR).enumerate() {
+                dst.copy_from_slice(&[a0[p], a1[p], a2[p], a3[p], a4[p], a5[p]]);
+            }
+        } else {
+            group.fill(0.0);
+            for r in 0..valid {
+                let start = (r0 + g * MR + r) * lda + k0;
+                for (p, &v) in a[start..start + kc].iter().enumerate() {
+                    group[p * MR + r] = v;
+                }
+            }
         }
     }
 }
@@ -219,9 +306,12 @@ fn gemm_rows(
 /// One micro-tile: `C[rows × cols] (+)= A[rows, k0..k0+kc] · panel`.
 struct Tile<'a> {
     kc: usize,
+    /// A, packed (see [`pack_a`]) or in place.
     a: &'a [f32],
-    /// Offsets into `a` of the MR rows, at column k0.
+    /// Offset into `a` of each of the MR rows at the block's first k.
     a_rows: [usize; MR],
+    /// Distance in `a` from one k to the next (MR when packed, 1 in place).
+    a_step: usize,
     /// `kc × NR` packed floats.
     panel: &'a [f32],
     /// Offset into `c` of the tile's top-left element.
@@ -256,29 +346,29 @@ impl Kernel {
     }
 
     fn run(self, t: &Tile<'_>, c: &mut [f32]) {
-        let mut acc = [[0.0f32; NR]; MR];
-        match self {
-            Kernel::Portable => portable_tile(t, &mut acc),
-            #[cfg(target_arch = "x86_64")]
-            Kernel::Avx2Fma => {
-                // Every A row read ends at a_rows[r] + kc <= a.len() and the panel holds
-                // kc * NR floats; checked here once so the kernel can use unchecked loads.
-                let in_bounds = t.panel.len() >= t.kc * NR
-                    && t.a_rows.iter().all(|&off| off + t.kc <= t.a.len());
-                if !in_bounds {
-                    portable_tile(t, &mut acc);
-                } else if t.rows == MR && t.cols == NR && t.c_off + (MR - 1) * t.ldc + NR <= c.len()
-                {
+        #[cfg(target_arch = "x86_64")]
+        if let Kernel::Avx2Fma = self {
+            // The kernel reads a[a_rows[r] + p * a_step] for p < kc and kc * NR floats of the
+            // panel; checked here once so that it can use unchecked loads.
+            let last_step = t.kc.saturating_sub(1) * t.a_step;
+            let in_bounds = t.panel.len() >= t.kc * NR
+                && t.a_rows.iter().all(|&off| off + last_step < t.a.len());
+            if in_bounds {
+                if t.rows == MR && t.cols == NR && t.c_off + (MR - 1) * t.ldc + NR <= c.len() {
                     // SAFETY: AVX2 and FMA were detected at run time; the bounds of A, the
                     // panel and the full C tile were checked just above.
                     unsafe { avx2::tile_store(t, c) };
-                    return;
                 } else {
+                    let mut acc = [[0.0f32; NR]; MR];
                     // SAFETY: as above; the result goes to `acc`, not to C.
                     unsafe { avx2::tile_acc(t, &mut acc) };
+                    store_partial(t, &acc, c);
                 }
+                return;
             }
         }
+        let mut acc = [[0.0f32; NR]; MR];
+        portable_tile(t, &mut acc);
         store_partial(t, &acc, c);
     }
 }
@@ -305,7 +395,7 @@ fn portable_tile(t: &Tile<'_>, acc: &mut [[f32; NR]; MR]) {
     for p in 0..t.kc {
         let brow = &t.panel[p * NR..p * NR + NR];
         for (r, acc_row) in acc.iter_mut().enumerate() {
-            let x = t.a[t.a_rows[r] + p];
+            let x = t.a[t.a_rows[r] + p * t.a_step];
             for (o, &bv) in acc_row.iter_mut().zip(brow) {
                 *o += x * bv;
             }
@@ -321,8 +411,8 @@ mod avx2 {
     /// The accumulators of one tile, as (low 8, high 8) column halves per row.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `a_rows[r] + kc <= a.len()` for every row and the panel
-    /// holds `kc * NR` floats.
+    /// The CPU has AVX2 and FMA; `a_rows[r] + (kc-1) * a_step < a.len()` for every row and
+    /// the panel holds `kc * NR` floats.
     #[target_feature(enable = "avx2,fma")]
     unsafe fn tile_compute(t: &Tile<'_>) -> [[__m256; 2]; MR] {
         // SAFETY: every pointer below stays inside `a` or the panel, as documented above.
@@ -334,6 +424,8 @@ mod avx2 {
             let p3 = a.add(t.a_rows[3]);
             let p4 = a.add(t.a_rows[4]);
             let p5 = a.add(t.a_rows[5]);
+            let step = t.a_step;
+            let mut idx = 0;
             let mut c00 = _mm256_setzero_ps();
             let mut c01 = _mm256_setzero_ps();
             let mut c10 = _mm256_setzero_ps();
@@ -347,28 +439,29 @@ mod avx2 {
             let mut c50 = _mm256_setzero_ps();
             let mut c51 = _mm256_setzero_ps();
             let mut bp = t.panel.as_ptr();
-            for p in 0..t.kc {
+            for _ in 0..t.kc {
                 let b0 = _mm256_loadu_ps(bp);
                 let b1 = _mm256_loadu_ps(bp.add(8));
-                let x = _mm256_broadcast_ss(&*p0.add(p));
+                let x = _mm256_broadcast_ss(&*p0.add(idx));
                 c00 = _mm256_fmadd_ps(x, b0, c00);
                 c01 = _mm256_fmadd_ps(x, b1, c01);
-                let x = _mm256_broadcast_ss(&*p1.add(p));
+                let x = _mm256_broadcast_ss(&*p1.add(idx));
                 c10 = _mm256_fmadd_ps(x, b0, c10);
                 c11 = _mm256_fmadd_ps(x, b1, c11);
-                let x = _mm256_broadcast_ss(&*p2.add(p));
+                let x = _mm256_broadcast_ss(&*p2.add(idx));
                 c20 = _mm256_fmadd_ps(x, b0, c20);
                 c21 = _mm256_fmadd_ps(x, b1, c21);
-                let x = _mm256_broadcast_ss(&*p3.add(p));
+                let x = _mm256_broadcast_ss(&*p3.add(idx));
                 c30 = _mm256_fmadd_ps(x, b0, c30);
                 c31 = _mm256_fmadd_ps(x, b1, c31);
-                let x = _mm256_broadcast_ss(&*p4.add(p));
+                let x = _mm256_broadcast_ss(&*p4.add(idx));
                 c40 = _mm256_fmadd_ps(x, b0, c40);
                 c41 = _mm256_fmadd_ps(x, b1, c41);
-                let x = _mm256_broadcast_ss(&*p5.add(p));
+                let x = _mm256_broadcast_ss(&*p5.add(idx));
                 c50 = _mm256_fmadd_ps(x, b0, c50);
                 c51 = _mm256_fmadd_ps(x, b1, c51);
                 bp = bp.add(NR);
+                idx += step;
             }
             [
                 [c00, c01],
@@ -384,8 +477,7 @@ mod avx2 {
     /// The full tile straight into C.
     ///
     /// # Safety
-    /// The CPU has AVX2 and FMA; `a_rows[r] + kc <= a.len()` for every row, the panel holds
-    /// `kc * NR` floats and `c_off + (MR-1)*ldc + NR <= c.len()`.
+    /// As [`tile_compute`], and `c_off + (MR-1)*ldc + NR <= c.len()`.
     #[target_feature(enable = "avx2,fma")]
     pub(super) unsafe fn tile_store(t: &Tile<'_>, c: &mut [f32]) {
         // SAFETY: bounds as documented above.

@@ -12,6 +12,26 @@ pub(crate) fn add_layer_norm(
     beta: &[f32],
     eps: f32,
 ) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features were detected on this CPU.
+            unsafe { layer_norm_avx2(x, residual, gamma, beta, eps) };
+            return;
+        }
+    }
+    layer_norm_generic(x, residual, gamma, beta, eps);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn layer_norm_avx2(x: &mut [f32], residual: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
+    layer_norm_generic(x, residual, gamma, beta, eps);
+}
+
+#[inline(always)]
+fn layer_norm_generic(x: &mut [f32], residual: &[f32], gamma: &[f32], beta: &[f32], eps: f32) {
     let h = gamma.len();
     if h == 0 {
         return;
@@ -22,8 +42,20 @@ pub(crate) fn add_layer_norm(
                 *v += res;
             }
         }
-        let mean = row.iter().sum::<f32>() / h as f32;
-        let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / h as f32;
+        let mean = sum_lanes(row) / h as f32;
+        let mut sq = [0.0f32; LANES];
+        let mut chunks = row.chunks_exact(LANES);
+        for c in &mut chunks {
+            for (a, &v) in sq.iter_mut().zip(c) {
+                *a += (v - mean) * (v - mean);
+            }
+        }
+        let tail: f32 = chunks
+            .remainder()
+            .iter()
+            .map(|v| (v - mean) * (v - mean))
+            .sum();
+        let var = (sum_lanes(&sq) + tail) / h as f32;
         let inv = 1.0 / (var + eps).sqrt();
         for ((v, &g), &b) in row.iter_mut().zip(gamma).zip(beta) {
             *v = (*v - mean) * inv * g + b;
@@ -164,16 +196,51 @@ fn softmax_generic(x: &mut [f32], width: usize, scale: f32) {
         return;
     }
     for row in x.chunks_exact_mut(width) {
-        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v)) * scale;
-        let mut sum = 0.0f32;
-        for v in row.iter_mut() {
-            let e = exp(*v * scale - max);
-            *v = e;
-            sum += e;
-        }
-        let inv = 1.0 / sum;
+        // scale > 0, so max(scale * v) = scale * max(v).
+        let max = max_lanes(row) * scale;
+        row.iter_mut().for_each(|v| *v = exp(*v * scale - max));
+        let inv = 1.0 / sum_lanes(row);
         row.iter_mut().for_each(|v| *v *= inv);
     }
+}
+
+/// Lanes of the partial sums and maxima below: fixed, so results do not depend on how the
+/// loops were compiled.
+const LANES: usize = 8;
+
+/// Sum of `v` with [`LANES`] partial sums (vectorisable, unlike a strict left-to-right sum).
+#[inline(always)]
+pub(crate) fn sum_lanes(v: &[f32]) -> f32 {
+    let mut acc = [0.0f32; LANES];
+    let mut chunks = v.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a += x;
+        }
+    }
+    let mut total =
+        ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
+    for &x in chunks.remainder() {
+        total += x;
+    }
+    total
+}
+
+/// Largest element of `v` (`-inf` for an empty slice).
+#[inline(always)]
+fn max_lanes(v: &[f32]) -> f32 {
+    let mut acc = [f32::NEG_INFINITY; LANES];
+    let mut chunks = v.chunks_exact(LANES);
+    for c in &mut chunks {
+        for (a, &x) in acc.iter_mut().zip(c) {
+            *a = if x > *a { x } else { *a };
+        }
+    }
+    let mut best = f32::NEG_INFINITY;
+    for x in acc.into_iter().chain(chunks.remainder().iter().copied()) {
+        best = if x > best { x } else { best };
+    }
+    best
 }
 
 #[cfg(test)]
@@ -246,6 +313,15 @@ mod tests {
             "{x:?}"
         );
         assert!(x[5] < 1e-30, "{x:?}");
+    }
+
+    #[test]
+    fn lane_reductions() {
+        let v: Vec<f32> = (0..21).map(|i| i as f32 - 3.0).collect();
+        assert_eq!(sum_lanes(&v), v.iter().sum::<f32>());
+        assert_eq!(max_lanes(&v), 17.0);
+        assert_eq!(max_lanes(&[]), f32::NEG_INFINITY);
+        assert_eq!(sum_lanes(&[]), 0.0);
     }
 
     #[test]
