@@ -62,3 +62,45 @@ async fn config_file_applies_and_flags_override_it() {
     let report = contract::runner::run_cases(&client, cases, 3).await;
     assert_report(&report, "--config");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_last_trust_flag_wins() {
+    let gateway =
+        must(Gateway::start(&["--trust-request-mm-kwargs", "--no-trust-request-mm-kwargs"]).await);
+    let client = must(
+        Client::new(&gateway.base_url, None, Duration::from_secs(60))
+            .map_err(|err| err.to_string()),
+    );
+    let cfg = contract::SuiteConfig::new(&gateway.base_url);
+    let models = contract::models::discover(&client, &cfg).await;
+    let chat = models.chat.clone().unwrap_or_default();
+    let embed = models.embedding.clone().unwrap_or_default();
+    let cases = vec![
+        Case::single(
+            "--no-trust-request-mm-kwargs after --trust-request-mm-kwargs: chat refused",
+            RequestSpec::post_json(
+                Route::Chat.path(),
+                set(
+                    Route::Chat.body(&chat),
+                    GateField::MmProcessorKwargs.name(),
+                    json!({"num_crops": 4}),
+                ),
+            ),
+            Expect::gate_rejection(GateField::MmProcessorKwargs),
+        ),
+        Case::single(
+            "--no-trust-request-mm-kwargs after --trust-request-mm-kwargs: embeddings refused",
+            RequestSpec::post_json(
+                Route::Embeddings.path(),
+                set(
+                    Route::Embeddings.body(&embed),
+                    GateField::MediaIoKwargs.name(),
+                    json!({"video": {}}),
+                ),
+            ),
+            Expect::gate_rejection(GateField::MediaIoKwargs),
+        ),
+    ];
+    let report = contract::runner::run_cases(&client, cases, 2).await;
+    assert_report(&report, "--no-trust-request-mm-kwargs");
+}
