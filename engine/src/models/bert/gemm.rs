@@ -557,6 +557,8 @@ mod tests {
             (64, 384, 48),
             (100, 520, 20),
             (6, 16, 16),
+            // Enough panels for A to be packed, with edge rows and columns and two k blocks.
+            (97, 700, 300),
         ] {
             let a = values(m * k, 1);
             let w = values(n * k, 2);
@@ -573,6 +575,21 @@ mod tests {
                     );
                 }
             }
+        }
+    }
+
+    #[test]
+    fn portable_kernel_matches_naive() {
+        let (m, k, n) = (23, 400, 290);
+        let a = values(m * k, 8);
+        let w = values(n * k, 9);
+        let bias = values(n, 10);
+        let b = PackedB::from_linear(&w, n, k);
+        let mut c = vec![f32::NAN; m * n];
+        gemm_rows(Kernel::Portable, 0, m, &a, k, &b, &mut c, n, Some(&bias));
+        let want = naive(m, k, n, &a, &w, Some(&bias));
+        for (x, y) in c.iter().zip(&want) {
+            assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
         }
     }
 
