@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod errors;
+pub mod features;
 pub mod gate;
 pub mod ids;
 pub mod media;
@@ -228,6 +229,7 @@ pub fn all(ctx: &Ctx) -> Vec<Case> {
     cases.extend(media::cases(ctx));
     cases.extend(validation::cases(ctx));
     cases.extend(errors::cases(ctx));
+    cases.extend(features::cases(ctx));
     cases.extend(streaming::cases(ctx));
     cases.extend(ids::cases(ctx));
     cases

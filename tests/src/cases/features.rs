@@ -1,0 +1,285 @@
+//! Route forms and request options that must work (CONTRACT sections 1, 4-6): score and
+//! rerank forms and aliases, batch inputs, content-part shapes, and generation options
+//! whose effect is visible in the response.
+
+use serde_json::{json, Value};
+
+use super::{set, Case, Ctx};
+use crate::expect::{json_at, not_gate, Expect, Message, Param};
+use crate::http::RequestSpec;
+use crate::routes::{self, unsupported_task, Route, DOCUMENTS, QUERY};
+
+fn scores(count: usize) -> Expect {
+    Expect::ok_json(&format!("{count} score(s), id score-..."))
+        .with(crate::expect::string_prefix("/id", "score-"))
+        .with(json_at(
+            "/data",
+            "the expected number of scores",
+            move |v| {
+                v.as_array().is_some_and(|d| {
+                    d.len() == count
+                        && d.iter()
+                            .all(|item| item.get("score").is_some_and(Value::is_number))
+                })
+            },
+        ))
+}
+
+fn rerank_results(count: usize) -> Expect {
+    Expect::ok_json(&format!("{count} rerank result(s)")).with(json_at(
+        "/results",
+        "the expected number of results",
+        move |v| v.as_array().is_some_and(|r| r.len() == count),
+    ))
+}
+
+fn pooling_cases(ctx: &Ctx) -> Vec<Case> {
+    let Ok(embed) = ctx.embedding_model() else {
+        return vec![Case::decided(
+            "features pooling routes",
+            "POST /score",
+            "an embedding model",
+            ctx.embedding_model().map(|_| String::new()),
+        )];
+    };
+    let two = json!(["What is the capital of France?", "Which fruit is yellow?"]);
+    let mut cases = vec![
+        Case::single(
+            "features /score text_1 + text_2 (1:1)",
+            RequestSpec::post_json(
+                "/score",
+                json!({"model": embed, "text_1": QUERY, "text_2": DOCUMENTS[0]}),
+            ),
+            scores(1),
+        ),
+        Case::single(
+            "features /score data_1 + data_2 (1:N)",
+            RequestSpec::post_json(
+                "/score",
+                json!({"model": embed, "data_1": QUERY, "data_2": DOCUMENTS}),
+            ),
+            scores(2),
+        ),
+        Case::single(
+            "features /score queries + items (N:N)",
+            RequestSpec::post_json(
+                "/score",
+                json!({"model": embed, "queries": two, "items": DOCUMENTS}),
+            ),
+            scores(2),
+        ),
+        Case::single(
+            "features /v1/score alias",
+            RequestSpec::post_json("/v1/score", Route::Score.body(&embed)),
+            scores(2),
+        ),
+        Case::single(
+            "features /v1/rerank alias",
+            RequestSpec::post_json("/v1/rerank", Route::Rerank.body(&embed)),
+            rerank_results(2),
+        ),
+        Case::single(
+            "features /v2/rerank alias",
+            RequestSpec::post_json("/v2/rerank", Route::Rerank.body(&embed)),
+            rerank_results(2),
+        ),
+        Case::single(
+            "features /rerank top_n=1 keeps the best document only",
+            RequestSpec::post_json(
+                "/rerank",
+                set(Route::Rerank.body(&embed), "top_n", json!(1)),
+            ),
+            rerank_results(1).with(json_at("/results/0/index", "document 0", |v| v == 0)),
+        ),
+        Case::single(
+            "features /rerank top_n=0 returns all",
+            RequestSpec::post_json(
+                "/rerank",
+                set(Route::Rerank.body(&embed), "top_n", json!(0)),
+            ),
+            rerank_results(2),
+        ),
+        Case::single(
+            "features /v1/embeddings batch input keeps order",
+            RequestSpec::post_json(
+                "/v1/embeddings",
+                json!({"model": embed, "input": ["first text", "second text"]}),
+            ),
+            routes::embeddings()
+                .with(json_at("/data/0/index", "0", |v| v == 0))
+                .with(json_at("/data/1/index", "1", |v| v == 1)),
+        ),
+        Case::single(
+            "features /pooling task=classify on an embedding model: unsupported",
+            RequestSpec::post_json(
+                "/pooling",
+                set(Route::Pooling.body(&embed), "task", json!("classify")),
+            ),
+            unsupported_task("classify"),
+        ),
+    ];
+    if ctx.models.classifier.is_none() {
+        cases.push(Case::single(
+            "features /classify on an embedding model: unsupported",
+            RequestSpec::post_json("/classify", Route::Classify.body(&embed)),
+            unsupported_task("classify"),
+        ));
+    }
+    cases
+}
+
+fn chat_case(ctx: &Ctx, name: &str, edit: impl FnOnce(Value) -> Value, expect: Expect) -> Case {
+    Case::with_model(name, Route::Chat.route(), ctx.chat_model(), |model| {
+        (
+            RequestSpec::post_json(Route::Chat.path(), edit(Route::Chat.body(model))),
+            expect,
+        )
+    })
+}
+
+fn completion_case(
+    ctx: &Ctx,
+    name: &str,
+    edit: impl FnOnce(Value) -> Value,
+    expect: Expect,
+) -> Case {
+    Case::with_model(
+        name,
+        Route::Completions.route(),
+        ctx.chat_model(),
+        |model| {
+            (
+                RequestSpec::post_json(
+                    Route::Completions.path(),
+                    edit(Route::Completions.body(model)),
+                ),
+                expect,
+            )
+        },
+    )
+}
+
+fn generation_cases(ctx: &Ctx) -> Vec<Case> {
+    vec![
+        chat_case(
+            ctx,
+            "features chat content as typed text parts",
+            |b| {
+                set(
+                    b,
+                    "messages",
+                    json!([{"role": "user", "content": [{"type": "text", "text": "Say hi."}]}]),
+                )
+            },
+            routes::chat_completion(),
+        ),
+        chat_case(
+            ctx,
+            "features chat unknown content part type: 400 param type",
+            |b| {
+                set(
+                    b,
+                    "messages",
+                    json!([{"role": "user", "content": [{"type": "contract_bogus", "x": 1}]}]),
+                )
+            },
+            Expect::bad_request("type"),
+        ),
+        chat_case(
+            ctx,
+            "features chat video_url as a bare string inside a typed part: 400",
+            |b| {
+                set(
+                    b,
+                    "messages",
+                    json!([{"role": "user", "content": [
+                        {"type": "video_url", "video_url": "http://example.com/v.mp4"}
+                    ]}]),
+                )
+            },
+            Expect::error(400, "BadRequestError", Param::Any, Message::NonEmpty).with(not_gate()),
+        ),
+        chat_case(
+            ctx,
+            "features chat n=2 gives two choices",
+            |b| set(b, "n", json!(2)),
+            routes::chat_completion().with(json_at("/choices", "two choices", |v| {
+                v.as_array().is_some_and(|c| c.len() == 2)
+            })),
+        ),
+        chat_case(
+            ctx,
+            "features chat logprobs=true gives token logprobs",
+            |b| set(b, "logprobs", json!(true)),
+            routes::chat_completion().with(json_at(
+                "/choices/0/logprobs/content/0/logprob",
+                "a number",
+                Value::is_number,
+            )),
+        ),
+        chat_case(
+            ctx,
+            "features chat chat_template_kwargs accepted",
+            |b| set(b, "chat_template_kwargs", json!({"contract_flag": true})),
+            routes::chat_completion(),
+        ),
+        completion_case(
+            ctx,
+            "features completions echo=true starts with the prompt",
+            |b| set(b, "echo", json!(true)),
+            routes::text_completion().with(json_at(
+                "/choices/0/text",
+                "text starting with the prompt",
+                |v| {
+                    v.as_str()
+                        .is_some_and(|t| t.starts_with("The capital of France is"))
+                },
+            )),
+        ),
+        completion_case(
+            ctx,
+            "features completions min_tokens=2 ignore_eos=true gives 2 tokens",
+            |b| set(set(b, "min_tokens", json!(2)), "ignore_eos", json!(true)),
+            routes::text_completion().with(json_at(
+                "/usage/completion_tokens",
+                "2",
+                |v| v == 2,
+            )),
+        ),
+        completion_case(
+            ctx,
+            "features completions logprobs=2 gives top alternatives",
+            |b| set(b, "logprobs", json!(2)),
+            routes::text_completion().with(json_at(
+                "/choices/0/logprobs/token_logprobs",
+                "a non-empty list",
+                routes::non_empty_array,
+            )),
+        ),
+        completion_case(
+            ctx,
+            "features completions stop, stop_token_ids, skip_special_tokens, include_stop_str_in_output accepted",
+            |b| {
+                let b = set(b, "stop", json!(["\n\n"]));
+                let b = set(b, "stop_token_ids", json!([0]));
+                let b = set(b, "skip_special_tokens", json!(false));
+                set(b, "include_stop_str_in_output", json!(true))
+            },
+            routes::text_completion(),
+        ),
+        completion_case(
+            ctx,
+            "features completions batch of prompts gives a choice each",
+            |b| set(b, "prompt", json!(["One", "Two"])),
+            routes::text_completion().with(json_at("/choices", "two choices", |v| {
+                v.as_array().is_some_and(|c| c.len() == 2)
+            })),
+        ),
+    ]
+}
+
+pub fn cases(ctx: &Ctx) -> Vec<Case> {
+    let mut cases = pooling_cases(ctx);
+    cases.extend(generation_cases(ctx));
+    cases
+}
