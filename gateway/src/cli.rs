@@ -220,7 +220,27 @@ pub fn expand_config(argv: Vec<String>) -> Result<Vec<String>, String> {
         i += 1;
     }
     let Some(path) = config else { return Ok(argv) };
-    let extra = config_to_args(&path)?;
+    // Flags given on the command line win: drop the config file's values for them.
+    let family = |flag: &str| {
+        flag.trim_start_matches("--no-")
+            .trim_start_matches("--")
+            .to_string()
+    };
+    let given: std::collections::HashSet<String> = argv
+        .iter()
+        .filter(|a| a.starts_with("--"))
+        .map(|a| family(a.split('=').next().unwrap_or(a)))
+        .collect();
+    let mut extra = Vec::new();
+    let mut keep = false;
+    for a in config_to_args(&path)? {
+        if a.starts_with("--") {
+            keep = !given.contains(&family(&a));
+        }
+        if keep {
+            extra.push(a);
+        }
+    }
     // Insert right after the subcommand (argv[0] is the program, argv[1] the subcommand).
     let split = 2.min(argv.len());
     let mut out = argv[..split].to_vec();
@@ -260,6 +280,7 @@ mod tests {
             panic!("not serve")
         };
         assert_eq!(args.max_num_seqs, 4);
+        assert_eq!(args.max_logprobs, 20);
         assert!(args.trust_request_mm_kwargs);
         assert_eq!(args.model, vec!["a.gguf".to_string(), "b".to_string()]);
         let media: serde_json::Value =

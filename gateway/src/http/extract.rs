@@ -90,12 +90,29 @@ pub fn parse_body<T: DeserializeOwned>(bytes: &[u8]) -> Result<T, ApiError> {
         let inner = e.into_inner();
         if inner.is_syntax() || inner.is_eof() {
             json_syntax_error(&inner)
+        } else if path.is_empty() || path == "." {
+            // Fields of flattened sub-structs lose their path; find the culprit by elimination.
+            field_error(&find_bad_field::<T>(bytes).unwrap_or_default(), &inner)
         } else {
             field_error(&path, &inner)
         }
     })?;
     de.end().map_err(|e| json_syntax_error(&e))?;
     Ok(value)
+}
+
+/// The top-level key without which the body parses (error path only: one parse per key).
+fn find_bad_field<T: DeserializeOwned>(bytes: &[u8]) -> Option<String> {
+    let serde_json::Value::Object(map) = serde_json::from_slice(bytes).ok()? else {
+        return None;
+    };
+    map.keys().find_map(|key| {
+        let mut rest = map.clone();
+        rest.remove(key);
+        serde_json::from_value::<T>(serde_json::Value::Object(rest))
+            .is_ok()
+            .then(|| key.clone())
+    })
 }
 
 fn json_syntax_error(e: &serde_json::Error) -> ApiError {
@@ -123,6 +140,23 @@ mod tests {
     struct T {
         a: Option<f32>,
         b: Option<Vec<String>>,
+        #[serde(flatten)]
+        inner: Inner,
+    }
+
+    #[derive(Deserialize, Debug)]
+    #[allow(dead_code)]
+    struct Inner {
+        c: Option<i64>,
+    }
+
+    #[test]
+    fn flattened_field_errors_name_the_field() {
+        let err = parse_body::<T>(br#"{"a": 1, "c": "ten"}"#).err();
+        assert!(
+            matches!(&err, Some(ApiError::BadRequest { param: Some(p), .. }) if p == "c"),
+            "{err:?}"
+        );
     }
 
     #[test]
