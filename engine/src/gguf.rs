@@ -449,13 +449,13 @@ impl GgufFile {
                 .iter()
                 .try_fold(1u64, |acc, &d| acc.checked_mul(d))
                 .ok_or_else(|| err(format!("tensor '{name}': dimensions {:?} overflow", r.dims)))?;
-            if r.dims[0] % block != 0 {
+            if !r.dims[0].is_multiple_of(block) {
                 return Err(err(format!(
                     "tensor '{name}': row length {} is not a multiple of the {} block size {block}",
                     r.dims[0], r.ty
                 )));
             }
-            if r.offset % alignment != 0 {
+            if !r.offset.is_multiple_of(alignment) {
                 return Err(err(format!(
                     "tensor '{name}': data offset {} is not aligned to {alignment}",
                     r.offset

@@ -5,6 +5,8 @@
 //! The model file comes from `scripts/fetch-models.sh`; without it these tests fail (they never
 //! skip silently).
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 

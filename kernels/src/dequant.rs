@@ -20,7 +20,7 @@ pub(crate) fn bf16_at(b: &[u8], i: usize) -> f32 {
 pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
     let n = out.len();
     assert!(
-        bytes.len() >= dtype.row_bytes(n) && n % dtype.block_elems() == 0,
+        bytes.len() >= dtype.row_bytes(n) && n.is_multiple_of(dtype.block_elems()),
         "dequantize_row: {} bytes cannot hold {n} {dtype} weights",
         bytes.len()
     );

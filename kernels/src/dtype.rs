@@ -101,7 +101,7 @@ impl<'a> QMatrix<'a> {
         data: &'a [u8],
     ) -> Result<Self, KernelError> {
         let block = dtype.block_elems();
-        if cols % block != 0 {
+        if !cols.is_multiple_of(block) {
             return Err(KernelError::RowNotBlockAligned { dtype, cols, block });
         }
         let expected = rows * dtype.row_bytes(cols);

@@ -106,8 +106,8 @@ fn dequantize_known_blocks() {
         b.push((((j + 1) & 0x0F) << 4) | j);
     }
     dequantize_row(DType::Q4_0, &b, &mut out);
-    for j in 0..16 {
-        assert_eq!(out[j], 2.0 * (j as f32 - 8.0));
+    for (j, v) in out.iter().enumerate().take(16) {
+        assert_eq!(*v, 2.0 * (j as f32 - 8.0));
     }
     // Q8_0: d = 0.25, q = j - 16.
     let mut b = Vec::new();

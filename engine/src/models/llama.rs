@@ -222,14 +222,14 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
     if hidden == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || ffn == 0 {
         return Err(g.error("model dimensions must be non-zero"));
     }
-    if n_heads % n_kv_heads != 0 {
+    if !n_heads.is_multiple_of(n_kv_heads) {
         return Err(g.error(format!(
             "{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads"
         )));
     }
     let head_dim = match g.get_u64(&key("attention.key_length"))? {
         Some(v) => v as usize,
-        None if hidden % n_heads == 0 => hidden / n_heads,
+        None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
         None => {
             return Err(g.error(format!(
                 "hidden size {hidden} is not a multiple of {n_heads} heads"
@@ -263,12 +263,14 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
                 .filter(|f| *f > 0.0)
                 .map_or(1.0, |f| (1.0 / f) as f32)
         }
-        (other, Some(f)) if f == 1.0 => {
+        (other, Some(f)) => {
+            if f != 1.0 {
+                return Err(g.error(format!(
+                    "unsupported rope scaling type '{other}' (factor {f}); supported: linear"
+                )));
+            }
             tracing::debug!(scaling = other, "rope scaling factor 1: no scaling");
             1.0
-        }
-        (other, _) => {
-            return Err(g.error(format!("unsupported rope scaling type '{other}'")));
         }
     };
     let max_position = g
