@@ -672,19 +672,12 @@ mod tests {
         b
     }
 
+    /// Parse in-memory bytes (non-empty) through an anonymous read-only map.
     fn parse_bytes(bytes: &[u8]) -> Result<GgufFile> {
-        let mut m = memmap2::MmapMut::map_anon(bytes.len().max(1))
-            .map_err(|e| EngineError::Internal(format!("anon map: {e}")))?;
-        m[..bytes.len()].copy_from_slice(bytes);
-        let m = m
-            .make_read_only()
-            .map_err(|e| EngineError::Internal(e.to_string()))?;
-        // An anonymous map of length max(1, n): parse only the real bytes by rejecting the
-        // empty case separately.
-        if bytes.is_empty() {
-            return Err(EngineError::load("mem", "empty"));
-        }
-        GgufFile::parse("mem".into(), Arc::new(m))
+        assert!(!bytes.is_empty());
+        let mut m = memmap2::MmapMut::map_anon(bytes.len()).unwrap();
+        m.copy_from_slice(bytes);
+        GgufFile::parse("mem".into(), Arc::new(m.make_read_only().unwrap()))
     }
 
     #[test]
