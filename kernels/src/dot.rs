@@ -7,7 +7,7 @@ use crate::dequant::{bf16_at, f16_at};
 use crate::{DType, SimdLevel};
 
 /// Most activation rows one kernel call handles.
-pub(crate) const MAX_R: usize = 4;
+pub(crate) const MAX_R: usize = 8;
 
 /// Block sums of an activation row (`x.len()` a multiple of 32), as the 4-bit kernels need.
 pub(crate) fn block_sums(x: &[f32], out: &mut [f32]) {
@@ -66,7 +66,11 @@ pub(crate) fn dot_rows(level: SimdLevel, a: &DotArgs<'_>, out: &mut [f32]) {
                     1 => x86::dot::<1>(a, out),
                     2 => x86::dot::<2>(a, out),
                     3 => x86::dot::<3>(a, out),
-                    _ => x86::dot::<4>(a, out),
+                    4 => x86::dot::<4>(a, out),
+                    5 => x86::dot::<5>(a, out),
+                    6 => x86::dot::<6>(a, out),
+                    7 => x86::dot::<7>(a, out),
+                    _ => x86::dot::<8>(a, out),
                 }
             }
         }
@@ -218,7 +222,13 @@ mod x86 {
                     let mut b = 0;
                     while b + 1 < nb {
                         q4_block!(b, acc);
-                        q4_block!(b + 1, acc_odd);
+                        // A second chain only helps the single-row kernel; more rows
+                        // already have independent chains (and need the registers).
+                        if R == 1 {
+                            q4_block!(b + 1, acc_odd);
+                        } else {
+                            q4_block!(b + 1, acc);
+                        }
                         b += 2;
                     }
                     if b < nb {

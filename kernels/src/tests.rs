@@ -132,7 +132,7 @@ fn fused_kernels_match_reference_on_every_level() {
     for dtype in ALL {
         let bytes = random_matrix(&mut rng, dtype, n, k);
         let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
-        for rows in 1..=4 {
+        for rows in 1..=8 {
             let x: Vec<f32> = (0..rows * k).map(|_| rng.f32()).collect();
             let mut xsum = vec![0f32; rows * k / 32];
             for r in 0..rows {
@@ -141,7 +141,7 @@ fn fused_kernels_match_reference_on_every_level() {
             let want = reference(&x, rows, &w);
             for &level in &levels {
                 for j in 0..n {
-                    let mut out = [0f32; 4];
+                    let mut out = [0f32; 8];
                     let args = DotArgs {
                         dtype,
                         w: w.row(j),
