@@ -9,10 +9,11 @@ secs="${1:-15}"
 command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk >/dev/null; }
 scripts/fetch-models.sh
 cargo build --release -q -p gateway --bin gateway --example bare_axum
+t="${CARGO_TARGET_DIR:-target}"
 tmp=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; rm -rf "$tmp"' EXIT
-target/release/examples/bare_axum 127.0.0.1:8101 &
-RUST_LOG=warn target/release/gateway serve --host 127.0.0.1 --port 8102 >"$tmp/gw.log" 2>&1 &
+"$t"/release/examples/bare_axum 127.0.0.1:8101 &
+RUST_LOG=warn "$t"/release/gateway serve --host 127.0.0.1 --port 8102 >"$tmp/gw.log" 2>&1 &
 for _ in $(seq 1 120); do curl -sf localhost:8102/health >/dev/null && break; sleep 0.5; done
 cat >"$tmp/reject.lua" <<'LUA'
 wrk.method = "POST"

@@ -88,7 +88,11 @@ pub trait CausalLm: Send {
     /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into `kv`
     /// and returns, per chunk, the logits (length `vocab_size`) of its last token when
     /// `want_logits` is set.
-    fn forward(&self, batch: &[SeqChunk<'_>], kv: &mut PagedKvCache) -> Result<Vec<Option<Vec<f32>>>>;
+    fn forward(
+        &self,
+        batch: &[SeqChunk<'_>],
+        kv: &mut PagedKvCache,
+    ) -> Result<Vec<Option<Vec<f32>>>>;
 }
 
 /// How an encoder turns token states into one vector.

@@ -1,5 +1,5 @@
 //! A concurrency limit that answers 503 with `Retry-After` instead of queueing without bound.
-//! The permit is held until the response body has been sent (streams included).
+//! A streamed response holds its permit until the body has been sent.
 
 use std::pin::Pin;
 use std::sync::Arc;
@@ -24,6 +24,10 @@ pub async fn limit(State(sem): State<Arc<Semaphore>>, req: Request, next: Next) 
         .into_response();
     };
     let resp = next.run(req).await;
+    // A buffered body is complete once the handler returns; only a stream keeps its slot.
+    if resp.body().size_hint().exact().is_some() {
+        return resp;
+    }
     let (parts, body) = resp.into_parts();
     Response::from_parts(
         parts,
