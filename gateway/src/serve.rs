@@ -57,6 +57,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             timeout: Duration::from_secs(args.request_timeout),
         },
     );
+    keep_timer_armed();
     let addr = format!("{}:{}", args.host, args.port);
     let listener = tokio::net::TcpListener::bind(&addr)
         .await
@@ -67,6 +68,20 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| StartupError(format!("server error: {e}")))
+}
+
+/// Keep one short timer always pending in the runtime. Every request arms a timeout; when no
+/// other timer is pending, the timer driver is parked without a deadline and each new timer
+/// must wake it (an eventfd write and a futex wake per request). With this tick pending, a new
+/// (later) deadline needs no wake-up.
+fn keep_timer_armed() {
+    tokio::spawn(async {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
+        loop {
+            tick.tick().await;
+        }
+    });
 }
 
 async fn shutdown_signal() {
