@@ -78,23 +78,40 @@ pub fn validate_chat(req: &ChatRequest, state: &AppState) -> ApiResult<Option<us
             ));
         }
     }
-    if req.chat_template.is_some() && !state.trust_request_chat_template {
-        return Err(ApiError::bad_request(
-            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
-            Some("chat_template"),
-        ));
-    }
-    if req.add_generation_prompt.unwrap_or(true) && req.continue_final_message.unwrap_or(false) {
-        return Err(ApiError::bad_request(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-            Some("continue_final_message"),
-        ));
-    }
+    check_template_options(
+        state,
+        req.chat_template.is_some(),
+        req.add_generation_prompt,
+        req.continue_final_message,
+    )?;
     Ok(if req.logprobs == Some(true) {
         Some(top.unwrap_or(0) as usize)
     } else {
         None
     })
+}
+
+/// A per-request template needs `--trust-request-chat-template`; `add_generation_prompt`
+/// (default true) and `continue_final_message` cannot both be true.
+pub fn check_template_options(
+    state: &AppState,
+    has_template: bool,
+    add_generation_prompt: Option<bool>,
+    continue_final_message: Option<bool>,
+) -> ApiResult<()> {
+    if has_template && !state.trust_request_chat_template {
+        return Err(ApiError::bad_request(
+            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
+            Some("chat_template"),
+        ));
+    }
+    if add_generation_prompt.unwrap_or(true) && continue_final_message.unwrap_or(false) {
+        return Err(ApiError::bad_request(
+            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+            Some("continue_final_message"),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuse media the model cannot take, naming the model and the modality.

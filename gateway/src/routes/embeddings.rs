@@ -116,7 +116,25 @@ async fn embeddings(
         req.messages.as_ref(),
         &req.pooling,
     )?;
-    let (vectors, tokens) = embed_all(&model, inputs).await?;
+    let id = format!("embd-{}", request_id(&headers));
+    embed_and_respond(&model, inputs, fmt, id, |index, embedding| EmbeddingData {
+        index,
+        object: "embedding",
+        embedding,
+    })
+    .await
+}
+
+/// Embed the inputs and answer: raw bytes for `bytes`/`bytes_only`, else a list of
+/// `make(index, encoded vector)` with the usage.
+pub async fn embed_and_respond<T: serde::Serialize>(
+    model: &ModelHandle,
+    inputs: Vec<Vec<u32>>,
+    fmt: OutputFormat,
+    id: String,
+    make: fn(usize, serde_json::Value) -> T,
+) -> ApiResult<Response> {
+    let (vectors, tokens) = embed_all(model, inputs).await?;
     let served = model.card().name.clone();
     if matches!(fmt.encoding, Encoding::Bytes | Encoding::BytesOnly) {
         let meta = serde_json::json!({"model": served, "usage": Usage::new(tokens, 0), "count": vectors.len()});
@@ -125,14 +143,10 @@ async fn embeddings(
     let data = vectors
         .iter()
         .enumerate()
-        .map(|(index, v)| EmbeddingData {
-            index,
-            object: "embedding",
-            embedding: pooling_common::encode_vector(v, fmt),
-        })
+        .map(|(index, v)| make(index, pooling_common::encode_vector(v, fmt)))
         .collect();
     Ok(Json(ListResponse {
-        id: format!("embd-{}", request_id(&headers)),
+        id,
         object: "list",
         created: now_secs(),
         model: served,

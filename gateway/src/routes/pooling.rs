@@ -5,18 +5,16 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Extension;
 use engine::api::Task;
 
-use super::embeddings::{bytes_response, embed_all, inputs_of};
-use super::pooling_common::{self, Encoding};
+use super::embeddings::{embed_and_respond, inputs_of};
 use super::{presented_key, request_id, resolve_model};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
-use crate::protocol::{now_secs, Usage};
 use crate::state::AppState;
 
 crate::pooling_policy_request!(PoolingRequest);
@@ -75,28 +73,11 @@ async fn pooling(
         req.messages.as_ref(),
         &req.pooling,
     )?;
-    let (vectors, tokens) = embed_all(&model, inputs).await?;
-    let served = model.card().name.clone();
-    if matches!(fmt.encoding, Encoding::Bytes | Encoding::BytesOnly) {
-        let meta = serde_json::json!({"model": served, "usage": Usage::new(tokens, 0), "count": vectors.len()});
-        return Ok(bytes_response(&vectors, fmt, meta));
-    }
-    let data = vectors
-        .iter()
-        .enumerate()
-        .map(|(index, v)| PoolingData {
-            index,
-            object: "pooling",
-            data: pooling_common::encode_vector(v, fmt),
-        })
-        .collect();
-    Ok(Json(ListResponse {
-        id: format!("pool-{}", request_id(&headers)),
-        object: "list",
-        created: now_secs(),
-        model: served,
+    let id = format!("pool-{}", request_id(&headers));
+    embed_and_respond(&model, inputs, fmt, id, |index, data| PoolingData {
+        index,
+        object: "pooling",
         data,
-        usage: Usage::new(tokens, 0),
     })
-    .into_response())
+    .await
 }

@@ -8,7 +8,7 @@ use axum::{Extension, Json};
 use engine::api::Task;
 use serde_json::Value;
 
-use super::chat::{check_modalities, render, RenderOptions};
+use super::chat::{check_modalities, check_template_options, render, RenderOptions};
 use super::messages::{parse_messages, ParsedMessages};
 use super::{presented_key, resolve_model};
 use crate::error::{ApiError, ApiResult};
@@ -70,18 +70,12 @@ async fn tokenize(
             ))
         }
     };
-    if req.chat_template.is_some() && !state.trust_request_chat_template {
-        return Err(ApiError::bad_request(
-            "Chat template is passed with request, but --trust-request-chat-template is not set. Refused request with untrusted chat template.",
-            Some("chat_template"),
-        ));
-    }
-    if req.add_generation_prompt.unwrap_or(true) && req.continue_final_message.unwrap_or(false) {
-        return Err(ApiError::bad_request(
-            "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
-            Some("continue_final_message"),
-        ));
-    }
+    check_template_options(
+        &state,
+        req.chat_template.is_some(),
+        req.add_generation_prompt,
+        req.continue_final_message,
+    )?;
     // Tokenize checks the model before the gate, as chat does.
     let model = match req.model.as_deref() {
         Some(name) => resolve_model(&state, Some(name), Task::Generate)?,
