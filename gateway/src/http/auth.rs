@@ -3,15 +3,9 @@
 //! `/metrics` stay open. Keys are compared in constant time. Runs before anything else looks
 //! at the request.
 
-use std::sync::Arc;
-
-use axum::extract::{Request, State};
+use axum::extract::Request;
 use axum::http::header;
-use axum::middleware::Next;
-use axum::response::{IntoResponse, Response};
 use subtle::ConstantTimeEq;
-
-use crate::error::ApiError;
 
 /// The presented key, for the policy layers (trusted-client profile).
 #[derive(Clone, Debug)]
@@ -30,7 +24,7 @@ pub fn is_open_path(path: &str) -> bool {
     matches!(path, "/health" | "/ping" | "/version" | "/metrics")
 }
 
-fn bearer(req: &Request) -> Option<&str> {
+pub fn bearer(req: &Request) -> Option<&str> {
     let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
@@ -45,18 +39,16 @@ pub fn key_matches(keys: &[Vec<u8>], presented: &[u8]) -> bool {
     bool::from(ok)
 }
 
-pub async fn auth(State(cfg): State<Arc<AuthConfig>>, mut req: Request, next: Next) -> Response {
-    let presented = bearer(&req).map(str::to_string);
-    if !cfg.keys.is_empty() && !is_open_path(req.uri().path()) {
-        let ok = presented.as_deref().is_some_and(|p| {
-            key_matches(&cfg.keys, p.as_bytes()) | cfg.also_accept.as_ref().is_some_and(|f| f(p))
-        });
-        if !ok {
-            return ApiError::Unauthorized.into_response();
+impl AuthConfig {
+    /// Whether a request for `path` with this presented key may go on.
+    pub fn allows(&self, path: &str, presented: Option<&str>) -> bool {
+        if self.keys.is_empty() || is_open_path(path) {
+            return true;
         }
+        presented.is_some_and(|p| {
+            key_matches(&self.keys, p.as_bytes()) | self.also_accept.as_ref().is_some_and(|f| f(p))
+        })
     }
-    req.extensions_mut().insert(PresentedKey(presented));
-    next.run(req).await
 }
 
 #[cfg(test)]

@@ -2,6 +2,7 @@
 
 pub mod auth;
 pub mod extract;
+pub mod guard;
 pub mod overload;
 pub mod sse;
 pub mod stack;

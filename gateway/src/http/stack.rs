@@ -46,14 +46,10 @@ pub fn apply(router: Router, cfg: StackConfig) -> Router {
             cfg.timeout,
         ))
         .layer(RequestBodyLimitLayer::new(cfg.max_body_bytes))
-        .layer(axum::middleware::from_fn_with_state(
-            sem,
-            super::overload::limit,
-        ))
-        .layer(axum::middleware::from_fn_with_state(
-            cfg.auth,
-            super::auth::auth,
-        ))
+        .layer(super::guard::GuardLayer {
+            auth: cfg.auth,
+            slots: sem,
+        })
         .layer(
             ServiceBuilder::new()
                 .layer(SetRequestIdLayer::new(
