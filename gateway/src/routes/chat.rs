@@ -176,11 +176,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ChatRequest>,
-) -> Response {
-    match chat(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    chat(state, headers, presented_key(key), req).await
 }
 
 async fn chat(

@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use engine::api::Task;
 
@@ -21,11 +21,8 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ClassifyRequest>,
-) -> Response {
-    match classify(state, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    classify(state, presented_key(key), req).await
 }
 
 async fn classify(

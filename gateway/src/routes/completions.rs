@@ -108,11 +108,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<CompletionRequest>,
-) -> Response {
-    match completions(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    completions(state, headers, presented_key(key), req).await
 }
 
 async fn completions(

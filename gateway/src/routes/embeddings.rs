@@ -90,11 +90,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<EmbeddingRequest>,
-) -> Response {
-    match embeddings(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    embeddings(state, headers, presented_key(key), req).await
 }
 
 async fn embeddings(

@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::http::HeaderMap;
-use axum::response::{IntoResponse, Response};
+use axum::response::Response;
 use axum::Extension;
 use engine::api::Task;
 
@@ -26,11 +26,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<PoolingRequest>,
-) -> Response {
-    match pooling(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    pooling(state, headers, presented_key(key), req).await
 }
 
 async fn pooling(

@@ -25,11 +25,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<RerankRequest>,
-) -> Response {
-    match rerank(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    rerank(state, headers, presented_key(key), req).await
 }
 
 async fn rerank(

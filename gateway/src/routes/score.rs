@@ -65,11 +65,8 @@ pub async fn handler(
     headers: HeaderMap,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ScoreRequest>,
-) -> Response {
-    match score(state, headers, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    score(state, headers, presented_key(key), req).await
 }
 
 async fn score(

@@ -42,11 +42,8 @@ pub async fn tokenize_handler(
     State(state): State<Arc<AppState>>,
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<TokenizeRequest>,
-) -> Response {
-    match tokenize(state, presented_key(key), req).await {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    tokenize(state, presented_key(key), req).await
 }
 
 async fn tokenize(
@@ -124,11 +121,8 @@ async fn tokenize(
 pub async fn detokenize_handler(
     State(state): State<Arc<AppState>>,
     ValidJson(req): ValidJson<DetokenizeRequest>,
-) -> Response {
-    match detokenize(state, req) {
-        Ok(r) => r,
-        Err(e) => e.into_response(),
-    }
+) -> ApiResult<Response> {
+    detokenize(state, req)
 }
 
 fn detokenize(state: Arc<AppState>, req: DetokenizeRequest) -> ApiResult<Response> {
