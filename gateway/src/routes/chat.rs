@@ -200,7 +200,7 @@ async fn chat(
     let prompt = render(
         &state,
         &model,
-        &parsed.template_messages,
+        &parsed.template_messages(&req.messages),
         &RenderOptions {
             add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
             continue_final_message: req.continue_final_message.unwrap_or(false),

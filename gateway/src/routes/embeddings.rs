@@ -37,7 +37,7 @@ pub fn inputs_of(
             let prompt = super::chat::render(
                 state,
                 model,
-                &parsed.template_messages,
+                &parsed.template_messages(messages),
                 &super::chat::RenderOptions {
                     add_generation_prompt: false,
                     ..Default::default()

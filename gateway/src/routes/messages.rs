@@ -15,14 +15,32 @@ pub struct MediaItem {
     pub uuid: Option<String>,
 }
 
-/// Messages ready for the chat template, plus the media they reference.
+/// What checking the messages found: the media they reference and, per message with a list of
+/// parts, its text parts joined. The template's copy is only built once the policy layers have
+/// passed the request ([`ParsedMessages::template_messages`]).
 #[derive(Debug, Default)]
 pub struct ParsedMessages {
-    pub template_messages: Vec<Value>,
     pub media: Vec<MediaItem>,
+    joined_text: Vec<Option<String>>,
 }
 
 impl ParsedMessages {
+    /// The messages as the chat template sees them: content parts flattened to their text.
+    pub fn template_messages(&self, messages: &[Value]) -> Vec<Value> {
+        messages
+            .iter()
+            .zip(&self.joined_text)
+            .map(|(msg, joined)| match (msg, joined) {
+                (Value::Object(obj), Some(text)) => {
+                    let mut m = obj.clone();
+                    m.insert("content".into(), Value::String(text.clone()));
+                    Value::Object(m)
+                }
+                _ => msg.clone(),
+            })
+            .collect()
+    }
+
     pub fn counts(&self) -> MediaCounts {
         let mut c = MediaCounts::new();
         for m in &self.media {
@@ -159,15 +177,14 @@ pub fn parse_messages(messages: &[Value]) -> ApiResult<ParsedMessages> {
                 "messages",
             ));
         }
-        let mut m = obj.clone();
-        match obj.get("content") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
+        let joined = match obj.get("content") {
+            None | Some(Value::Null) | Some(Value::String(_)) => None,
             Some(Value::Array(parts)) => {
                 let mut texts = Vec::new();
                 for part in parts {
                     parse_part(part, i, &mut texts, &mut out.media)?;
                 }
-                m.insert("content".into(), Value::String(texts.join("\n")));
+                Some(texts.join("\n"))
             }
             Some(_) => {
                 return Err(bad(
@@ -175,8 +192,8 @@ pub fn parse_messages(messages: &[Value]) -> ApiResult<ParsedMessages> {
                     "messages",
                 ))
             }
-        }
-        out.template_messages.push(Value::Object(m));
+        };
+        out.joined_text.push(joined);
     }
     Ok(out)
 }
@@ -196,8 +213,14 @@ mod tests {
 
     #[test]
     fn text_parts_flatten() {
-        let p = parse_messages(&[json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]})]).unwrap();
-        assert_eq!(p.template_messages[0]["content"], "a\nb");
+        let msgs = [
+            json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
+            json!({"role": "assistant", "content": "c"}),
+        ];
+        let p = parse_messages(&msgs).unwrap();
+        let t = p.template_messages(&msgs);
+        assert_eq!(t[0]["content"], "a\nb");
+        assert_eq!(t[1], msgs[1]);
         assert!(p.media.is_empty());
     }
 

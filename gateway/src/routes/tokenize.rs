@@ -92,7 +92,7 @@ async fn tokenize(
             let text = render(
                 &state,
                 &model,
-                &parsed.template_messages,
+                &parsed.template_messages(req.messages.as_deref().unwrap_or_default()),
                 &RenderOptions {
                     add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
                     continue_final_message: req.continue_final_message.unwrap_or(false),
