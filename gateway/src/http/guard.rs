@@ -1,5 +1,6 @@
-//! Auth and the concurrency limit as one hand-written tower service: no boxed futures on the
-//! hot path. Auth runs first (a 401 beats everything, CONTRACT section 5); then a slot is
+//! Auth, the concurrency limit and the access log as one hand-written tower service: no boxed
+//! middleware and no span per request on the hot path (the log line is built only when debug
+//! logging is on). Auth runs first (a 401 beats everything, CONTRACT section 5); then a slot is
 //! taken or the request is shed with 503 + Retry-After. A buffered response frees its slot
 //! when the handler returns; a streamed one holds it until its body has been sent.
 
@@ -57,6 +58,16 @@ where
     }
 
     fn call(&mut self, mut req: Request) -> Self::Future {
+        let log = tracing::enabled!(tracing::Level::DEBUG).then(|| AccessLog {
+            method: req.method().clone(),
+            path: req.uri().path().to_string(),
+            request_id: req
+                .headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_string),
+            start: std::time::Instant::now(),
+        });
         let presented = super::auth::bearer(&req).map(str::to_string);
         if !self.auth.allows(req.uri().path(), presented.as_deref()) {
             return GuardFuture::Done(Some(ApiError::Unauthorized.into_response()));
@@ -74,7 +85,29 @@ where
         GuardFuture::Running {
             inner: Box::pin(self.inner.call(req)),
             permit: Some(permit),
+            log,
         }
+    }
+}
+
+/// What the debug access log line says about a request.
+pub struct AccessLog {
+    method: axum::http::Method,
+    path: String,
+    request_id: Option<String>,
+    start: std::time::Instant,
+}
+
+impl AccessLog {
+    fn emit(&self, status: u16) {
+        tracing::debug!(
+            method = %self.method,
+            path = %self.path,
+            request_id = self.request_id.as_deref().unwrap_or(""),
+            status,
+            latency_ms = self.start.elapsed().as_secs_f64() * 1000.0,
+            "request"
+        );
     }
 }
 
@@ -83,6 +116,7 @@ pub enum GuardFuture<F> {
     Running {
         inner: Pin<Box<F>>,
         permit: Option<OwnedSemaphorePermit>,
+        log: Option<AccessLog>,
     },
 }
 
@@ -99,10 +133,13 @@ where
             GuardFuture::Done(resp) => Poll::Ready(Ok(resp.take().unwrap_or_else(|| {
                 ApiError::Internal("response polled twice".into()).into_response()
             }))),
-            GuardFuture::Running { inner, permit } => {
+            GuardFuture::Running { inner, permit, log } => {
                 let Poll::Ready(Ok(resp)) = inner.as_mut().poll(cx) else {
                     return Poll::Pending;
                 };
+                if let Some(log) = log.take() {
+                    log.emit(resp.status().as_u16());
+                }
                 if resp.body().size_hint().exact().is_some() {
                     return Poll::Ready(Ok(resp));
                 }

@@ -1,5 +1,7 @@
-//! The tower stack around the router: request id, tracing, catch-panic to a JSON 500, auth,
-//! the concurrency limit, the body-size limit and the request timeout.
+//! The tower stack around the router: request id, catch-panic to a JSON 500, the guard (auth,
+//! concurrency limit, debug access log), the body-size limit and the request timeout.
+//! tower-http's `TraceLayer` cost about 6 µs per request here (a span and a body wrapper
+//! each), so the access log lives in the guard instead.
 
 use std::any::Any;
 use std::sync::Arc;
@@ -14,7 +16,6 @@ use tower_http::catch_panic::CatchPanicLayer;
 use tower_http::limit::RequestBodyLimitLayer;
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
-use tower_http::trace::TraceLayer;
 
 use super::auth::AuthConfig;
 use crate::error::ApiError;
@@ -56,7 +57,6 @@ pub fn apply(router: Router, cfg: StackConfig) -> Router {
                     x_request_id.clone(),
                     MakeRequestUuid,
                 ))
-                .layer(TraceLayer::new_for_http())
                 .layer(PropagateRequestIdLayer::new(x_request_id))
                 .layer(CatchPanicLayer::custom(panic_response)),
         )
