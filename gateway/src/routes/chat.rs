@@ -177,15 +177,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ChatRequest>,
 ) -> ApiResult<Response> {
-    chat(state, headers, presented_key(key), req).await
-}
-
-async fn chat(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: ChatRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     // (1) fields
     let logprobs = validate_chat(&req, &state)?;
     let parsed = parse_messages(&req.messages)?;

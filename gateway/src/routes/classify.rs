@@ -22,14 +22,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ClassifyRequest>,
 ) -> ApiResult<Response> {
-    classify(state, presented_key(key), req).await
-}
-
-async fn classify(
-    state: Arc<AppState>,
-    key: Option<String>,
-    req: ClassifyRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     req.pooling.validate()?;
     if req.input.is_none() && req.messages.is_none() {
         return Err(ApiError::bad_request(

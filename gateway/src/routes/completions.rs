@@ -109,15 +109,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    completions(state, headers, presented_key(key), req).await
-}
-
-async fn completions(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: CompletionRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     let logprobs = validate(&req, &state)?;
     let model = resolve_model(&state, req.model.as_deref(), Task::Generate)?;
     require_task(&model, Task::Generate, "Completions")?;

@@ -91,15 +91,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
-    embeddings(state, headers, presented_key(key), req).await
-}
-
-async fn embeddings(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: EmbeddingRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     let fmt = req.pooling.validate()?;
     // The pooling family runs the gate before the model check.
     let req = run_policies(&state, req, key).await?.req;

@@ -27,15 +27,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<PoolingRequest>,
 ) -> ApiResult<Response> {
-    pooling(state, headers, presented_key(key), req).await
-}
-
-async fn pooling(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: PoolingRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     let fmt = req.pooling.validate()?;
     if let Some(task) = req.task.as_deref() {
         if !KNOWN_TASKS.contains(&task) {

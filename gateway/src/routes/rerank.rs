@@ -26,15 +26,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<RerankRequest>,
 ) -> ApiResult<Response> {
-    rerank(state, headers, presented_key(key), req).await
-}
-
-async fn rerank(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: RerankRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     req.pooling.validate()?;
     let Some(query) = req.query.clone() else {
         return Err(ApiError::bad_request("`query` is required.", Some("query")));

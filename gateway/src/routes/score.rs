@@ -66,15 +66,7 @@ pub async fn handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<ScoreRequest>,
 ) -> ApiResult<Response> {
-    score(state, headers, presented_key(key), req).await
-}
-
-async fn score(
-    state: Arc<AppState>,
-    headers: HeaderMap,
-    key: Option<String>,
-    req: ScoreRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     req.pooling.validate()?;
     let (left, right) = sides(&req)?;
     let index_pairs = pairs(left.len(), right.len())?;

@@ -43,14 +43,7 @@ pub async fn tokenize_handler(
     key: Option<Extension<PresentedKey>>,
     ValidJson(req): ValidJson<TokenizeRequest>,
 ) -> ApiResult<Response> {
-    tokenize(state, presented_key(key), req).await
-}
-
-async fn tokenize(
-    state: Arc<AppState>,
-    key: Option<String>,
-    req: TokenizeRequest,
-) -> ApiResult<Response> {
+    let key = presented_key(key);
     let parsed = match (&req.prompt, &req.messages) {
         (Some(_), None) => None,
         (None, Some(m)) => Some(parse_messages(m)?),
