@@ -1,0 +1,44 @@
+//! The crate's error type. Each variant says which HTTP class it belongs to
+//! ([`PreprocessError::kind`]); the gateway maps kinds to statuses once.
+
+use crate::Modality;
+
+/// How the gateway should answer an error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// 400: the request's media is invalid, undecodable or over a limit.
+    BadRequest,
+    /// 422: fetching failed (upstream error, size cap while downloading, timeout).
+    Unprocessable,
+    /// 503: the decode pool is full.
+    Overloaded,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum PreprocessError {
+    /// A URL policy decision (SSRF, domains, data URL syntax, `file:` rules).
+    #[error(transparent)]
+    Policy(#[from] policies::PolicyError),
+    #[error(transparent)]
+    Image(#[from] crate::image::ImageError),
+    #[error(transparent)]
+    Audio(#[from] crate::audio::AudioError),
+    #[error(transparent)]
+    Video(#[from] crate::video::VideoError),
+    #[error(transparent)]
+    Fetch(#[from] crate::fetch::FetchError),
+    #[error("The media decoding queue is full; retry later.")]
+    Overloaded,
+    #[error("Decoding the {modality} took longer than {seconds} s.")]
+    DecodeTimeout { modality: Modality, seconds: f64 },
+}
+
+impl PreprocessError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            PreprocessError::Fetch(e) => e.kind(),
+            PreprocessError::Overloaded => ErrorKind::Overloaded,
+            _ => ErrorKind::BadRequest,
+        }
+    }
+}
