@@ -5,6 +5,12 @@ need=()
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# Video decoding (preprocess's default `video` feature): FFmpeg's libraries, and libclang for
+# ffmpeg-sys-next's bindgen.
+for pc in libavcodec libavformat libavutil libswscale libswresample; do
+  pkg-config --exists "$pc" 2>/dev/null || need+=("$pc-dev")
+done
+[ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null | head -1)" ] || need+=(libclang-dev clang)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing: ${need[*]}" >&2

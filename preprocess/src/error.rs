@@ -29,6 +29,9 @@ pub enum PreprocessError {
     Fetch(#[from] crate::fetch::FetchError),
     #[error("The media decoding queue is full; retry later.")]
     Overloaded,
+    /// A decoder job failed unexpectedly (a bug, logged); the client sees a 400.
+    #[error("The media could not be decoded (the decoder failed).")]
+    DecoderFailed,
     #[error("Decoding the {modality} took longer than {seconds} s.")]
     DecodeTimeout { modality: Modality, seconds: f64 },
 }

@@ -38,7 +38,10 @@ mod tests {
         let a = ContentHash::of_parts([b"ab".as_slice(), b"c".as_slice()]);
         let b = ContentHash::of_parts([b"a".as_slice(), b"bc".as_slice()]);
         assert_ne!(a, b);
-        assert_eq!(a, ContentHash::of_parts([b"ab".as_slice(), b"c".as_slice()]));
+        assert_eq!(
+            a,
+            ContentHash::of_parts([b"ab".as_slice(), b"c".as_slice()])
+        );
         assert_eq!(a.to_hex().len(), 64);
     }
 }

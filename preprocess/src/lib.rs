@@ -14,6 +14,7 @@
 //!   memory.
 
 pub mod audio;
+pub mod cache;
 pub mod error;
 pub mod fetch;
 pub mod hash;
