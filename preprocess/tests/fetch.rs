@@ -1,4 +1,5 @@
 //! The media connector against a loopback HTTP server that counts its hits.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
