@@ -10,7 +10,8 @@ python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
 for pc in libavcodec libavformat libavutil libswscale libswresample; do
   pkg-config --exists "$pc" 2>/dev/null || need+=("$pc-dev")
 done
-[ -n "$(ls /usr/lib/llvm-*/lib/libclang*.so* 2>/dev/null | head -1)" ] || need+=(libclang-dev clang)
+# libclang itself (libclang.so / libclang-N.so), not libclang-cpp, which other packages pull in.
+[ -n "$(ls /usr/lib/llvm-*/lib/libclang.so* /usr/lib/llvm-*/lib/libclang-[0-9]*.so* 2>/dev/null | head -1)" ] || need+=(libclang-dev clang)
 if [ ${#need[@]} -gt 0 ]; then
   if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
     echo "installing: ${need[*]}" >&2
