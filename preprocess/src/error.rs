@@ -32,6 +32,12 @@ pub enum PreprocessError {
     /// A decoder job failed unexpectedly (a bug, logged); the client sees a 400.
     #[error("The media could not be decoded (the decoder failed).")]
     DecoderFailed,
+    /// The model has no processor for this modality (the gateway checks modalities first).
+    #[error("The model does not accept {modality} input.")]
+    NotAccepted { modality: Modality },
+    /// A JPEG frame list (`data:video/jpeg;base64,<f1>,<f2>,...`) sent as something else.
+    #[error("A list of JPEG frames can only be sent as video, not as {modality}.")]
+    WrongPayload { modality: Modality },
     #[error("Decoding the {modality} took longer than {seconds} s.")]
     DecodeTimeout { modality: Modality, seconds: f64 },
 }

@@ -1,8 +1,799 @@
-//! image: decoding and model-side processing (issue 4; being written).
+//! Images: decoding under a pixel cap, and the model-side processors.
+//!
+//! * [`decode_image`] sniffs the format (JPEG, PNG, WebP, GIF, BMP), reads the
+//!   dimensions from the header and refuses an image over the pixel cap
+//!   before a pixel buffer exists, bounds the decoder's allocations
+//!   (`image::Limits`), takes a GIF's first frame only, applies the EXIF
+//!   orientation and converts to the `image_mode` of media_io_kwargs
+//!   (compositing alpha onto `rgba_background_color`, as vLLM does).
+//! * [`ClipConfig`]: CLIP/SigLIP-style resize (+ optional center crop),
+//!   rescale and normalise into a CHW f32 tensor.
+//! * [`Qwen2VlConfig`]: Qwen2-VL's smart resize driven by `min_pixels` /
+//!   `max_pixels`, then the flattened patches in the reference processor's
+//!   element order, with the grid and the placeholder count.
+//!
+//! Resizing is `fast_image_resize` (SIMD; Pillow's convolution resampling,
+//! so `bicubic` here is Pillow's BICUBIC, a = -0.5). Rescale and normalise are
+//! one table lookup per byte.
 
-/// Errors of image decoding and processing; every one is a 400 naming the problem.
-#[derive(Debug, thiserror::Error)]
+use std::io::Cursor;
+
+use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
+use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
+use serde_json::Value;
+
+/// The pixel cap's default (vLLM / Pillow's `MAX_IMAGE_PIXELS` x 2).
+pub const DEFAULT_MAX_PIXELS: u64 = 178_956_970;
+
+/// OpenAI CLIP's normalisation (also Qwen2-VL's).
+pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+pub const CLIP_STD: [f32; 3] = [0.268_629_5, 0.261_302_6, 0.275_777_1];
+/// SigLIP's normalisation.
+pub const SIGLIP_MEAN: [f32; 3] = [0.5, 0.5, 0.5];
+pub const SIGLIP_STD: [f32; 3] = [0.5, 0.5, 0.5];
+
+/// Errors of image decoding and processing; each is a 400 naming the problem.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
 pub enum ImageError {
-    #[error("Invalid image: {0}")]
-    Invalid(String),
+    #[error("The image is {width}x{height} pixels ({pixels}), over the limit of {max}.")]
+    TooManyPixels {
+        width: u32,
+        height: u32,
+        pixels: u64,
+        max: u64,
+    },
+    #[error("Cannot decode the image: {0}")]
+    Decode(String),
+    #[error("The image format is not supported (supported: JPEG, PNG, WebP, GIF, BMP).")]
+    UnsupportedFormat,
+    #[error("Invalid media_io_kwargs.image.{key}: {reason}")]
+    InvalidOption { key: String, reason: String },
+    #[error("Invalid image processor setting {key}: {reason}")]
+    InvalidConfig { key: String, reason: String },
+    #[error("The image is {width}x{height}; it cannot be resized for this model ({reason}).")]
+    BadSize {
+        width: u32,
+        height: u32,
+        reason: String,
+    },
+}
+
+/// `image_mode` of media_io_kwargs (Pillow's mode names).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageMode {
+    Rgb,
+    Rgba,
+    L,
+    La,
+}
+
+impl ImageMode {
+    pub fn parse(name: &str) -> Option<ImageMode> {
+        match name {
+            "RGB" => Some(ImageMode::Rgb),
+            "RGBA" => Some(ImageMode::Rgba),
+            "L" => Some(ImageMode::L),
+            "LA" => Some(ImageMode::La),
+            _ => None,
+        }
+    }
+}
+
+/// How images are read: the `image` entry of media_io_kwargs plus the pixel cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImageIoOptions {
+    pub image_mode: ImageMode,
+    pub rgba_background_color: [u8; 3],
+    pub max_pixels: u64,
+}
+
+impl Default for ImageIoOptions {
+    fn default() -> Self {
+        ImageIoOptions {
+            image_mode: ImageMode::Rgb,
+            rgba_background_color: [255, 255, 255],
+            max_pixels: DEFAULT_MAX_PIXELS,
+        }
+    }
+}
+
+impl ImageIoOptions {
+    /// Reads `{"image_mode": "RGB", "rgba_background_color": [r, g, b]}`.
+    pub fn from_kwargs(image_kwargs: Option<&Value>) -> Result<Self, ImageError> {
+        let mut opts = ImageIoOptions::default();
+        let Some(value) = image_kwargs else {
+            return Ok(opts);
+        };
+        let bad = |key: &str, reason: &str| ImageError::InvalidOption {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let Value::Object(map) = value else {
+            return Err(bad("", "must be an object"));
+        };
+        for (key, v) in map {
+            match key.as_str() {
+                "image_mode" => {
+                    let name = v.as_str().ok_or_else(|| bad(key, "must be a string"))?;
+                    opts.image_mode = ImageMode::parse(name)
+                        .ok_or_else(|| bad(key, "must be one of RGB, RGBA, L, LA"))?;
+                }
+                "rgba_background_color" => {
+                    let items = v
+                        .as_array()
+                        .filter(|a| a.len() == 3)
+                        .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
+                    for (slot, item) in opts.rgba_background_color.iter_mut().zip(items) {
+                        *slot = item
+                            .as_u64()
+                            .and_then(|n| u8::try_from(n).ok())
+                            .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
+                    }
+                }
+                _ => return Err(bad(key, "unknown option")),
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// A decoded image in the requested mode.
+#[derive(Debug, Clone)]
+pub struct DecodedImage {
+    /// In [`ImageIoOptions::image_mode`].
+    pub image: DynamicImage,
+    /// Size as stored, before the EXIF orientation.
+    pub stored_width: u32,
+    pub stored_height: u32,
+}
+
+impl DecodedImage {
+    /// The image as 8-bit RGB (what the processors take).
+    pub fn to_rgb(&self) -> RgbImage {
+        match &self.image {
+            DynamicImage::ImageRgb8(rgb) => rgb.clone(),
+            other => other.to_rgb8(),
+        }
+    }
+
+    /// The image as 8-bit RGB, without a copy when it already is.
+    pub fn into_rgb(self) -> RgbImage {
+        match self.image {
+            DynamicImage::ImageRgb8(rgb) => rgb,
+            other => other.to_rgb8(),
+        }
+    }
+}
+
+/// Decodes an image under the pixel cap (checked from the header, before decoding).
+pub fn decode_image(bytes: &[u8], opts: &ImageIoOptions) -> Result<DecodedImage, ImageError> {
+    let reader = ImageReader::new(Cursor::new(bytes))
+        .with_guessed_format()
+        .map_err(|e| ImageError::Decode(e.to_string()))?;
+    if reader.format().is_none() {
+        return Err(ImageError::UnsupportedFormat);
+    }
+    let mut decoder = reader.into_decoder().map_err(map_image_error)?;
+    let (width, height) = decoder.dimensions();
+    let pixels = u64::from(width) * u64::from(height);
+    if pixels > opts.max_pixels {
+        return Err(ImageError::TooManyPixels {
+            width,
+            height,
+            pixels,
+            max: opts.max_pixels,
+        });
+    }
+    if pixels == 0 {
+        return Err(ImageError::Decode("the image has no pixels".to_owned()));
+    }
+    let mut limits = image::Limits::default();
+    // The largest buffer a pixel can need (16-bit RGBA), for the largest image allowed.
+    limits.max_alloc = Some(opts.max_pixels.saturating_mul(8).max(64 << 20));
+    decoder.set_limits(limits).map_err(map_image_error)?;
+    let orientation = decoder.orientation().ok();
+    let mut image = DynamicImage::from_decoder(decoder).map_err(map_image_error)?;
+    if let Some(orientation) = orientation {
+        image.apply_orientation(orientation);
+    }
+    Ok(DecodedImage {
+        image: convert_mode(image, opts.image_mode, opts.rgba_background_color),
+        stored_width: width,
+        stored_height: height,
+    })
+}
+
+fn map_image_error(e: image::ImageError) -> ImageError {
+    match e {
+        image::ImageError::Unsupported(_) => ImageError::UnsupportedFormat,
+        other => ImageError::Decode(other.to_string()),
+    }
+}
+
+/// Converts to `mode`; alpha is composited onto `background` when the target has none.
+fn convert_mode(image: DynamicImage, mode: ImageMode, background: [u8; 3]) -> DynamicImage {
+    let has_alpha = image.color().has_alpha();
+    match mode {
+        ImageMode::Rgba => DynamicImage::ImageRgba8(image.into_rgba8()),
+        ImageMode::La => DynamicImage::ImageLumaA8(image.into_luma_alpha8()),
+        ImageMode::Rgb if has_alpha => DynamicImage::ImageRgb8(composite(&image, background)),
+        ImageMode::Rgb => match image {
+            DynamicImage::ImageRgb8(rgb) => DynamicImage::ImageRgb8(rgb),
+            other => DynamicImage::ImageRgb8(other.into_rgb8()),
+        },
+        ImageMode::L if has_alpha => DynamicImage::ImageLuma8(
+            DynamicImage::ImageRgb8(composite(&image, background)).into_luma8(),
+        ),
+        ImageMode::L => DynamicImage::ImageLuma8(image.into_luma8()),
+    }
+}
+
+/// Alpha-composites onto an opaque background colour.
+fn composite(image: &DynamicImage, background: [u8; 3]) -> RgbImage {
+    let rgba = image.to_rgba8();
+    let mut out = RgbImage::new(rgba.width(), rgba.height());
+    for (dst, src) in out.pixels_mut().zip(rgba.pixels()) {
+        let a = u32::from(src.0[3]);
+        for ((d, s), bg) in dst.0.iter_mut().zip(src.0).zip(background) {
+            let v = u32::from(s) * a + u32::from(bg) * (255 - a);
+            *d = ((v + 127) / 255) as u8;
+        }
+    }
+    out
+}
+
+/// A float tensor with its shape (row-major).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PixelValues {
+    pub data: Vec<f32>,
+    pub shape: Vec<usize>,
+}
+
+/// What a processor gives the model for one image (or one video's frames).
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedImage {
+    pub pixel_values: PixelValues,
+    /// `[t, h, w]` in patches, for patch-based processors.
+    pub grid_thw: Option<[usize; 3]>,
+    /// Placeholder tokens the prompt needs for it.
+    pub num_tokens: usize,
+}
+
+impl ProcessedImage {
+    /// Bytes held (for cache budgets).
+    pub fn weight_bytes(&self) -> usize {
+        self.pixel_values.data.len() * std::mem::size_of::<f32>()
+    }
+}
+
+/// Per-channel lookup tables: byte -> (byte * rescale - mean) / std.
+struct NormTable([[f32; 256]; 3]);
+
+impl NormTable {
+    fn new(rescale: f32, mean: [f32; 3], std: [f32; 3]) -> NormTable {
+        let mut t = [[0f32; 256]; 3];
+        for c in 0..3 {
+            for (v, slot) in t[c].iter_mut().enumerate() {
+                *slot = (v as f32 * rescale - mean[c]) / std[c];
+            }
+        }
+        NormTable(t)
+    }
+}
+
+fn bicubic_resize(src: &RgbImage, width: u32, height: u32) -> Result<RgbImage, ImageError> {
+    if src.width() == width && src.height() == height {
+        return Ok(src.clone());
+    }
+    let mut dst = RgbImage::new(width, height);
+    let options = ResizeOptions::new().resize_alg(ResizeAlg::Convolution(FilterType::CatmullRom));
+    Resizer::new()
+        .resize(src, &mut dst, &options)
+        .map_err(|e| ImageError::BadSize {
+            width: src.width(),
+            height: src.height(),
+            reason: e.to_string(),
+        })?;
+    Ok(dst)
+}
+
+/// How a CLIP/SigLIP-style processor sizes the image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ResizeTo {
+    /// Exactly `(height, width)`.
+    Exact { height: u32, width: u32 },
+    /// The shorter edge to this length, keeping the aspect ratio (HF's `shortest_edge`).
+    ShortestEdge(u32),
+}
+
+/// A CLIP/SigLIP-style processor: resize, optional center crop, rescale, normalise, CHW.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClipConfig {
+    pub resize: ResizeTo,
+    /// `(height, width)` of the center crop, when cropping.
+    pub crop_size: Option<(u32, u32)>,
+    pub rescale_factor: f32,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+    /// Placeholder tokens per image (model-specific, e.g. (448/14)^2).
+    pub num_image_tokens: usize,
+}
+
+impl ClipConfig {
+    /// CLIP at 448x448, no crop (the anchor benchmark's setting), 14-pixel patches.
+    pub fn clip_448() -> ClipConfig {
+        ClipConfig {
+            resize: ResizeTo::Exact {
+                height: 448,
+                width: 448,
+            },
+            crop_size: None,
+            rescale_factor: 1.0 / 255.0,
+            image_mean: CLIP_MEAN,
+            image_std: CLIP_STD,
+            num_image_tokens: (448 / 14) * (448 / 14),
+        }
+    }
+
+    /// SigLIP at `size`x`size` with 14-pixel patches.
+    pub fn siglip(size: u32) -> ClipConfig {
+        ClipConfig {
+            resize: ResizeTo::Exact {
+                height: size,
+                width: size,
+            },
+            crop_size: None,
+            rescale_factor: 1.0 / 255.0,
+            image_mean: SIGLIP_MEAN,
+            image_std: SIGLIP_STD,
+            num_image_tokens: ((size / 14) * (size / 14)) as usize,
+        }
+    }
+
+    /// Reads a Hugging Face `preprocessor_config.json` (`size`, `crop_size`,
+    /// `do_center_crop`, `rescale_factor`, `image_mean`, `image_std`).
+    pub fn from_preprocessor_config(
+        cfg: &Value,
+        num_image_tokens: usize,
+    ) -> Result<ClipConfig, ImageError> {
+        let bad = |key: &str, reason: &str| ImageError::InvalidConfig {
+            key: key.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let dim = |v: &Value, key: &str| -> Result<u32, ImageError> {
+            v.as_u64()
+                .and_then(|n| u32::try_from(n).ok())
+                .filter(|n| (1..=16384).contains(n))
+                .ok_or_else(|| bad(key, "must be an integer 1-16384"))
+        };
+        let hw = |v: &Value, key: &str| -> Result<(u32, u32), ImageError> {
+            match v {
+                Value::Number(_) => {
+                    let n = dim(v, key)?;
+                    Ok((n, n))
+                }
+                Value::Object(m) => match (m.get("height"), m.get("width")) {
+                    (Some(h), Some(w)) => Ok((dim(h, key)?, dim(w, key)?)),
+                    _ => Err(bad(key, "needs height and width")),
+                },
+                _ => Err(bad(key, "must be a number or {height, width}")),
+            }
+        };
+        let resize = match cfg.get("size") {
+            Some(Value::Object(m)) if m.contains_key("shortest_edge") => {
+                ResizeTo::ShortestEdge(dim(&m["shortest_edge"], "size.shortest_edge")?)
+            }
+            Some(v) => {
+                let (height, width) = hw(v, "size")?;
+                ResizeTo::Exact { height, width }
+            }
+            None => return Err(bad("size", "missing")),
+        };
+        let do_crop = cfg
+            .get("do_center_crop")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let crop_size = match (do_crop, cfg.get("crop_size")) {
+            (true, Some(v)) => Some(hw(v, "crop_size")?),
+            (true, None) => return Err(bad("crop_size", "missing while do_center_crop is true")),
+            (false, _) => None,
+        };
+        let triple = |key: &str, default: [f32; 3]| -> Result<[f32; 3], ImageError> {
+            match cfg.get(key) {
+                None => Ok(default),
+                Some(Value::Array(a)) if a.len() == 3 => {
+                    let mut out = [0f32; 3];
+                    for (o, v) in out.iter_mut().zip(a) {
+                        *o = v.as_f64().ok_or_else(|| bad(key, "must be numbers"))? as f32;
+                    }
+                    Ok(out)
+                }
+                Some(_) => Err(bad(key, "must be a list of three numbers")),
+            }
+        };
+        let image_std = triple("image_std", CLIP_STD)?;
+        if image_std.iter().any(|s| *s <= 0.0) {
+            return Err(bad("image_std", "must be positive"));
+        }
+        Ok(ClipConfig {
+            resize,
+            crop_size,
+            rescale_factor: cfg
+                .get("rescale_factor")
+                .and_then(Value::as_f64)
+                .map_or(1.0 / 255.0, |f| f as f32),
+            image_mean: triple("image_mean", CLIP_MEAN)?,
+            image_std,
+            num_image_tokens,
+        })
+    }
+
+    /// Resize (+ crop), rescale, normalise: a `[3, H, W]` tensor.
+    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+        let (w, h) = (image.width(), image.height());
+        let (rh, rw) = match self.resize {
+            ResizeTo::Exact { height, width } => (height, width),
+            ResizeTo::ShortestEdge(s) => {
+                let (short, long) = if w <= h { (w, h) } else { (h, w) };
+                let other = (u64::from(s) * u64::from(long) / u64::from(short.max(1))) as u32;
+                if w <= h {
+                    (other.max(1), s)
+                } else {
+                    (s, other.max(1))
+                }
+            }
+        };
+        let resized = bicubic_resize(image, rw, rh)?;
+        let (top, left, ch, cw) = match self.crop_size {
+            Some((ch, cw)) if ch <= rh && cw <= rw => ((rh - ch) / 2, (rw - cw) / 2, ch, cw),
+            Some((ch, cw)) => {
+                return Err(ImageError::BadSize {
+                    width: w,
+                    height: h,
+                    reason: format!("the crop {cw}x{ch} is larger than the resized {rw}x{rh}"),
+                })
+            }
+            None => (0, 0, rh, rw),
+        };
+        let table = NormTable::new(self.rescale_factor, self.image_mean, self.image_std);
+        let plane = (ch * cw) as usize;
+        let mut data = vec![0f32; 3 * plane];
+        let (r, rest) = data.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        let raw = resized.as_raw();
+        let stride = rw as usize * 3;
+        for y in 0..ch as usize {
+            let row = &raw[(top as usize + y) * stride + left as usize * 3..][..cw as usize * 3];
+            let base = y * cw as usize;
+            for (x, px) in row.chunks_exact(3).enumerate() {
+                r[base + x] = table.0[0][px[0] as usize];
+                g[base + x] = table.0[1][px[1] as usize];
+                b[base + x] = table.0[2][px[2] as usize];
+            }
+        }
+        Ok(ProcessedImage {
+            pixel_values: PixelValues {
+                data,
+                shape: vec![3, ch as usize, cw as usize],
+            },
+            grid_thw: None,
+            num_tokens: self.num_image_tokens,
+        })
+    }
+}
+
+/// Qwen2-VL / Qwen2.5-VL's image processor.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Qwen2VlConfig {
+    pub patch_size: usize,
+    pub merge_size: usize,
+    pub temporal_patch_size: usize,
+    pub min_pixels: u64,
+    pub max_pixels: u64,
+    pub image_mean: [f32; 3],
+    pub image_std: [f32; 3],
+}
+
+impl Default for Qwen2VlConfig {
+    /// The reference processor's defaults.
+    fn default() -> Self {
+        Qwen2VlConfig {
+            patch_size: 14,
+            merge_size: 2,
+            temporal_patch_size: 2,
+            min_pixels: 56 * 56,
+            max_pixels: 28 * 28 * 1280,
+            image_mean: CLIP_MEAN,
+            image_std: CLIP_STD,
+        }
+    }
+}
+
+impl Qwen2VlConfig {
+    /// Applies `min_pixels` / `max_pixels` (or HF's `size: {shortest_edge, longest_edge}`)
+    /// from merged mm_processor_kwargs.
+    pub fn with_kwargs(mut self, kwargs: Option<&Value>) -> Result<Self, ImageError> {
+        let Some(Value::Object(map)) = kwargs else {
+            return Ok(self);
+        };
+        let num = |v: &Value, key: &str| -> Result<u64, ImageError> {
+            v.as_u64()
+                .filter(|n| *n > 0)
+                .ok_or_else(|| ImageError::InvalidConfig {
+                    key: key.to_owned(),
+                    reason: "must be a positive integer".to_owned(),
+                })
+        };
+        if let Some(Value::Object(size)) = map.get("size") {
+            if let Some(v) = size.get("shortest_edge") {
+                self.min_pixels = num(v, "size.shortest_edge")?;
+            }
+            if let Some(v) = size.get("longest_edge") {
+                self.max_pixels = num(v, "size.longest_edge")?;
+            }
+        }
+        if let Some(v) = map.get("min_pixels") {
+            self.min_pixels = num(v, "min_pixels")?;
+        }
+        if let Some(v) = map.get("max_pixels") {
+            self.max_pixels = num(v, "max_pixels")?;
+        }
+        if self.min_pixels > self.max_pixels {
+            return Err(ImageError::InvalidConfig {
+                key: "min_pixels".to_owned(),
+                reason: format!(
+                    "{} is larger than max_pixels {}",
+                    self.min_pixels, self.max_pixels
+                ),
+            });
+        }
+        Ok(self)
+    }
+
+    fn factor(&self) -> u64 {
+        (self.patch_size * self.merge_size) as u64
+    }
+
+    /// The reference `smart_resize`: both sides multiples of patch*merge, the area within
+    /// `[min_pixels, max_pixels]`, the aspect ratio kept as closely as possible.
+    pub fn smart_resize(&self, height: u32, width: u32) -> Result<(u32, u32), ImageError> {
+        let bad = |reason: String| ImageError::BadSize {
+            width,
+            height,
+            reason,
+        };
+        let factor = self.factor();
+        if factor == 0 {
+            return Err(bad("the patch size is zero".to_owned()));
+        }
+        let (h, w) = (u64::from(height), u64::from(width));
+        if h == 0 || w == 0 {
+            return Err(bad("it has no pixels".to_owned()));
+        }
+        if h.max(w) / h.min(w) > 200 {
+            return Err(bad("the aspect ratio is over 200".to_owned()));
+        }
+        let round =
+            |x: u64| ((x as f64 / factor as f64).round_ties_even() as u64 * factor).max(factor);
+        let (mut hb, mut wb) = (round(h), round(w));
+        let (hf, wf, ff) = (h as f64, w as f64, factor as f64);
+        if hb * wb > self.max_pixels {
+            let beta = ((hf * wf) / self.max_pixels as f64).sqrt();
+            hb = (((hf / beta) / ff).floor() as u64 * factor).max(factor);
+            wb = (((wf / beta) / ff).floor() as u64 * factor).max(factor);
+        } else if hb * wb < self.min_pixels {
+            let beta = (self.min_pixels as f64 / (hf * wf)).sqrt();
+            hb = ((hf * beta) / ff).ceil() as u64 * factor;
+            wb = ((wf * beta) / ff).ceil() as u64 * factor;
+        }
+        let fits = |v: u64| u32::try_from(v).ok().filter(|v| *v <= 32768);
+        match (fits(hb), fits(wb)) {
+            (Some(hb), Some(wb)) => Ok((hb, wb)),
+            _ => Err(bad("the resized image would be too large".to_owned())),
+        }
+    }
+
+    /// One image: smart resize, normalise, and the flattened patches.
+    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+        self.process_frames(std::slice::from_ref(image))
+    }
+
+    /// Video frames (or one image): every frame resized to the first frame's smart size;
+    /// the frame count padded to a multiple of `temporal_patch_size` by repeating the last.
+    pub fn process_frames(&self, frames: &[RgbImage]) -> Result<ProcessedImage, ImageError> {
+        let first = frames.first().ok_or_else(|| ImageError::BadSize {
+            width: 0,
+            height: 0,
+            reason: "no frames".to_owned(),
+        })?;
+        let (rh, rw) = self.smart_resize(first.height(), first.width())?;
+        let table = NormTable::new(1.0 / 255.0, self.image_mean, self.image_std);
+        let resized: Vec<RgbImage> = frames
+            .iter()
+            .map(|f| bicubic_resize(f, rw, rh))
+            .collect::<Result<_, _>>()?;
+        let tp = self.temporal_patch_size.max(1);
+        let p = self.patch_size;
+        let m = self.merge_size.max(1);
+        let grid_t = resized.len().div_ceil(tp);
+        let (gh, gw) = (rh as usize / p, rw as usize / p);
+        let patch_len = 3 * tp * p * p;
+        let num_patches = grid_t * gh * gw;
+        let mut data = vec![0f32; num_patches * patch_len];
+        let stride = rw as usize * 3;
+        let mut out = data.chunks_exact_mut(patch_len);
+        // Patch order: t, block row, block column, row in block, column in block;
+        // within a patch: channel, frame, y, x (the reference processor's transpose).
+        for t in 0..grid_t {
+            for bh in 0..gh / m {
+                for bw in 0..gw / m {
+                    for mh in 0..m {
+                        for mw in 0..m {
+                            let Some(patch) = out.next() else {
+                                continue;
+                            };
+                            let (py0, px0) = ((bh * m + mh) * p, (bw * m + mw) * p);
+                            for c in 0..3 {
+                                for ti in 0..tp {
+                                    let frame_index = (t * tp + ti).min(resized.len() - 1);
+                                    let raw = resized[frame_index].as_raw();
+                                    let dst = &mut patch[(c * tp + ti) * p * p..][..p * p];
+                                    for y in 0..p {
+                                        let row = &raw[(py0 + y) * stride + px0 * 3..][..p * 3];
+                                        for x in 0..p {
+                                            dst[y * p + x] = table.0[c][row[x * 3 + c] as usize];
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(ProcessedImage {
+            pixel_values: PixelValues {
+                data,
+                shape: vec![num_patches, patch_len],
+            },
+            grid_thw: Some([grid_t, gh, gw]),
+            num_tokens: num_patches / (m * m),
+        })
+    }
+}
+
+/// The processors a model may use for images.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ImageProcessor {
+    Clip(ClipConfig),
+    Qwen2Vl(Qwen2VlConfig),
+}
+
+impl ImageProcessor {
+    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+        match self {
+            ImageProcessor::Clip(c) => c.process(image),
+            ImageProcessor::Qwen2Vl(q) => q.process(image),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn smart_resize_matches_the_reference_formula() {
+        let q = Qwen2VlConfig {
+            max_pixels: 1_003_520,
+            ..Qwen2VlConfig::default()
+        };
+        assert_eq!(q.smart_resize(960, 1280).unwrap(), (840, 1148));
+        let d = Qwen2VlConfig::default();
+        // Small image: scaled up to min_pixels.
+        assert_eq!(d.smart_resize(20, 20).unwrap(), (56, 56));
+        // Rounds to multiples of 28.
+        assert_eq!(d.smart_resize(100, 150).unwrap(), (112, 140));
+        assert!(d.smart_resize(1, 1000).is_err());
+        assert!(d.smart_resize(0, 10).is_err());
+    }
+
+    #[test]
+    fn kwargs_change_the_pixel_bounds() {
+        let q = Qwen2VlConfig::default()
+            .with_kwargs(Some(
+                &serde_json::json!({"max_pixels": 200704, "min_pixels": 3136}),
+            ))
+            .unwrap();
+        assert_eq!(q.max_pixels, 200_704);
+        let q = Qwen2VlConfig::default()
+            .with_kwargs(Some(
+                &serde_json::json!({"size": {"shortest_edge": 100, "longest_edge": 5000}}),
+            ))
+            .unwrap();
+        assert_eq!((q.min_pixels, q.max_pixels), (100, 5000));
+        assert!(Qwen2VlConfig::default()
+            .with_kwargs(Some(&serde_json::json!({"max_pixels": -1})))
+            .is_err());
+        assert!(Qwen2VlConfig::default()
+            .with_kwargs(Some(
+                &serde_json::json!({"min_pixels": 10000, "max_pixels": 100})
+            ))
+            .is_err());
+    }
+
+    #[test]
+    fn io_options_parse_and_refuse_unknown_keys() {
+        let o = ImageIoOptions::from_kwargs(Some(&serde_json::json!({
+            "image_mode": "L", "rgba_background_color": [0, 10, 20]
+        })))
+        .unwrap();
+        assert_eq!(o.image_mode, ImageMode::L);
+        assert_eq!(o.rgba_background_color, [0, 10, 20]);
+        for bad in [
+            serde_json::json!({"image_mode": "CMYK"}),
+            serde_json::json!({"rgba_background_color": [0, 300, 0]}),
+            serde_json::json!({"rgba_background_color": [0, 0]}),
+            serde_json::json!({"colour": 1}),
+        ] {
+            let err = ImageIoOptions::from_kwargs(Some(&bad)).unwrap_err();
+            assert!(
+                err.to_string()
+                    .starts_with("Invalid media_io_kwargs.image."),
+                "{err}"
+            );
+        }
+    }
+
+    #[test]
+    fn patches_follow_the_reference_order() {
+        // A 56x56 image whose pixel value encodes its position: check where pixels land.
+        let img = RgbImage::from_fn(56, 56, |x, y| image::Rgb([(x * 4) as u8, (y * 4) as u8, 0]));
+        let q = Qwen2VlConfig {
+            min_pixels: 56 * 56,
+            max_pixels: 56 * 56,
+            image_mean: [0.0; 3],
+            image_std: [1.0 / 255.0; 3],
+            ..Qwen2VlConfig::default()
+        };
+        let out = q.process(&img).unwrap();
+        assert_eq!(out.grid_thw, Some([1, 4, 4]));
+        assert_eq!(out.pixel_values.shape, vec![16, 3 * 2 * 14 * 14]);
+        assert_eq!(out.num_tokens, 4);
+        // With std = 1/255 and mean 0 the value is the byte itself.
+        let v = |patch: usize, c: usize, t: usize, y: usize, x: usize| {
+            out.pixel_values.data[patch * 1176 + (c * 2 + t) * 196 + y * 14 + x]
+        };
+        // Patch 1 is block (0,0), row 0 in block, column 1: x from 14.
+        assert_eq!(v(1, 0, 0, 0, 0), 56.0);
+        assert_eq!(v(1, 1, 1, 3, 0), 12.0);
+        // Patch 2 is block (0,0), row 1, column 0: y from 14.
+        assert_eq!(v(2, 1, 0, 0, 0), 56.0);
+        // Patch 4 is block (0,1): x from 28.
+        assert_eq!(v(4, 0, 0, 0, 0), 112.0);
+        // Patch 8 is block (1,0): y from 28.
+        assert_eq!(v(8, 1, 0, 0, 0), 112.0);
+    }
+
+    #[test]
+    fn clip_output_is_chw_and_normalised() {
+        let img = RgbImage::from_pixel(64, 32, image::Rgb([255, 0, 128]));
+        let out = ClipConfig::clip_448().process(&img).unwrap();
+        assert_eq!(out.pixel_values.shape, vec![3, 448, 448]);
+        assert_eq!(out.num_tokens, 1024);
+        let plane = 448 * 448;
+        let r = (1.0 - CLIP_MEAN[0]) / CLIP_STD[0];
+        let g = (0.0 - CLIP_MEAN[1]) / CLIP_STD[1];
+        assert!((out.pixel_values.data[10] - r).abs() < 1e-5);
+        assert!((out.pixel_values.data[plane + 10] - g).abs() < 1e-5);
+        let crop = ClipConfig {
+            resize: ResizeTo::ShortestEdge(32),
+            crop_size: Some((32, 32)),
+            ..ClipConfig::clip_448()
+        };
+        assert_eq!(
+            crop.process(&img).unwrap().pixel_values.shape,
+            vec![3, 32, 32]
+        );
+    }
 }
