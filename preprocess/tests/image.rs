@@ -31,6 +31,14 @@ fn encode(img: &DynamicImage, format: ImageFormat) -> Vec<u8> {
     out.into_inner()
 }
 
+const FORMATS: [ImageFormat; 5] = [
+    ImageFormat::Png,
+    ImageFormat::Jpeg,
+    ImageFormat::Bmp,
+    ImageFormat::Gif,
+    ImageFormat::WebP,
+];
+
 fn opts() -> ImageIoOptions {
     ImageIoOptions::default()
 }
@@ -38,13 +46,7 @@ fn opts() -> ImageIoOptions {
 #[test]
 fn every_format_decodes_to_rgb() {
     let pic = DynamicImage::ImageRgb8(picture(40, 30));
-    for format in [
-        ImageFormat::Png,
-        ImageFormat::Jpeg,
-        ImageFormat::Bmp,
-        ImageFormat::Gif,
-        ImageFormat::WebP,
-    ] {
+    for format in FORMATS {
         let bytes = encode(&pic, format);
         assert!(bytes.len() < 20_000, "{format:?} test image is small");
         let decoded = decode_image(&bytes, &opts()).unwrap_or_else(|e| panic!("{format:?}: {e}"));
@@ -244,13 +246,7 @@ fn bad_input_is_an_error_never_a_panic() {
         ("jpeg markers only".into(), vec![0xFF, 0xD8, 0xFF, 0xD9]),
         ("zero-size png".into(), png_claiming(0, 0)),
     ];
-    for format in [
-        ImageFormat::Png,
-        ImageFormat::Jpeg,
-        ImageFormat::Bmp,
-        ImageFormat::Gif,
-        ImageFormat::WebP,
-    ] {
+    for format in FORMATS {
         let good = encode(&pic, format);
         // Cut in the header, in the pixel data, and in the trailer (where a decoder may
         // rightly have every pixel already).

@@ -62,6 +62,14 @@ fn sampled_diff(ours: &[f32], reference: &Value) -> f32 {
         .fold(0.0, f32::max)
 }
 
+fn usizes(v: &Value) -> Vec<usize> {
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_u64().unwrap() as usize)
+        .collect()
+}
+
 /// One 8-bit level after CLIP normalisation, plus float slack.
 fn one_level() -> f32 {
     let min_std = CLIP_STD.iter().copied().fold(f32::MAX, f32::min);
@@ -139,12 +147,7 @@ fn clip_tensor_matches_the_hf_processor() {
             num_image_tokens: 16,
         };
         let out = cfg.process(&pic).unwrap();
-        let want_shape: Vec<usize> = case["clip_56"]["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
+        let want_shape = usizes(&case["clip_56"]["shape"]);
         assert_eq!(out.pixel_values.shape, want_shape);
         let d = sampled_diff(&out.pixel_values.data, &case["clip_56"]);
         assert!(d <= one_level(), "clip max diff {d}");
@@ -166,19 +169,9 @@ fn qwen2vl_patches_match_the_hf_processor() {
             ..Qwen2VlConfig::default()
         };
         let out = q.process(&pic).unwrap();
-        let grid: Vec<usize> = r["grid_thw"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
+        let grid = usizes(&r["grid_thw"]);
         assert_eq!(out.grid_thw.map(|g| g.to_vec()), Some(grid));
-        let shape: Vec<usize> = r["shape"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|v| v.as_u64().unwrap() as usize)
-            .collect();
+        let shape = usizes(&r["shape"]);
         assert_eq!(out.pixel_values.shape, shape);
         let d = sampled_diff(&out.pixel_values.data, r);
         assert!(d <= one_level(), "qwen2vl max diff {d}");
