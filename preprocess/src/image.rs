@@ -281,6 +281,28 @@ impl NormTable {
     }
 }
 
+impl NormTable {
+    /// Normalises packed RGB into three planes (`[3, H, W]`, row-major).
+    fn planar(&self, image: &RgbImage) -> Vec<f32> {
+        let plane = image.width() as usize * image.height() as usize;
+        let mut out = vec![0f32; 3 * plane];
+        let (r, rest) = out.split_at_mut(plane);
+        let (g, b) = rest.split_at_mut(plane);
+        for (((px, r), g), b) in image
+            .as_raw()
+            .chunks_exact(3)
+            .zip(r.iter_mut())
+            .zip(g.iter_mut())
+            .zip(b.iter_mut())
+        {
+            *r = self.0[0][px[0] as usize];
+            *g = self.0[1][px[1] as usize];
+            *b = self.0[2][px[2] as usize];
+        }
+        out
+    }
+}
+
 fn bicubic_resize(src: &RgbImage, width: u32, height: u32) -> Result<RgbImage, ImageError> {
     if src.width() == width && src.height() == height {
         return Ok(src.clone());
@@ -608,20 +630,21 @@ impl Qwen2VlConfig {
         })?;
         let (rh, rw) = self.smart_resize(first.height(), first.width())?;
         let table = NormTable::new(1.0 / 255.0, self.image_mean, self.image_std);
-        let resized: Vec<RgbImage> = frames
+        // Each frame resized and normalised once into planar channels (CHW); the patches are
+        // then row copies out of the planes.
+        let planes: Vec<Vec<f32>> = frames
             .iter()
-            .map(|f| bicubic_resize(f, rw, rh))
+            .map(|f| bicubic_resize(f, rw, rh).map(|r| table.planar(&r)))
             .collect::<Result<_, _>>()?;
         let tp = self.temporal_patch_size.max(1);
         let p = self.patch_size;
         let m = self.merge_size.max(1);
-        let grid_t = resized.len().div_ceil(tp);
+        let grid_t = planes.len().div_ceil(tp);
         let (gh, gw) = (rh as usize / p, rw as usize / p);
         let patch_len = 3 * tp * p * p;
-        let num_patches = grid_t * gh * gw;
-        let mut data = vec![0f32; num_patches * patch_len];
-        let stride = rw as usize * 3;
-        let mut out = data.chunks_exact_mut(patch_len);
+        let num_patches = grid_t * (gh / m * m) * (gw / m * m);
+        let (w, plane_len) = (rw as usize, rw as usize * rh as usize);
+        let mut data = Vec::with_capacity(num_patches * patch_len);
         // Patch order: t, block row, block column, row in block, column in block;
         // within a patch: channel, frame, y, x (the reference processor's transpose).
         for t in 0..grid_t {
@@ -629,20 +652,13 @@ impl Qwen2VlConfig {
                 for bw in 0..gw / m {
                     for mh in 0..m {
                         for mw in 0..m {
-                            let Some(patch) = out.next() else {
-                                continue;
-                            };
                             let (py0, px0) = ((bh * m + mh) * p, (bw * m + mw) * p);
                             for c in 0..3 {
                                 for ti in 0..tp {
-                                    let frame_index = (t * tp + ti).min(resized.len() - 1);
-                                    let raw = resized[frame_index].as_raw();
-                                    let dst = &mut patch[(c * tp + ti) * p * p..][..p * p];
+                                    let frame = (t * tp + ti).min(planes.len() - 1);
+                                    let plane = &planes[frame][c * plane_len..][..plane_len];
                                     for y in 0..p {
-                                        let row = &raw[(py0 + y) * stride + px0 * 3..][..p * 3];
-                                        for x in 0..p {
-                                            dst[y * p + x] = table.0[c][row[x * 3 + c] as usize];
-                                        }
+                                        data.extend_from_slice(&plane[(py0 + y) * w + px0..][..p]);
                                     }
                                 }
                             }
