@@ -116,6 +116,9 @@ fn symphonia_message(e: &SymError) -> String {
             "the data is not a supported audio format (WAV, MP3, FLAC, Ogg Vorbis, AAC/M4A)"
                 .to_owned()
         }
+        SymError::IoError(io) if io.kind() == std::io::ErrorKind::UnexpectedEof => {
+            "the data ends early (a truncated or incomplete file)".to_owned()
+        }
         other => other.to_string(),
     }
 }

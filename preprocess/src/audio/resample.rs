@@ -3,7 +3,7 @@
 //! A fixed-ratio, FFT-based resampler (overlap-add with a windowed-sinc
 //! anti-aliasing filter, Blackman-Harris window) whose filter spans one FFT
 //! block of about [`TARGET_BLOCK_IN`] input samples; for 44.1 kHz -> 16 kHz
-//! that is 2205 input taps with the cutoff close to the new Nyquist
+//! that is 2646 input taps with the cutoff close to the new Nyquist
 //! frequency. The resampler's start-up delay is trimmed, so output sample `i`
 //! lines up with input time `i / to_rate`.
 
@@ -15,6 +15,24 @@ use super::{check_rate, AudioError};
 /// Input frames per FFT block the resampler aims for (rounded up to a whole
 /// number of the rate pair's minimum blocks).
 const TARGET_BLOCK_IN: usize = 2048;
+
+/// The FFT block's input length: whole minimum blocks of the rate pair
+/// (`from / gcd`), about [`TARGET_BLOCK_IN`], and even. rubato centres its
+/// filter on the block's middle and trims `block_out / 2` output frames of
+/// delay; with an odd block the middle falls half an input sample off that,
+/// so the output would lag by half an input sample.
+fn block_in(from: u32, to: u32) -> usize {
+    let (mut a, mut b) = (from, to);
+    while b != 0 {
+        (a, b) = (b, a % b);
+    }
+    let min_in = (from / a.max(1)) as usize;
+    let mut chunks = TARGET_BLOCK_IN.div_ceil(min_in).max(1);
+    if (chunks * min_in) % 2 == 1 {
+        chunks += 1;
+    }
+    chunks * min_in
+}
 
 /// Resamples mono `samples` from `from_rate` to `to_rate`.
 ///
@@ -41,7 +59,7 @@ pub fn resample(samples: &[f32], from_rate: u32, to_rate: u32) -> Result<Vec<f32
     let mut resampler = Fft::<f32>::new_custom(
         from as usize,
         to as usize,
-        TARGET_BLOCK_IN,
+        block_in(from, to),
         1,
         1,
         WindowFunction::BlackmanHarris2,
@@ -91,6 +109,19 @@ mod tests {
             Err(AudioError::BadSampleRate { rate: 0 })
         );
         assert!(resample(&x, 16_000, 10_000_000).is_err());
+    }
+
+    #[test]
+    fn blocks_are_even_whole_minimum_blocks() {
+        // 44100 / 16000: gcd 100, minimum block 441 input frames.
+        assert_eq!(block_in(44_100, 16_000), 2_646);
+        assert_eq!(block_in(48_000, 16_000), 2_048);
+        assert_eq!(block_in(22_050, 16_000), 2_646);
+        // gcd 1: the minimum block is the whole input rate, doubled to be even.
+        assert_eq!(block_in(44_101, 16_000), 88_202);
+        for (from, to) in [(8_000, 16_000), (11_025, 16_000), (96_000, 16_000)] {
+            assert_eq!(block_in(from, to) % 2, 0);
+        }
     }
 
     #[test]

@@ -11,6 +11,8 @@
 #   tone_440hz_22k05_mono.flac   0.5 s, 22.05 kHz, mono,  FLAC
 #   tone_440hz_44k1_stereo.ogg   1.0 s, 44.1 kHz, stereo, Vorbis q0
 #   tone_440hz_24k_mono.m4a      1.0 s, 24 kHz,   mono,   AAC-LC 32 kbit/s in MP4
+#   tone_440hz_16k_noxing.mp3    1.0 s, 16 kHz,   mono,   MP3 32 kbit/s without a Xing/Info
+#                                header, so the stream declares no length (the decode-time cap)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -32,5 +34,7 @@ ff -f lavfi -i "sine=frequency=440:sample_rate=44100:duration=1" -ac 2 \
    "${common[@]}" -c:a libvorbis -q:a 0 tone_440hz_44k1_stereo.ogg
 ff -f lavfi -i "sine=frequency=440:sample_rate=24000:duration=1" \
    "${common[@]}" -c:a aac -b:a 32k tone_440hz_24k_mono.m4a
+ff -f lavfi -i "sine=frequency=440:sample_rate=16000:duration=1" \
+   "${common[@]}" -c:a libmp3lame -b:a 32k -write_xing 0 tone_440hz_16k_noxing.mp3
 
 ls -l tone_*
