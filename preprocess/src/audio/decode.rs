@@ -20,6 +20,8 @@ const MAX_CONSECUTIVE_BAD_PACKETS: usize = 8;
 const MAX_BAD_PACKETS: usize = 32;
 /// Demuxer errors tolerated (each may skip damaged data) before giving up.
 const MAX_DEMUX_ERRORS: usize = 8;
+/// Packets beyond one per input byte that a stream may have (empty packets).
+const MAX_EMPTY_PACKET_SLACK: usize = 65_536;
 /// Tags and pictures are never used; keep what the demuxer may hold small.
 const MAX_METADATA_BYTES: usize = 64 * 1024;
 
@@ -234,8 +236,18 @@ fn decode_mono(
     let mut planes: Vec<Vec<f32>> = Vec::new();
     let (mut bad_packets, mut bad_in_a_row, mut demux_errors) = (0usize, 0usize, 0usize);
     let mut last_error: Option<String> = None;
+    // Every packet comes out of the input; more packets than bytes (plus slack
+    // for empty ones) means a demuxer going round in circles.
+    let max_packets = bytes.len().saturating_add(MAX_EMPTY_PACKET_SLACK);
+    let mut packets = 0usize;
 
     loop {
+        packets += 1;
+        if packets > max_packets {
+            return Err(AudioError::Decode(
+                "the stream has more packets than its size allows".to_owned(),
+            ));
+        }
         let packet = match format.next_packet() {
             Ok(Some(packet)) => packet,
             // The end, or a chained stream (a new track list): stop at the first.
