@@ -59,7 +59,8 @@ pub enum AudioError {
     InvalidKwargs(String),
     #[error("Invalid media_io_kwargs.audio.{key}: {reason}")]
     InvalidOption { key: String, reason: String },
-    #[error("Invalid audio feature extractor setting {key}: {reason}")]
+    /// A server-side setting: a preprocessor config key or the duration cap.
+    #[error("Invalid audio processing setting {key}: {reason}")]
     InvalidConfig { key: String, reason: String },
     #[error("Cannot resample the audio: {0}")]
     Resample(String),

@@ -54,7 +54,7 @@ pub fn decode_audio(
         return Err(AudioError::EmptyInput);
     }
     if !(opts.max_duration_s.is_finite() && opts.max_duration_s > 0.0) {
-        return Err(AudioError::InvalidOption {
+        return Err(AudioError::InvalidConfig {
             key: "max_duration_s".to_owned(),
             reason: "must be a positive number of seconds".to_owned(),
         });
@@ -409,7 +409,7 @@ mod tests {
         };
         assert!(matches!(
             decode_audio(b"RIFF", None, &opts),
-            Err(AudioError::InvalidOption { .. })
+            Err(AudioError::InvalidConfig { .. })
         ));
     }
 }
