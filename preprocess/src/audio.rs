@@ -1,8 +1,230 @@
-//! audio: decoding and model-side processing (issue 4; being written).
+//! Audio: decoding under a duration cap, resampling and the Whisper log-mel.
+//!
+//! * [`decode_audio`] (in `decode.rs`) reads WAV, MP3, FLAC, Ogg Vorbis and
+//!   AAC/M4A from memory with symphonia (the bytes decide the format; the MIME
+//!   type is only a hint), refuses a declared duration over the cap before
+//!   decoding, counts frames while decoding and stops at the cap, and
+//!   downmixes to mono by the mean of the channels.
+//! * [`resample`] (in `resample.rs`) converts between sample rates with
+//!   rubato's FFT resampler.
+//! * [`WhisperFeatureConfig::log_mel`] (in `mel.rs`) computes the log-mel
+//!   spectrogram exactly as openai-whisper and Hugging Face's
+//!   `WhisperFeatureExtractor` do.
+//! * [`audio_to_features`] chains the three.
+
+use serde_json::Value;
+
+mod decode;
+mod mel;
+mod resample;
+
+pub use decode::{decode_audio, DecodedAudio};
+pub use mel::{AudioFeatures, WhisperFeatureConfig};
+pub use resample::resample;
+
+/// The sample rate Whisper-style models expect.
+pub const WHISPER_SAMPLE_RATE: u32 = 16_000;
+/// The decoded-duration cap's default (CONTRACT section 4).
+pub const DEFAULT_MAX_DURATION_S: f64 = 600.0;
+/// Lowest sample rate accepted, for decoded audio and for resampling targets.
+pub const MIN_SAMPLE_RATE: u32 = 1_000;
+/// Highest sample rate accepted, for decoded audio and for resampling targets.
+pub const MAX_SAMPLE_RATE: u32 = 384_000;
+/// Most channels a decoded stream may have.
+pub const MAX_CHANNELS: usize = 64;
 
 /// Errors of audio decoding and processing; every one is a 400 naming the problem.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum AudioError {
-    #[error("Invalid audio: {0}")]
-    Invalid(String),
+    /// The container declares a duration over the cap (refused before decoding).
+    #[error("The audio is {seconds:.1} s long, over the limit of {max} s.")]
+    TooLong { seconds: f64, max: f64 },
+    /// Decoding reached the cap (the container declared no length, or a wrong one).
+    #[error("The audio is longer than the limit of {max} s (decoding stopped there).")]
+    TooLongWhileDecoding { max: f64 },
+    #[error("The audio data is empty (0 bytes).")]
+    EmptyInput,
+    #[error("The audio contains no samples.")]
+    NoSamples,
+    #[error("Cannot decode the audio: {0}")]
+    Decode(String),
+    #[error(
+        "The audio's sample rate of {rate} Hz is not supported (allowed: {MIN_SAMPLE_RATE} to \
+         {MAX_SAMPLE_RATE} Hz)."
+    )]
+    BadSampleRate { rate: u64 },
+    #[error("The audio has {channels} channels (allowed: 1 to {MAX_CHANNELS}).")]
+    BadChannels { channels: usize },
+    #[error("Invalid media_io_kwargs.audio: {0}")]
+    InvalidKwargs(String),
+    #[error("Invalid media_io_kwargs.audio.{key}: {reason}")]
+    InvalidOption { key: String, reason: String },
+    /// A server-side setting: a preprocessor config key or the duration cap.
+    #[error("Invalid audio processing setting {key}: {reason}")]
+    InvalidConfig { key: String, reason: String },
+    #[error("Cannot resample the audio: {0}")]
+    Resample(String),
+}
+
+/// Checks a sample rate against [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`].
+pub(crate) fn check_rate(rate: u64) -> Result<u32, AudioError> {
+    u32::try_from(rate)
+        .ok()
+        .filter(|r| (MIN_SAMPLE_RATE..=MAX_SAMPLE_RATE).contains(r))
+        .ok_or(AudioError::BadSampleRate { rate })
+}
+
+/// How audio is read: the `audio` entry of media_io_kwargs plus the duration cap.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AudioIoOptions {
+    /// Decoded-duration cap in seconds (default 600).
+    pub max_duration_s: f64,
+    /// When set, [`decode_audio`] resamples its output to this rate.
+    pub target_sample_rate: Option<u32>,
+}
+
+impl Default for AudioIoOptions {
+    fn default() -> Self {
+        AudioIoOptions {
+            max_duration_s: DEFAULT_MAX_DURATION_S,
+            target_sample_rate: None,
+        }
+    }
+}
+
+impl AudioIoOptions {
+    /// Reads `{"target_sample_rate": 16000}` (`sample_rate` is accepted as an
+    /// alias). `None` or JSON `null` gives the defaults; an unknown key is an
+    /// error naming it.
+    pub fn from_kwargs(audio_kwargs: Option<&Value>) -> Result<Self, AudioError> {
+        let mut opts = AudioIoOptions::default();
+        let map = match audio_kwargs {
+            None | Some(Value::Null) => return Ok(opts),
+            Some(Value::Object(map)) => map,
+            Some(_) => return Err(AudioError::InvalidKwargs("must be an object".to_owned())),
+        };
+        for (key, v) in map {
+            match key.as_str() {
+                "target_sample_rate" | "sample_rate" => {
+                    let bad = || AudioError::InvalidOption {
+                        key: key.clone(),
+                        reason: format!(
+                            "must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}"
+                        ),
+                    };
+                    let rate = v.as_u64().ok_or_else(bad)?;
+                    let rate = check_rate(rate).map_err(|_| bad())?;
+                    if opts.target_sample_rate.is_some_and(|r| r != rate) {
+                        return Err(AudioError::InvalidOption {
+                            key: key.clone(),
+                            reason: "conflicts with the other sample rate given".to_owned(),
+                        });
+                    }
+                    opts.target_sample_rate = Some(rate);
+                }
+                _ => {
+                    return Err(AudioError::InvalidOption {
+                        key: key.clone(),
+                        reason: "unknown option (known: target_sample_rate, sample_rate)"
+                            .to_owned(),
+                    })
+                }
+            }
+        }
+        Ok(opts)
+    }
+}
+
+/// The whole pipeline: decode -> mono -> resample to `cfg.sample_rate` ->
+/// log-mel. The model's rate wins over `opts.target_sample_rate` (the audio
+/// is resampled once, straight to the rate the features need).
+pub fn audio_to_features(
+    bytes: &[u8],
+    mime_hint: Option<&str>,
+    opts: &AudioIoOptions,
+    cfg: &WhisperFeatureConfig,
+) -> Result<AudioFeatures, AudioError> {
+    let decode_opts = AudioIoOptions {
+        target_sample_rate: None,
+        ..opts.clone()
+    };
+    let decoded = decode_audio(bytes, mime_hint, &decode_opts)?;
+    let samples = resample(&decoded.samples, decoded.sample_rate, cfg.sample_rate)?;
+    cfg.log_mel(&samples)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn kwargs_defaults_and_rates() {
+        assert_eq!(
+            AudioIoOptions::from_kwargs(None).unwrap(),
+            AudioIoOptions::default()
+        );
+        assert_eq!(
+            AudioIoOptions::from_kwargs(Some(&Value::Null))
+                .unwrap()
+                .max_duration_s,
+            600.0
+        );
+        let o = AudioIoOptions::from_kwargs(Some(&json!({"target_sample_rate": 16000}))).unwrap();
+        assert_eq!(o.target_sample_rate, Some(16_000));
+        let o = AudioIoOptions::from_kwargs(Some(&json!({"sample_rate": 8000}))).unwrap();
+        assert_eq!(o.target_sample_rate, Some(8_000));
+        let o = AudioIoOptions::from_kwargs(Some(&json!({}))).unwrap();
+        assert_eq!(o.target_sample_rate, None);
+    }
+
+    #[test]
+    fn kwargs_errors_name_the_key() {
+        let err = AudioIoOptions::from_kwargs(Some(&json!({"volume": 2}))).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "Invalid media_io_kwargs.audio.volume: unknown option (known: target_sample_rate, \
+             sample_rate)"
+        );
+        for bad in [
+            json!(0),
+            json!(-16000),
+            json!(16000.5),
+            json!("16000"),
+            json!(999_999),
+        ] {
+            let err =
+                AudioIoOptions::from_kwargs(Some(&json!({"target_sample_rate": bad}))).unwrap_err();
+            assert!(
+                matches!(&err, AudioError::InvalidOption { key, .. } if key == "target_sample_rate"),
+                "{err}"
+            );
+        }
+        let err = AudioIoOptions::from_kwargs(Some(&json!([16000]))).unwrap_err();
+        assert_eq!(err, AudioError::InvalidKwargs("must be an object".into()));
+        let err = AudioIoOptions::from_kwargs(Some(
+            &json!({"target_sample_rate": 16000, "sample_rate": 8000}),
+        ))
+        .unwrap_err();
+        assert!(matches!(err, AudioError::InvalidOption { .. }));
+    }
+
+    #[test]
+    fn error_messages_name_the_problem() {
+        let e = AudioError::TooLong {
+            seconds: 3605.2,
+            max: 600.0,
+        };
+        assert_eq!(
+            e.to_string(),
+            "The audio is 3605.2 s long, over the limit of 600 s."
+        );
+        assert_eq!(
+            AudioError::BadSampleRate { rate: 5 }.to_string(),
+            "The audio's sample rate of 5 Hz is not supported (allowed: 1000 to 384000 Hz)."
+        );
+        assert!(check_rate(16_000).is_ok());
+        assert!(check_rate(999).is_err());
+        assert!(check_rate(u64::MAX).is_err());
+    }
 }
