@@ -1,0 +1,616 @@
+//! Decoding a container with FFmpeg and keeping the sampled frames.
+//!
+//! 1. Open the bytes ([`MemoryInput`]), pick the best video stream and check
+//!    its width, height and pixels from the codec parameters, before any
+//!    frame is decoded; refuse a claimed frame count over the scan cap.
+//! 2. Walk the packets once without decoding (cheap) to count the video's
+//!    frames and collect their presentation timestamps, under the scan cap
+//!    and the time budget.
+//! 3. Choose the indices ([`sample_indices`]), check the output caps, reopen
+//!    and decode in order, converting to RGB only the frames kept, and stop
+//!    after the last one.
+//!
+//! In step 3 a frame's index is the rank of its timestamp among all packets'
+//! (the frame's position in presentation order), so a packet whose frame is
+//! not kept can be decoded with `skip_frame = AVDISCARD_NONREF`: a frame that
+//! no other frame references is then skipped, and the frames kept are
+//! bit-identical to a full decode. If the timestamps are missing or
+//! inconsistent (duplicates, a frame whose timestamp matches no packet, a kept
+//! frame never seen), the decode falls back to counting every frame in
+//! order, as OpenCV's `grab()` loop does.
+
+use std::sync::Once;
+
+use ffmpeg_next::ffi;
+use ffmpeg_next::format::Pixel;
+use ffmpeg_next::media;
+use ffmpeg_next::packet::Ref as _;
+use ffmpeg_next::software::scaling;
+use ffmpeg_next::util::frame::Video as VideoFrame;
+use ffmpeg_next::{codec, Packet, Rational};
+use image::RgbImage;
+
+use super::demux::MemoryInput;
+use super::{
+    check_output, check_size, sample_indices, Deadline, DecodedVideo, VideoError, VideoIoOptions,
+    VideoLimits,
+};
+
+/// What the container says about the video stream.
+#[derive(Debug, Clone)]
+struct StreamInfo {
+    index: usize,
+    time_base: f64,
+    start_pts: i64,
+    fps: f64,
+    claimed_frames: u64,
+    duration_s: f64,
+    width: u32,
+    height: u32,
+}
+
+/// The packet walk's findings.
+struct Scan {
+    /// Presentation timestamps of the video packets, sorted, when every
+    /// packet has one and they are distinct.
+    sorted_pts: Option<Vec<i64>>,
+    frames: usize,
+}
+
+/// Why a decode pass stopped short.
+enum PassError {
+    /// Timestamps do not index the frames; decode again counting frames.
+    Inconsistent,
+    Failed(VideoError),
+}
+
+impl From<VideoError> for PassError {
+    fn from(e: VideoError) -> Self {
+        PassError::Failed(e)
+    }
+}
+
+/// FFmpeg logs every damaged packet of untrusted input to stderr; keep only fatal messages.
+fn quiet_ffmpeg_logs() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: sets a global integer in libavutil.
+        unsafe { ffi::av_log_set_level(ffi::AV_LOG_FATAL) };
+    });
+}
+
+pub(crate) fn decode(
+    bytes: &[u8],
+    opts: &VideoIoOptions,
+    limits: &VideoLimits,
+) -> Result<DecodedVideo, VideoError> {
+    quiet_ffmpeg_logs();
+    let deadline = Deadline::new(limits.time_budget);
+    let mut input = MemoryInput::open(bytes, deadline, limits)?;
+    let info = stream_info(&input)?;
+    check_size(info.width, info.height, limits)?;
+    if info.claimed_frames > limits.max_total_frames_scanned {
+        return Err(VideoError::TooLong {
+            frames: info.claimed_frames,
+            max: limits.max_total_frames_scanned,
+        });
+    }
+    let scan = scan_packets(&mut input, &info, limits, deadline)?;
+    drop(input);
+    if scan.frames == 0 {
+        return Err(VideoError::Decode("the video has no frames".to_owned()));
+    }
+    if info.claimed_frames != 0 && info.claimed_frames != scan.frames as u64 {
+        tracing::debug!(
+            claimed = info.claimed_frames,
+            counted = scan.frames,
+            "video frame count differs from the container's; using the count"
+        );
+    }
+    let wanted = sample_indices(scan.frames, info.fps, opts);
+    check_output(wanted.len(), info.width, info.height, limits)?;
+
+    let result = match scan.sorted_pts.as_deref() {
+        Some(pts) => match decode_pass(bytes, &info, &wanted, Some(pts), limits, deadline) {
+            Err(PassError::Inconsistent) => {
+                tracing::debug!("video timestamps do not index the frames; decoding every frame");
+                decode_pass(bytes, &info, &wanted, None, limits, deadline)
+            }
+            other => other,
+        },
+        None => decode_pass(bytes, &info, &wanted, None, limits, deadline),
+    };
+    let kept = match result {
+        Ok(kept) => kept,
+        Err(PassError::Failed(e)) => return Err(e),
+        Err(PassError::Inconsistent) => {
+            return Err(VideoError::Decode("inconsistent frame order".to_owned()))
+        }
+    };
+    if kept.frames.is_empty() {
+        return Err(VideoError::Decode(
+            kept.error
+                .unwrap_or_else(|| "no frame could be decoded".to_owned()),
+        ));
+    }
+    if kept.frames.len() < wanted.len() {
+        tracing::warn!(
+            wanted = wanted.len(),
+            decoded = kept.frames.len(),
+            "the video ended before all sampled frames were decoded"
+        );
+    }
+    Ok(DecodedVideo {
+        frames: kept.frames,
+        timestamps_s: kept.timestamps_s,
+        frame_indices: kept.indices,
+        source_fps: info.fps,
+        total_frames: scan.frames,
+        duration_s: if info.duration_s > 0.0 {
+            info.duration_s
+        } else if info.fps > 0.0 {
+            scan.frames as f64 / info.fps
+        } else {
+            0.0
+        },
+        width: info.width,
+        height: info.height,
+    })
+}
+
+fn rational(r: Rational) -> f64 {
+    if r.denominator() == 0 {
+        0.0
+    } else {
+        f64::from(r.numerator()) / f64::from(r.denominator())
+    }
+}
+
+fn stream_info(input: &MemoryInput<'_>) -> Result<StreamInfo, VideoError> {
+    let ctx = input.input()?;
+    let stream = ctx
+        .streams()
+        .best(media::Type::Video)
+        .ok_or_else(|| VideoError::Decode("the file has no video stream".to_owned()))?;
+    // SAFETY: the stream belongs to the open context borrowed above; its
+    // `codecpar` is allocated by libavformat for every stream.
+    let (width, height) = unsafe {
+        let par = (*stream.as_ptr()).codecpar;
+        if par.is_null() {
+            (0, 0)
+        } else {
+            ((*par).width, (*par).height)
+        }
+    };
+    let width = u32::try_from(width).unwrap_or(0);
+    let height = u32::try_from(height).unwrap_or(0);
+    // SAFETY: both pointers come from the open context and its stream; the
+    // call only reads them.
+    let guessed = unsafe {
+        ffi::av_guess_frame_rate(
+            ctx.as_ptr() as *mut ffi::AVFormatContext,
+            stream.as_ptr() as *mut ffi::AVStream,
+            std::ptr::null_mut(),
+        )
+    };
+    let mut fps = rational(Rational::from(guessed));
+    if !(fps.is_finite() && fps > 0.0) {
+        fps = rational(stream.avg_frame_rate());
+    }
+    if !(fps.is_finite() && fps > 0.0) {
+        fps = 0.0;
+    }
+    let time_base = rational(stream.time_base());
+    // As OpenCV: the container's duration, else the stream's.
+    let mut duration_s = ctx.duration() as f64 / f64::from(ffi::AV_TIME_BASE);
+    if !(duration_s.is_finite() && duration_s > 0.0) {
+        duration_s = stream.duration() as f64 * time_base;
+    }
+    if !(duration_s.is_finite() && duration_s > 0.0) {
+        duration_s = 0.0;
+    }
+    let start = stream.start_time();
+    Ok(StreamInfo {
+        index: stream.index(),
+        time_base,
+        start_pts: if start == ffi::AV_NOPTS_VALUE {
+            0
+        } else {
+            start
+        },
+        fps,
+        claimed_frames: u64::try_from(stream.frames()).unwrap_or(0),
+        duration_s,
+        width,
+        height,
+    })
+}
+
+/// The packet's presentation timestamp, unless the demuxer marked it discarded
+/// (outside an mp4 edit list; the decoder drops such frames).
+fn presented(packet: &Packet) -> Option<Option<i64>> {
+    // SAFETY: reads the flags of a packet we own.
+    let flags = unsafe { (*packet.as_ptr()).flags };
+    if flags & ffi::AV_PKT_FLAG_DISCARD != 0 {
+        None
+    } else {
+        Some(packet.pts())
+    }
+}
+
+/// Reads the next packet: `Ok(None)` at the end of the data (or on a read
+/// error after which nothing more can be read, noted in `error`).
+fn next_packet(
+    input: &mut MemoryInput<'_>,
+    packet: &mut Packet,
+    scanned: &mut u64,
+    limits: &VideoLimits,
+    deadline: Deadline,
+    error: &mut Option<String>,
+) -> Result<bool, VideoError> {
+    loop {
+        deadline.check()?;
+        *scanned += 1;
+        if *scanned > limits.max_total_frames_scanned {
+            return Err(VideoError::TooLong {
+                frames: *scanned,
+                max: limits.max_total_frames_scanned,
+            });
+        }
+        match packet.read(input.input_mut()?) {
+            Ok(()) => return Ok(true),
+            Err(ffmpeg_next::Error::Eof) => return Ok(false),
+            Err(ffmpeg_next::Error::Other { errno })
+                if errno == ffmpeg_next::util::error::EAGAIN =>
+            {
+                continue
+            }
+            Err(e) => {
+                if input.timed_out() {
+                    return Err(deadline.error());
+                }
+                *error = Some(format!("cannot read the container ({e})"));
+                return Ok(false);
+            }
+        }
+    }
+}
+
+fn scan_packets(
+    input: &mut MemoryInput<'_>,
+    info: &StreamInfo,
+    limits: &VideoLimits,
+    deadline: Deadline,
+) -> Result<Scan, VideoError> {
+    let mut packet = Packet::empty();
+    let mut scanned = 0;
+    let mut error = None;
+    let mut pts = Vec::new();
+    let mut all_have_pts = true;
+    let mut frames = 0usize;
+    while next_packet(
+        input,
+        &mut packet,
+        &mut scanned,
+        limits,
+        deadline,
+        &mut error,
+    )? {
+        if packet.stream() != info.index {
+            continue;
+        }
+        let Some(p) = presented(&packet) else {
+            continue;
+        };
+        frames += 1;
+        match p {
+            Some(p) if all_have_pts => pts.push(p),
+            _ => all_have_pts = false,
+        }
+    }
+    if let Some(error) = error {
+        tracing::debug!(%error, frames, "video packet walk ended early");
+    }
+    let sorted_pts = if all_have_pts {
+        pts.sort_unstable();
+        let distinct = pts.windows(2).all(|w| w[0] < w[1]);
+        distinct.then_some(pts)
+    } else {
+        None
+    };
+    Ok(Scan { sorted_pts, frames })
+}
+
+/// The frames one pass kept.
+struct Kept {
+    frames: Vec<RgbImage>,
+    timestamps_s: Vec<f64>,
+    indices: Vec<usize>,
+    /// The last decoding error seen, if any.
+    error: Option<String>,
+}
+
+/// Turns decoded frames into kept RGB images.
+struct Keeper<'w> {
+    info: &'w StreamInfo,
+    wanted: &'w [usize],
+    /// Sorted packet timestamps (`Some`: frames are indexed by timestamp rank).
+    pts: Option<&'w [i64]>,
+    next: usize,
+    seen: usize,
+    last_index: Option<usize>,
+    scaler: Option<scaling::Context>,
+    rgb: VideoFrame,
+    kept: Kept,
+}
+
+impl Keeper<'_> {
+    fn done(&self) -> bool {
+        self.next >= self.wanted.len()
+    }
+
+    fn is_wanted(&self, index: usize) -> bool {
+        self.wanted.binary_search(&index).is_ok()
+    }
+
+    fn rank(&self, pts: Option<i64>) -> Option<usize> {
+        let sorted = self.pts?;
+        sorted.binary_search(&pts?).ok()
+    }
+
+    fn take(&mut self, frame: &VideoFrame, limits: &VideoLimits) -> Result<(), PassError> {
+        let index = if self.pts.is_some() {
+            let index = self.rank(frame.pts()).ok_or(PassError::Inconsistent)?;
+            if self.last_index.is_some_and(|last| index <= last) {
+                return Err(PassError::Inconsistent);
+            }
+            index
+        } else {
+            self.seen
+        };
+        self.seen += 1;
+        self.last_index = Some(index);
+        let Some(&want) = self.wanted.get(self.next) else {
+            return Ok(());
+        };
+        if want < index {
+            // A kept frame was skipped or never produced.
+            if self.pts.is_some() {
+                return Err(PassError::Inconsistent);
+            }
+            return Ok(());
+        }
+        if want > index {
+            return Ok(());
+        }
+        let image = self.convert(frame, limits)?;
+        let pts = frame.pts().or_else(|| frame.timestamp());
+        let t = match pts {
+            Some(p) => p.saturating_sub(self.info.start_pts) as f64 * self.info.time_base,
+            None if self.info.fps > 0.0 => index as f64 / self.info.fps,
+            None => 0.0,
+        };
+        self.kept.frames.push(image);
+        self.kept.timestamps_s.push(t);
+        self.kept.indices.push(index);
+        self.next += 1;
+        Ok(())
+    }
+
+    /// swscale to packed RGB24 at the stream's size, then a row-by-row copy
+    /// that drops the stride's padding.
+    fn convert(
+        &mut self,
+        frame: &VideoFrame,
+        limits: &VideoLimits,
+    ) -> Result<RgbImage, VideoError> {
+        let (w, h) = (self.info.width, self.info.height);
+        if (frame.width(), frame.height()) != (w, h) {
+            check_size(frame.width(), frame.height(), limits)?;
+        }
+        let stale = self.scaler.as_ref().is_none_or(|s| {
+            let input = s.input();
+            (input.format, input.width, input.height)
+                != (frame.format(), frame.width(), frame.height())
+        });
+        if stale {
+            self.scaler = Some(
+                scaling::Context::get(
+                    frame.format(),
+                    frame.width(),
+                    frame.height(),
+                    Pixel::RGB24,
+                    w,
+                    h,
+                    scaling::Flags::BICUBIC,
+                )
+                .map_err(|e| {
+                    VideoError::Decode(format!("cannot convert the frames to RGB ({e})"))
+                })?,
+            );
+        }
+        let scaler = self
+            .scaler
+            .as_mut()
+            .ok_or_else(|| VideoError::Decode("cannot convert the frames to RGB".to_owned()))?;
+        scaler
+            .run(frame, &mut self.rgb)
+            .map_err(|e| VideoError::Decode(format!("cannot convert the frames to RGB ({e})")))?;
+        let row = w as usize * 3;
+        let stride = self.rgb.stride(0);
+        let data = self.rgb.data(0);
+        let mut out = Vec::with_capacity(row * h as usize);
+        for y in 0..h as usize {
+            let line = data
+                .get(y * stride..y * stride + row)
+                .ok_or_else(|| VideoError::Decode("the RGB frame is short".to_owned()))?;
+            out.extend_from_slice(line);
+        }
+        RgbImage::from_raw(w, h, out)
+            .ok_or_else(|| VideoError::Decode("the RGB frame is short".to_owned()))
+    }
+}
+
+fn open_decoder(
+    input: &MemoryInput<'_>,
+    info: &StreamInfo,
+    limits: &VideoLimits,
+) -> Result<codec::decoder::Video, VideoError> {
+    let ctx = input.input()?;
+    let stream = ctx
+        .stream(info.index)
+        .ok_or_else(|| VideoError::Decode("the video stream disappeared".to_owned()))?;
+    let mut context = codec::Context::from_parameters(stream.parameters())
+        .map_err(|e| VideoError::Decode(format!("cannot set up the decoder ({e})")))?;
+    // SAFETY: the codec context is ours and not yet opened; these fields are
+    // documented as set by the user before avcodec_open2.
+    unsafe {
+        let raw = context.as_mut_ptr();
+        (*raw).thread_count = i32::try_from(limits.decoder_threads).unwrap_or(0);
+        (*raw).thread_type = ffi::FF_THREAD_FRAME | ffi::FF_THREAD_SLICE;
+        (*raw).max_pixels = i64::try_from(limits.max_pixels_per_frame).unwrap_or(i64::MAX);
+        (*raw).pkt_timebase = (*stream.as_ptr()).time_base;
+    }
+    context
+        .decoder()
+        .video()
+        .map_err(|e| VideoError::Decode(format!("no decoder for this video ({e})")))
+}
+
+/// One decode pass: `pts` set indexes frames by timestamp rank and skips
+/// unreferenced frames that are not kept; `None` counts every frame.
+fn decode_pass(
+    bytes: &[u8],
+    info: &StreamInfo,
+    wanted: &[usize],
+    pts: Option<&[i64]>,
+    limits: &VideoLimits,
+    deadline: Deadline,
+) -> Result<Kept, PassError> {
+    let mut input = MemoryInput::open(bytes, deadline, limits)?;
+    let mut decoder = open_decoder(&input, info, limits)?;
+    let mut keeper = Keeper {
+        info,
+        wanted,
+        pts,
+        next: 0,
+        seen: 0,
+        last_index: None,
+        scaler: None,
+        rgb: VideoFrame::empty(),
+        kept: Kept {
+            frames: Vec::with_capacity(wanted.len()),
+            timestamps_s: Vec::with_capacity(wanted.len()),
+            indices: Vec::with_capacity(wanted.len()),
+            error: None,
+        },
+    };
+    let mut packet = Packet::empty();
+    let mut frame = VideoFrame::empty();
+    let mut scanned = 0u64;
+    let mut decoded = 0u64;
+    let mut read_error = None;
+    let mut skipping = false;
+    while !keeper.done()
+        && next_packet(
+            &mut input,
+            &mut packet,
+            &mut scanned,
+            limits,
+            deadline,
+            &mut read_error,
+        )?
+    {
+        if packet.stream() != info.index {
+            continue;
+        }
+        if pts.is_some() {
+            // Skip an unreferenced frame unless it is kept (or unknown).
+            let skip = match presented(&packet) {
+                Some(p) => keeper.rank(p).is_some_and(|rank| !keeper.is_wanted(rank)),
+                None => true,
+            };
+            if skip != skipping {
+                // SAFETY: skip_frame is a plain field the user may change
+                // between packets; the frame-threaded decoder copies it when
+                // the next packet is submitted.
+                unsafe {
+                    (*decoder.as_mut_ptr()).skip_frame = if skip {
+                        ffi::AVDiscard::AVDISCARD_NONREF
+                    } else {
+                        ffi::AVDiscard::AVDISCARD_DEFAULT
+                    };
+                }
+                skipping = skip;
+            }
+        }
+        if let Err(e) = decoder.send_packet(&packet) {
+            keeper.kept.error = Some(format!("a packet could not be decoded ({e})"));
+            continue;
+        }
+        receive(
+            &mut decoder,
+            &mut frame,
+            &mut keeper,
+            &mut decoded,
+            limits,
+            deadline,
+        )?;
+    }
+    if !keeper.done() {
+        // Flush the frames the decoder still holds.
+        if decoder.send_eof().is_ok() {
+            receive(
+                &mut decoder,
+                &mut frame,
+                &mut keeper,
+                &mut decoded,
+                limits,
+                deadline,
+            )?;
+        }
+    }
+    if pts.is_some() && !keeper.done() {
+        return Err(PassError::Inconsistent);
+    }
+    if keeper.kept.error.is_none() {
+        keeper.kept.error = read_error;
+    }
+    Ok(keeper.kept)
+}
+
+fn receive(
+    decoder: &mut codec::decoder::Video,
+    frame: &mut VideoFrame,
+    keeper: &mut Keeper<'_>,
+    decoded: &mut u64,
+    limits: &VideoLimits,
+    deadline: Deadline,
+) -> Result<(), PassError> {
+    while !keeper.done() {
+        match decoder.receive_frame(frame) {
+            Ok(()) => {
+                *decoded += 1;
+                if *decoded > limits.max_total_frames_scanned {
+                    return Err(PassError::Failed(VideoError::TooLong {
+                        frames: *decoded,
+                        max: limits.max_total_frames_scanned,
+                    }));
+                }
+                keeper.take(frame, limits)?;
+                deadline.check()?;
+            }
+            Err(ffmpeg_next::Error::Other { errno })
+                if errno == ffmpeg_next::util::error::EAGAIN =>
+            {
+                break
+            }
+            Err(ffmpeg_next::Error::Eof) => break,
+            Err(e) => {
+                keeper.kept.error = Some(format!("a frame could not be decoded ({e})"));
+                break;
+            }
+        }
+    }
+    Ok(())
+}
