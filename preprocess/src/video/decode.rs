@@ -127,6 +127,12 @@ pub(crate) fn decode(
             return Err(VideoError::Decode("inconsistent frame order".to_owned()))
         }
     };
+    tracing::debug!(
+        kept = kept.frames.len(),
+        produced = kept.produced,
+        total = scan.frames,
+        "video decoded"
+    );
     if kept.frames.is_empty() {
         return Err(VideoError::Decode(
             kept.error
@@ -328,6 +334,8 @@ struct Kept {
     indices: Vec<usize>,
     /// The last decoding error seen, if any.
     error: Option<String>,
+    /// Frames the decoder produced (skipped frames are not produced).
+    produced: usize,
 }
 
 /// Turns decoded frames into kept RGB images.
@@ -369,6 +377,7 @@ impl Keeper<'_> {
             self.seen
         };
         self.seen += 1;
+        self.kept.produced = self.seen;
         self.last_index = Some(index);
         let Some(&want) = self.wanted.get(self.next) else {
             return Ok(());
@@ -503,6 +512,7 @@ fn decode_pass(
             timestamps_s: Vec::with_capacity(wanted.len()),
             indices: Vec::with_capacity(wanted.len()),
             error: None,
+            produced: 0,
         },
     };
     let mut packet = Packet::empty();
@@ -613,4 +623,91 @@ fn receive(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn media(name: &str) -> Vec<u8> {
+        let path = format!("{}/tests/media/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(path).unwrap()
+    }
+
+    fn scan(bytes: &[u8], limits: &VideoLimits) -> (StreamInfo, Scan) {
+        let deadline = Deadline::new(limits.time_budget);
+        let mut input = MemoryInput::open(bytes, deadline, limits).unwrap();
+        let info = stream_info(&input).unwrap();
+        let scan = scan_packets(&mut input, &info, limits, deadline).unwrap();
+        (info, scan)
+    }
+
+    fn pass(bytes: &[u8], info: &StreamInfo, wanted: &[usize], pts: Option<&[i64]>) -> Kept {
+        let limits = VideoLimits::default();
+        match decode_pass(
+            bytes,
+            info,
+            wanted,
+            pts,
+            &limits,
+            Deadline::new(limits.time_budget),
+        ) {
+            Ok(kept) => kept,
+            Err(PassError::Inconsistent) => panic!("inconsistent timestamps"),
+            Err(PassError::Failed(e)) => panic!("{e}"),
+        }
+    }
+
+    /// The timestamp-indexed pass (which skips unreferenced frames) keeps the
+    /// same frames as counting every decoded frame, and skips some in H.264
+    /// (B-frames) and MPEG-4 part 2.
+    #[test]
+    fn skipping_pass_equals_counting_pass() {
+        for (name, skips) in [
+            ("testsrc_h264.mp4", true),
+            ("testsrc_mpeg4.mp4", true),
+            ("testsrc_vp8.webm", false),
+            ("testsrc_vp9.webm", false),
+        ] {
+            let bytes = media(name);
+            let (info, scan) = scan(&bytes, &VideoLimits::default());
+            let pts = scan.sorted_pts.as_deref().expect("timestamps");
+            assert_eq!(pts.len(), scan.frames);
+            let opts = VideoIoOptions {
+                num_frames: 6,
+                ..VideoIoOptions::default()
+            };
+            let wanted = sample_indices(scan.frames, info.fps, &opts);
+            let fast = pass(&bytes, &info, &wanted, Some(pts));
+            let slow = pass(&bytes, &info, &wanted, None);
+            assert_eq!(fast.indices, wanted, "{name}");
+            assert_eq!(slow.indices, wanted, "{name}");
+            assert!(fast.frames == slow.frames, "{name}: frames differ");
+            assert_eq!(fast.timestamps_s, slow.timestamps_s, "{name}");
+            let last = wanted.last().copied().unwrap_or(0);
+            assert_eq!(slow.produced, last + 1, "{name}");
+            if skips {
+                assert!(fast.produced < slow.produced, "{name}: nothing skipped");
+            }
+        }
+    }
+
+    /// A frame whose timestamp matches no packet makes the pass inconsistent
+    /// (and `decode` falls back to counting).
+    #[test]
+    fn unknown_timestamps_are_inconsistent() {
+        let bytes = media("testsrc_h264.mp4");
+        let limits = VideoLimits::default();
+        let (info, scan) = scan(&bytes, &limits);
+        let shifted: Vec<i64> = scan.sorted_pts.unwrap().iter().map(|p| p + 1).collect();
+        let result = decode_pass(
+            &bytes,
+            &info,
+            &[0, 10],
+            Some(&shifted),
+            &limits,
+            Deadline::new(limits.time_budget),
+        );
+        assert!(matches!(result, Err(PassError::Inconsistent)));
+    }
 }
