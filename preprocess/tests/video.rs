@@ -8,14 +8,8 @@ use std::time::Duration;
 use bytes::Bytes;
 use image::{ImageFormat, RgbImage};
 use preprocess::video::{
-    decode_jpeg_frames, decode_video, sample_indices, DecodedVideo, VideoError, VideoIoOptions,
-    VideoLimits,
+    decode_jpeg_frames, decode_video, DecodedVideo, VideoError, VideoIoOptions, VideoLimits,
 };
-
-fn media(name: &str) -> Vec<u8> {
-    let path = format!("{}/tests/media/{name}", env!("CARGO_MANIFEST_DIR"));
-    std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
-}
 
 fn opts(num_frames: usize) -> VideoIoOptions {
     VideoIoOptions {
@@ -62,6 +56,12 @@ fn assert_consistent(v: &DecodedVideo) {
 #[cfg(feature = "video")]
 mod containers {
     use super::*;
+    use preprocess::video::sample_indices;
+
+    fn media(name: &str) -> Vec<u8> {
+        let path = format!("{}/tests/media/{name}", env!("CARGO_MANIFEST_DIR"));
+        std::fs::read(&path).unwrap_or_else(|e| panic!("{path}: {e}"))
+    }
 
     #[test]
     fn h264_default_samples_32_of_50() {
