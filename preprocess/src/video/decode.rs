@@ -47,6 +47,9 @@ struct StreamInfo {
     duration_s: f64,
     width: u32,
     height: u32,
+    codec: codec::Id,
+    /// NAL length-prefix size of H.264/HEVC in mp4/mkv (`None`: Annex B).
+    nal_length_size: Option<usize>,
 }
 
 /// The packet walk's findings.
@@ -55,6 +58,17 @@ struct Scan {
     /// packet has one and they are distinct.
     sorted_pts: Option<Vec<i64>>,
     frames: usize,
+    /// Every video packet in decode order.
+    packets: Vec<ScannedPacket>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct ScannedPacket {
+    /// The timestamp of a frame that is shown (`None`: discarded or unknown).
+    pts: Option<i64>,
+    /// Decoding can restart cleanly here: no later packet refers to an
+    /// earlier one (an H.264/HEVC IDR, a VP8/VP9 key frame).
+    cut: bool,
 }
 
 /// Why a decode pass stopped short.
@@ -111,14 +125,22 @@ pub(crate) fn decode(
     check_output(wanted.len(), info.width, info.height, limits)?;
 
     let result = match scan.sorted_pts.as_deref() {
-        Some(pts) => match decode_pass(bytes, &info, &wanted, Some(pts), limits, deadline) {
+        Some(pts) => match decode_pass(
+            bytes,
+            &info,
+            &wanted,
+            Some(pts),
+            Some(&send_plan(&scan.packets, pts, &wanted)),
+            limits,
+            deadline,
+        ) {
             Err(PassError::Inconsistent) => {
                 tracing::debug!("video timestamps do not index the frames; decoding every frame");
-                decode_pass(bytes, &info, &wanted, None, limits, deadline)
+                decode_pass(bytes, &info, &wanted, None, None, limits, deadline)
             }
             other => other,
         },
-        None => decode_pass(bytes, &info, &wanted, None, limits, deadline),
+        None => decode_pass(bytes, &info, &wanted, None, None, limits, deadline),
     };
     let kept = match result {
         Ok(kept) => kept,
@@ -190,6 +212,24 @@ fn stream_info(input: &MemoryInput<'_>) -> Result<StreamInfo, VideoError> {
     };
     let width = u32::try_from(width).unwrap_or(0);
     let height = u32::try_from(height).unwrap_or(0);
+    let codec = stream.parameters().id();
+    // SAFETY: as above; `extradata` holds `extradata_size` bytes when non-null.
+    let extradata: Vec<u8> = unsafe {
+        let par = (*stream.as_ptr()).codecpar;
+        match par.as_ref() {
+            Some(par) if !par.extradata.is_null() && par.extradata_size > 0 => {
+                let len = usize::try_from(par.extradata_size).unwrap_or(0);
+                std::slice::from_raw_parts(par.extradata, len).to_vec()
+            }
+            _ => Vec::new(),
+        }
+    };
+    // avcC keeps lengthSizeMinusOne in byte 4, hvcC in byte 21; both start with version 1.
+    let nal_length_size = match (codec, extradata.first()) {
+        (codec::Id::H264, Some(1)) => extradata.get(4).map(|b| usize::from(b & 3) + 1),
+        (codec::Id::HEVC, Some(1)) => extradata.get(21).map(|b| usize::from(b & 3) + 1),
+        _ => None,
+    };
     // SAFETY: both pointers come from the open context and its stream; the
     // call only reads them.
     let guessed = unsafe {
@@ -229,6 +269,8 @@ fn stream_info(input: &MemoryInput<'_>) -> Result<StreamInfo, VideoError> {
         duration_s,
         width,
         height,
+        codec,
+        nal_length_size,
     })
 }
 
@@ -294,6 +336,7 @@ fn scan_packets(
     let mut pts = Vec::new();
     let mut all_have_pts = true;
     let mut frames = 0usize;
+    let mut packets = Vec::new();
     while next_packet(
         input,
         &mut packet,
@@ -305,7 +348,12 @@ fn scan_packets(
         if packet.stream() != info.index {
             continue;
         }
-        let Some(p) = presented(&packet) else {
+        let shown = presented(&packet);
+        packets.push(ScannedPacket {
+            pts: shown.flatten(),
+            cut: is_cut(info, &packet),
+        });
+        let Some(p) = shown else {
             continue;
         };
         frames += 1;
@@ -324,7 +372,87 @@ fn scan_packets(
     } else {
         None
     };
-    Ok(Scan { sorted_pts, frames })
+    Ok(Scan {
+        sorted_pts,
+        frames,
+        packets,
+    })
+}
+
+/// Whether decoding can restart cleanly at this packet (see [`ScannedPacket::cut`]).
+/// Only codecs where a key frame is known to reset every reference qualify.
+fn is_cut(info: &StreamInfo, packet: &Packet) -> bool {
+    if !packet.is_key() {
+        return false;
+    }
+    let Some(data) = packet.data() else {
+        return false;
+    };
+    match info.codec {
+        codec::Id::VP8 | codec::Id::VP9 => true,
+        // nal_unit_type 5: IDR picture.
+        codec::Id::H264 => nal_types(data, info.nal_length_size).any(|h| h & 0x1f == 5),
+        // nal_unit_type 19, 20: IDR_W_RADL, IDR_N_LP.
+        codec::Id::HEVC => {
+            nal_types(data, info.nal_length_size).any(|h| matches!((h >> 1) & 0x3f, 19 | 20))
+        }
+        _ => false,
+    }
+}
+
+/// The first header byte of each NAL unit in a packet: `length_size`-byte
+/// big-endian length prefixes (mp4/mkv, avcC/hvcC extradata), else Annex B
+/// start codes.
+fn nal_types(data: &[u8], length_size: Option<usize>) -> Box<dyn Iterator<Item = u8> + '_> {
+    match length_size {
+        Some(size) => {
+            let mut pos = 0usize;
+            Box::new(std::iter::from_fn(move || {
+                let end = pos.checked_add(size)?;
+                let len = data
+                    .get(pos..end)?
+                    .iter()
+                    .fold(0usize, |acc, &b| (acc << 8) | usize::from(b));
+                let header = *data.get(end)?;
+                pos = end.checked_add(len)?;
+                Some(header)
+            }))
+        }
+        None => Box::new(
+            data.windows(4)
+                .filter(|w| w[0] == 0 && w[1] == 0 && w[2] == 1)
+                .map(|w| w[3]),
+        ),
+    }
+}
+
+/// Which video packets (in decode order) a pass must send to the decoder:
+/// between two cuts, those up to the last one whose frame is kept. A packet
+/// after that and before the next cut cannot be a reference of any kept
+/// frame, so whole runs of frames (the rest of a GOP, GOPs with nothing kept)
+/// are never decoded.
+fn send_plan(packets: &[ScannedPacket], sorted_pts: &[i64], wanted: &[usize]) -> Vec<bool> {
+    let kept = |p: &ScannedPacket| {
+        p.pts
+            .and_then(|pts| sorted_pts.binary_search(&pts).ok())
+            .is_some_and(|rank| wanted.binary_search(&rank).is_ok())
+    };
+    let mut send = vec![false; packets.len()];
+    let mut start = 0;
+    for end in 1..=packets.len() {
+        let boundary = end == packets.len() || packets.get(end).is_some_and(|p| p.cut);
+        if !boundary {
+            continue;
+        }
+        let segment = packets.get(start..end).unwrap_or_default();
+        if let Some(last) = segment.iter().rposition(kept) {
+            if let Some(run) = send.get_mut(start..=start + last) {
+                run.fill(true);
+            }
+        }
+        start = end;
+    }
+    send
 }
 
 /// The frames one pass kept.
@@ -493,6 +621,7 @@ fn decode_pass(
     info: &StreamInfo,
     wanted: &[usize],
     pts: Option<&[i64]>,
+    send: Option<&[bool]>,
     limits: &VideoLimits,
     deadline: Deadline,
 ) -> Result<Kept, PassError> {
@@ -521,6 +650,7 @@ fn decode_pass(
     let mut decoded = 0u64;
     let mut read_error = None;
     let mut skipping = false;
+    let mut position = 0usize;
     while !keeper.done()
         && next_packet(
             &mut input,
@@ -533,6 +663,14 @@ fn decode_pass(
     {
         if packet.stream() != info.index {
             continue;
+        }
+        if let Some(send) = send {
+            // The same bytes demux to the same packets as in the scan.
+            let planned = send.get(position).copied().ok_or(PassError::Inconsistent)?;
+            position += 1;
+            if !planned {
+                continue;
+            }
         }
         if pts.is_some() {
             // Skip an unreferenced frame unless it is kept (or unknown).
@@ -642,13 +780,20 @@ mod tests {
         (info, scan)
     }
 
-    fn pass(bytes: &[u8], info: &StreamInfo, wanted: &[usize], pts: Option<&[i64]>) -> Kept {
+    fn pass(
+        bytes: &[u8],
+        info: &StreamInfo,
+        wanted: &[usize],
+        pts: Option<&[i64]>,
+        send: Option<&[bool]>,
+    ) -> Kept {
         let limits = VideoLimits::default();
         match decode_pass(
             bytes,
             info,
             wanted,
             pts,
+            send,
             &limits,
             Deadline::new(limits.time_budget),
         ) {
@@ -658,38 +803,111 @@ mod tests {
         }
     }
 
-    /// The timestamp-indexed pass (which skips unreferenced frames) keeps the
-    /// same frames as counting every decoded frame, and skips some in H.264
-    /// (B-frames) and MPEG-4 part 2.
+    /// The timestamp-indexed pass (which skips unreferenced frames, and with
+    /// the send plan whole runs between cuts) keeps the same frames as
+    /// counting every decoded frame, and does skip: B-frames in H.264 and
+    /// MPEG-4 part 2, GOP tails in H.264 (IDR every 12), VP8 and VP9 (key
+    /// frame every 10).
     #[test]
     fn skipping_pass_equals_counting_pass() {
-        for (name, skips) in [
-            ("testsrc_h264.mp4", true),
-            ("testsrc_mpeg4.mp4", true),
-            ("testsrc_vp8.webm", false),
-            ("testsrc_vp9.webm", false),
+        for name in [
+            "testsrc_h264.mp4",
+            "testsrc_mpeg4.mp4",
+            "testsrc_vp8.webm",
+            "testsrc_vp9.webm",
         ] {
             let bytes = media(name);
             let (info, scan) = scan(&bytes, &VideoLimits::default());
             let pts = scan.sorted_pts.as_deref().expect("timestamps");
             assert_eq!(pts.len(), scan.frames);
-            let opts = VideoIoOptions {
-                num_frames: 6,
-                ..VideoIoOptions::default()
+            let cuts = scan.packets.iter().filter(|p| p.cut).count();
+            let expect_cuts = match name {
+                "testsrc_h264.mp4" => 5,
+                "testsrc_mpeg4.mp4" => 0,
+                _ => 3,
             };
-            let wanted = sample_indices(scan.frames, info.fps, &opts);
-            let fast = pass(&bytes, &info, &wanted, Some(pts));
-            let slow = pass(&bytes, &info, &wanted, None);
-            assert_eq!(fast.indices, wanted, "{name}");
-            assert_eq!(slow.indices, wanted, "{name}");
-            assert!(fast.frames == slow.frames, "{name}: frames differ");
-            assert_eq!(fast.timestamps_s, slow.timestamps_s, "{name}");
-            let last = wanted.last().copied().unwrap_or(0);
-            assert_eq!(slow.produced, last + 1, "{name}");
-            if skips {
-                assert!(fast.produced < slow.produced, "{name}: nothing skipped");
+            assert_eq!(cuts, expect_cuts, "{name}");
+            for n in [1, 2, 3, 6, 50] {
+                let opts = VideoIoOptions {
+                    num_frames: n,
+                    ..VideoIoOptions::default()
+                };
+                let wanted = sample_indices(scan.frames, info.fps, &opts);
+                let plan = send_plan(&scan.packets, pts, &wanted);
+                let planned = pass(&bytes, &info, &wanted, Some(pts), Some(&plan));
+                let fast = pass(&bytes, &info, &wanted, Some(pts), None);
+                let slow = pass(&bytes, &info, &wanted, None, None);
+                assert_eq!(slow.indices, wanted, "{name} n={n}");
+                for other in [&fast, &planned] {
+                    assert_eq!(other.indices, wanted, "{name} n={n}");
+                    assert!(other.frames == slow.frames, "{name} n={n}: frames differ");
+                    assert_eq!(other.timestamps_s, slow.timestamps_s, "{name} n={n}");
+                }
+                let last = wanted.last().copied().unwrap_or(0);
+                assert_eq!(slow.produced, last + 1, "{name} n={n}");
+                if n == 3 && name != "testsrc_vp8.webm" && name != "testsrc_vp9.webm" {
+                    assert!(fast.produced < slow.produced, "{name}: no B-frame skipped");
+                }
+                if n == 3 && cuts > 0 {
+                    assert!(
+                        plan.iter().any(|send| !send),
+                        "{name}: the plan sends everything"
+                    );
+                    assert!(planned.produced < fast.produced, "{name}: no run skipped");
+                }
             }
         }
+    }
+
+    #[test]
+    fn send_plan_keeps_runs_up_to_the_last_kept_frame() {
+        let packet = |pts: i64, cut: bool| ScannedPacket {
+            pts: Some(pts),
+            cut,
+        };
+        // Decode order I0 P3 B1 B2 | I4 P5 | I6 P7 (pts = presentation rank).
+        let packets = [
+            packet(0, true),
+            packet(3, false),
+            packet(1, false),
+            packet(2, false),
+            packet(4, true),
+            packet(5, false),
+            packet(6, true),
+            packet(7, false),
+        ];
+        let pts: Vec<i64> = (0..8).collect();
+        // Frame 2 needs I0 P3 B1 B2; nothing is kept in [4, 5]; frame 6 needs I6 only.
+        assert_eq!(
+            send_plan(&packets, &pts, &[2, 6]),
+            vec![true, true, true, true, false, false, true, false]
+        );
+        assert_eq!(
+            send_plan(&packets, &pts, &[7]),
+            vec![false, false, false, false, false, false, true, true]
+        );
+        assert!(send_plan(&packets, &pts, &[]).iter().all(|s| !s));
+    }
+
+    #[test]
+    fn nal_headers() {
+        // Two length-prefixed NALs (4-byte lengths): an SPS (0x67) and an IDR slice (0x65).
+        let avcc = [0, 0, 0, 2, 0x67, 0xaa, 0, 0, 0, 1, 0x65];
+        assert_eq!(
+            nal_types(&avcc, Some(4)).collect::<Vec<_>>(),
+            vec![0x67, 0x65]
+        );
+        // A length running past the end stops the walk.
+        assert_eq!(
+            nal_types(&[0, 0, 0, 9, 0x41], Some(4)).collect::<Vec<_>>(),
+            vec![0x41]
+        );
+        assert_eq!(nal_types(&[0, 0, 0xff], Some(4)).count(), 0);
+        let annex_b = [0, 0, 0, 1, 0x67, 0x42, 0, 0, 1, 0x65, 0x88];
+        assert_eq!(
+            nal_types(&annex_b, None).collect::<Vec<_>>(),
+            vec![0x67, 0x65]
+        );
     }
 
     /// A frame whose timestamp matches no packet makes the pass inconsistent
@@ -705,6 +923,7 @@ mod tests {
             &info,
             &[0, 10],
             Some(&shifted),
+            None,
             &limits,
             Deadline::new(limits.time_budget),
         );
