@@ -11,13 +11,23 @@
 //!    after the last one.
 //!
 //! In step 3 a frame's index is the rank of its timestamp among all packets'
-//! (the frame's position in presentation order), so a packet whose frame is
-//! not kept can be decoded with `skip_frame = AVDISCARD_NONREF`: a frame that
-//! no other frame references is then skipped, and the frames kept are
-//! bit-identical to a full decode. If the timestamps are missing or
-//! inconsistent (duplicates, a frame whose timestamp matches no packet, a kept
-//! frame never seen), the decode falls back to counting every frame in
-//! order, as OpenCV's `grab()` loop does.
+//! (the frame's position in presentation order), which allows two savings
+//! that leave the kept frames bit-identical to a full decode:
+//!
+//! * a packet whose frame is not kept is decoded with
+//!   `skip_frame = AVDISCARD_NONREF`, so a frame that no other frame
+//!   references (most B-frames) is skipped;
+//! * between two clean cuts (an H.264/HEVC IDR, a VP8/VP9 key frame: no later
+//!   packet refers to an earlier one) only the packets up to the last kept
+//!   frame are sent ([`send_plan`]), so the rest of a GOP, and GOPs with
+//!   nothing kept, are demuxed but never decoded. For a long video with few
+//!   frames kept this is most of the work (the effect of seeking to each key
+//!   frame, without trusting the container's seek index).
+//!
+//! If the timestamps are missing or inconsistent (duplicates, a frame whose
+//! timestamp matches no packet, a kept frame never seen), the decode falls
+//! back to sending every packet and counting every frame in order, as
+//! OpenCV's `grab()` loop does.
 
 use std::sync::Once;
 
