@@ -11,6 +11,10 @@
 //!   `video` feature it returns [`VideoError::NotCompiled`].
 //! * [`decode_jpeg_frames`] handles `data:video/jpeg;base64,<f1>,<f2>,...`
 //!   frame lists with the `image` crate (no FFmpeg needed).
+//!
+//! The first [`decode_video`] call sets three process-wide FFmpeg settings:
+//! its error strings, the log level (fatal only: damaged untrusted input
+//! would flood stderr) and `av_max_alloc` (512 MiB per allocation).
 
 use std::io::Cursor;
 use std::time::{Duration, Instant};

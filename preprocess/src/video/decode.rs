@@ -94,12 +94,25 @@ impl From<VideoError> for PassError {
     }
 }
 
-/// FFmpeg logs every damaged packet of untrusted input to stderr; keep only fatal messages.
-fn quiet_ffmpeg_logs() {
+/// The largest single allocation FFmpeg may make. Above any legitimate need
+/// here (an 8192x8192 RGBA frame is 256 MiB), and it stops a container whose
+/// tables claim billions of entries from reserving gigabytes.
+const FFMPEG_MAX_ALLOC: usize = 512 << 20;
+
+/// Once per process: FFmpeg's error strings (ffmpeg-next fills them in
+/// `init`), only fatal log messages (every damaged packet of untrusted input
+/// would otherwise be logged to stderr), and the allocation cap.
+fn init_ffmpeg() {
     static ONCE: Once = Once::new();
     ONCE.call_once(|| {
-        // SAFETY: sets a global integer in libavutil.
-        unsafe { ffi::av_log_set_level(ffi::AV_LOG_FATAL) };
+        if let Err(e) = ffmpeg_next::init() {
+            tracing::warn!(error = %e, "FFmpeg initialisation failed");
+        }
+        // SAFETY: both set global integers in libavutil.
+        unsafe {
+            ffi::av_log_set_level(ffi::AV_LOG_FATAL);
+            ffi::av_max_alloc(FFMPEG_MAX_ALLOC);
+        }
     });
 }
 
@@ -108,7 +121,7 @@ pub(crate) fn decode(
     opts: &VideoIoOptions,
     limits: &VideoLimits,
 ) -> Result<DecodedVideo, VideoError> {
-    quiet_ffmpeg_logs();
+    init_ffmpeg();
     let deadline = Deadline::new(limits.time_budget);
     let mut input = MemoryInput::open(bytes, deadline, limits)?;
     let info = stream_info(&input)?;
