@@ -89,7 +89,13 @@ mod containers {
 
     #[test]
     fn every_format_decodes_every_frame() {
-        for name in ["testsrc_mpeg4.mp4", "testsrc_vp8.webm", "testsrc_vp9.webm"] {
+        for name in [
+            "testsrc_mpeg4.mp4",
+            "testsrc_vp8.webm",
+            "testsrc_vp9.webm",
+            "testsrc_hevc.mp4",
+            "testsrc_h264.ts",
+        ] {
             let v = decode_video(&media(name), &all(), &VideoLimits::default()).unwrap();
             assert_consistent(&v);
             assert_eq!((v.width, v.height), (64, 48), "{name}");
@@ -110,6 +116,8 @@ mod containers {
             "testsrc_mpeg4.mp4",
             "testsrc_vp8.webm",
             "testsrc_vp9.webm",
+            "testsrc_hevc.mp4",
+            "testsrc_h264.ts",
         ] {
             let data = media(name);
             let full = decode_video(&data, &all(), &VideoLimits::default()).unwrap();
@@ -222,6 +230,8 @@ mod containers {
             "testsrc_vp8.webm",
             "testsrc_vp9.webm",
             "testsrc_mpeg4.mp4",
+            "testsrc_hevc.mp4",
+            "testsrc_h264.ts",
         ] {
             let data = media(name);
             for cut in [16, 100, 600, data.len() / 3, data.len() / 2, data.len() - 7] {
@@ -244,7 +254,7 @@ mod containers {
     #[test]
     fn corrupt_payload_never_panics() {
         let limits = VideoLimits::default();
-        for name in ["testsrc_h264.mp4", "testsrc_vp9.webm"] {
+        for name in ["testsrc_h264.mp4", "testsrc_vp9.webm", "testsrc_h264.ts"] {
             let mut data = media(name);
             let len = data.len();
             for i in (len / 4..len).step_by(97) {
