@@ -201,7 +201,8 @@ impl Default for VideoLimits {
 pub struct DecodedVideo {
     /// Packed RGB, all `width` x `height`, in presentation order.
     pub frames: Vec<RgbImage>,
-    /// Presentation time of each frame in seconds, from the stream's start.
+    /// Presentation time of each frame in seconds, from the stream's start
+    /// (index / fps when the stream's timestamps are missing or damaged).
     pub timestamps_s: Vec<f64>,
     /// Index of each frame among all the video's frames.
     pub frame_indices: Vec<usize>,
