@@ -222,6 +222,28 @@ mod containers {
         assert!(decode_video(&jpeg, &all(), &limits).is_err());
     }
 
+    /// Playlists and concat scripts would make FFmpeg open other files or
+    /// URLs: their demuxers are not on the list, so they are refused at the probe.
+    #[test]
+    fn playlists_and_scripts_are_refused() {
+        let limits = VideoLimits::default();
+        for (data, format) in [
+            (
+                &b"#EXTM3U\n#EXT-X-TARGETDURATION:10\n#EXTINF:10,\nfile:///etc/hostname\n#EXT-X-ENDLIST\n"[..],
+                "hls",
+            ),
+            (&b"ffconcat version 1.0\nfile /etc/hostname\n"[..], "concat"),
+        ] {
+            match decode_video(data, &all(), &limits) {
+                Err(VideoError::Decode(msg)) => {
+                    assert!(msg.contains(&format!("'{format}'")), "{msg}");
+                    assert!(msg.contains("not supported"), "{msg}");
+                }
+                other => panic!("{format}: unexpected {other:?}"),
+            }
+        }
+    }
+
     #[test]
     fn truncated_files_never_panic() {
         let limits = VideoLimits::default();
