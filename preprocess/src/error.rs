@@ -27,6 +27,9 @@ pub enum PreprocessError {
     Video(#[from] crate::video::VideoError),
     #[error(transparent)]
     Fetch(#[from] crate::fetch::FetchError),
+    /// A part with a uuid and no data whose uuid is not cached (CONTRACT section 4).
+    #[error(transparent)]
+    CacheMiss(#[from] crate::cache::CacheMiss),
     #[error("The media decoding queue is full; retry later.")]
     Overloaded,
     /// A decoder job failed unexpectedly (a bug, logged); the client sees a 400.

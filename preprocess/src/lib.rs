@@ -19,6 +19,7 @@ pub mod error;
 pub mod fetch;
 pub mod hash;
 pub mod image;
+pub mod pipeline;
 pub mod pool;
 pub mod video;
 

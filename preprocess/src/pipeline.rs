@@ -1,0 +1,368 @@
+//! One request's media, from content parts to model-ready tensors.
+//!
+//! [`MediaPipeline::process`] is what the gateway calls after the policy layers have passed a
+//! request (CONTRACT section 2, step 5). For the request's media items, in order:
+//!
+//! 1. every part with a `uuid` and no data is looked up in the uuid cache first, so a cache miss
+//!    is the contract's 400 before anything is fetched;
+//! 2. the other parts are fetched concurrently ([`MediaFetcher`]: URL policy, SSRF refusal, size
+//!    caps, per-modality timeouts);
+//! 3. each is decoded and processed on the bounded [`DecodePool`] (never on the reactor) with the
+//!    merged `media_io_kwargs` (how to load) and `mm_processor_kwargs` (how the model's processor
+//!    sizes it); untrusted video gets the tighter time budget and thread cap;
+//! 4. results carrying a `uuid` are cached under it.
+//!
+//! Each result has a content hash over the media's bytes and the options that shaped its tensor
+//! (prefix-cache `("mm", hash, offset)` keys and uuid caching) and the number of placeholder
+//! tokens the prompt needs for it.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
+use serde_json::Value;
+
+use crate::audio::{self, AudioFeatures, AudioIoOptions, WhisperFeatureConfig};
+use crate::cache::{UuidCache, Weigh};
+use crate::error::PreprocessError;
+use crate::fetch::{FetchLimits, MediaFetcher, Payload};
+use crate::image::{self, ImageIoOptions, ImageProcessor, ProcessedImage, Qwen2VlConfig};
+use crate::pool::{DecodePool, PoolConfig};
+use crate::video::{self, VideoIoOptions, VideoLimits};
+use crate::{ContentHash, Modality};
+
+/// How a model turns each modality into tensors; `None` where it takes no such input.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct ModelMediaSpec {
+    pub image: Option<ImageProcessor>,
+    /// Video frames go through a patch processor (Qwen2-VL style: temporal patches).
+    pub video: Option<Qwen2VlConfig>,
+    pub audio: Option<WhisperFeatureConfig>,
+}
+
+impl ModelMediaSpec {
+    /// The modalities this spec can process.
+    pub fn modalities(&self) -> Vec<Modality> {
+        let mut out = Vec::new();
+        if self.image.is_some() {
+            out.push(Modality::Image);
+        }
+        if self.audio.is_some() {
+            out.push(Modality::Audio);
+        }
+        if self.video.is_some() {
+            out.push(Modality::Video);
+        }
+        out
+    }
+}
+
+/// One media item of a request, as the message parser found it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MediaRequestItem {
+    pub modality: Modality,
+    /// `data:`, `http(s):` or `file:`; `None` for a uuid-only reference.
+    pub url: Option<String>,
+    pub uuid: Option<String>,
+}
+
+/// The tensor of one processed item.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MediaTensor {
+    Image(ProcessedImage),
+    Video {
+        frames: ProcessedImage,
+        /// Seconds from the start of the video, one per sampled frame.
+        timestamps_s: Vec<f64>,
+    },
+    Audio(AudioFeatures),
+}
+
+/// One processed media item.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProcessedMedia {
+    pub modality: Modality,
+    pub hash: ContentHash,
+    /// Placeholder tokens the prompt needs for this item.
+    pub num_tokens: usize,
+    pub tensor: MediaTensor,
+}
+
+impl Weigh for ProcessedMedia {
+    fn weight_bytes(&self) -> usize {
+        let tensor = match &self.tensor {
+            MediaTensor::Image(p) => p.weight_bytes(),
+            MediaTensor::Video {
+                frames,
+                timestamps_s,
+            } => frames.weight_bytes() + timestamps_s.len() * 8,
+            MediaTensor::Audio(a) => a.weight_bytes(),
+        };
+        tensor + std::mem::size_of::<ProcessedMedia>()
+    }
+}
+
+/// Sizes of the pipeline (start-up settings).
+#[derive(Debug, Clone)]
+pub struct PipelineConfig {
+    pub fetch: FetchLimits,
+    pub pool: PoolConfig,
+    /// Bytes of processed media the uuid cache keeps (0 disables it).
+    pub uuid_cache_bytes: usize,
+    /// Limits for video from trusted clients (and everyone under `--trust-request-mm-kwargs`).
+    pub video: VideoLimits,
+    /// Limits for video whose options the client could not choose: a tighter time budget.
+    pub untrusted_video: VideoLimits,
+    /// Pixel cap for images (and each JPEG frame), checked from the header.
+    pub max_image_pixels: u64,
+    /// Decoded audio duration cap, seconds.
+    pub max_audio_duration_s: f64,
+}
+
+impl Default for PipelineConfig {
+    fn default() -> Self {
+        let video = VideoLimits::default();
+        let untrusted_video = VideoLimits {
+            time_budget: Duration::from_secs(10),
+            decoder_threads: video.decoder_threads.min(2),
+            ..video.clone()
+        };
+        PipelineConfig {
+            fetch: FetchLimits::default(),
+            pool: PoolConfig::default(),
+            uuid_cache_bytes: 512 << 20,
+            video,
+            untrusted_video,
+            max_image_pixels: image::DEFAULT_MAX_PIXELS,
+            max_audio_duration_s: 600.0,
+        }
+    }
+}
+
+/// The media pipeline a server holds for its lifetime.
+pub struct MediaPipeline {
+    fetcher: MediaFetcher,
+    pool: DecodePool,
+    cache: UuidCache<ProcessedMedia>,
+    config: PipelineConfig,
+}
+
+impl std::fmt::Debug for MediaPipeline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MediaPipeline")
+            .field("config", &self.config)
+            .field("cached", &self.cache.len())
+            .finish()
+    }
+}
+
+/// The startup-only keys of a modality's kwargs are settings of the server, never of the loader.
+fn loader_kwargs(map: Option<&KwargsMap>) -> Option<Value> {
+    let map = map?;
+    let kept: KwargsMap = map
+        .iter()
+        .filter(|(k, _)| !policies::is_startup_only_key(k))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    (!kept.is_empty()).then_some(Value::Object(kept))
+}
+
+/// What a job needs to turn fetched bytes into a tensor (owned: it moves to the pool).
+struct Job {
+    modality: Modality,
+    payload: Payload,
+    mime: Option<String>,
+    io: Option<Value>,
+    mm: Value,
+    spec: ModelMediaSpec,
+    max_image_pixels: u64,
+    max_audio_duration_s: f64,
+    video_limits: VideoLimits,
+}
+
+impl MediaPipeline {
+    /// Builds the fetcher (its HTTP client), the decode pool and the cache at start-up.
+    pub fn new(policy: MediaUrlPolicy, config: PipelineConfig) -> Result<Self, reqwest::Error> {
+        Ok(MediaPipeline {
+            fetcher: MediaFetcher::new(policy, config.fetch.clone())?,
+            pool: DecodePool::new(config.pool),
+            cache: UuidCache::new(config.uuid_cache_bytes),
+            config,
+        })
+    }
+
+    pub fn fetcher(&self) -> &MediaFetcher {
+        &self.fetcher
+    }
+
+    pub fn pool(&self) -> &DecodePool {
+        &self.pool
+    }
+
+    /// Entries in the uuid cache.
+    pub fn cached_items(&self) -> usize {
+        self.cache.len()
+    }
+
+    /// Fetches, decodes and processes a request's media (see the module docs). `trusted` is
+    /// the gate's decision: untrusted video runs under the tighter limits.
+    pub async fn process(
+        &self,
+        items: &[MediaRequestItem],
+        kwargs: &MergedKwargs,
+        trusted: bool,
+        spec: &ModelMediaSpec,
+    ) -> Result<Vec<Arc<ProcessedMedia>>, PreprocessError> {
+        // (1) uuid-only parts: hits or the contract's miss, before any fetch.
+        let mut out: Vec<Option<Arc<ProcessedMedia>>> = vec![None; items.len()];
+        let mut per_modality = std::collections::HashMap::<Modality, usize>::new();
+        for (slot, item) in out.iter_mut().zip(items) {
+            let index = per_modality.entry(item.modality).or_default();
+            if item.url.is_none() {
+                let uuid = item.uuid.as_deref().unwrap_or_default();
+                *slot = Some(self.cache.get(item.modality, uuid, *index)?);
+            }
+            *index += 1;
+        }
+        // (2) + (3): fetch and process the rest concurrently; the pool bounds the decoding.
+        let mm = Value::Object(kwargs.mm_processor_kwargs().clone());
+        let work = items
+            .iter()
+            .zip(&out)
+            .filter(|(_, done)| done.is_none())
+            .filter_map(|(item, _)| item.url.as_deref().map(|url| (item, url)))
+            .map(|(item, url)| {
+                let job_io = loader_kwargs(kwargs.media_kwargs(item.modality.as_str()));
+                let mm = mm.clone();
+                async move {
+                    let fetched = self.fetcher.fetch(url, item.modality, &self.pool).await?;
+                    let job = Job {
+                        modality: item.modality,
+                        payload: fetched.payload,
+                        mime: fetched.mime,
+                        io: job_io,
+                        mm,
+                        spec: spec.clone(),
+                        max_image_pixels: self.config.max_image_pixels,
+                        max_audio_duration_s: self.config.max_audio_duration_s,
+                        video_limits: if trusted {
+                            self.config.video.clone()
+                        } else {
+                            self.config.untrusted_video.clone()
+                        },
+                    };
+                    let processed = self.pool.run(move || run_job(job)).await??;
+                    Ok::<_, PreprocessError>(Arc::new(processed))
+                }
+            });
+        let mut done = futures::future::try_join_all(work).await?.into_iter();
+        for (slot, item) in out.iter_mut().zip(items) {
+            if slot.is_none() {
+                let Some(processed) = done.next() else {
+                    return Err(PreprocessError::DecoderFailed);
+                };
+                // (4) a part with data and a uuid is cached under its uuid.
+                if let Some(uuid) = item.uuid.as_deref() {
+                    self.cache.put(item.modality, uuid, processed.clone());
+                }
+                *slot = Some(processed);
+            }
+        }
+        out.into_iter()
+            .map(|p| p.ok_or(PreprocessError::DecoderFailed))
+            .collect()
+    }
+}
+
+/// The bytes that identify a payload, in order.
+fn payload_parts(payload: &Payload) -> Vec<&[u8]> {
+    match payload {
+        Payload::Bytes(b) => vec![b.as_ref()],
+        Payload::JpegFrames(frames) => frames.iter().map(Bytes::as_ref).collect(),
+    }
+}
+
+/// Hash of the media's bytes plus the options that shaped its tensor.
+fn content_hash(job: &Job) -> ContentHash {
+    let options = serde_json::json!({
+        "modality": job.modality.as_str(),
+        "io": job.io,
+        "mm": job.mm,
+    })
+    .to_string();
+    let mut parts = vec![options.as_bytes()];
+    parts.extend(payload_parts(&job.payload));
+    ContentHash::of_parts(parts)
+}
+
+/// Decode and process one item (runs on the decode pool).
+fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
+    let hash = content_hash(&job);
+    let not_accepted = || PreprocessError::NotAccepted {
+        modality: job.modality,
+    };
+    let (num_tokens, tensor) = match job.modality {
+        Modality::Image => {
+            let processor = job.spec.image.as_ref().ok_or_else(not_accepted)?;
+            let mut io = ImageIoOptions::from_kwargs(job.io.as_ref())?;
+            io.max_pixels = job.max_image_pixels;
+            let Payload::Bytes(bytes) = &job.payload else {
+                return Err(PreprocessError::WrongPayload {
+                    modality: job.modality,
+                });
+            };
+            let rgb = image::decode_image(bytes, &io)?.into_rgb();
+            let processed = match processor {
+                ImageProcessor::Qwen2Vl(q) => {
+                    q.clone().with_kwargs(Some(&job.mm))?.process(&rgb)?
+                }
+                other => other.process(&rgb)?,
+            };
+            (processed.num_tokens, MediaTensor::Image(processed))
+        }
+        Modality::Video => {
+            let processor = job.spec.video.as_ref().ok_or_else(not_accepted)?;
+            let opts = VideoIoOptions::from_kwargs(job.io.as_ref())?;
+            let decoded = match &job.payload {
+                Payload::Bytes(bytes) => video::decode_video(bytes, &opts, &job.video_limits)?,
+                Payload::JpegFrames(frames) => {
+                    video::decode_jpeg_frames(frames, &opts, &job.video_limits)?
+                }
+            };
+            let frames = processor
+                .clone()
+                .with_kwargs(Some(&job.mm))?
+                .process_frames(&decoded.frames)?;
+            (
+                frames.num_tokens,
+                MediaTensor::Video {
+                    frames,
+                    timestamps_s: decoded.timestamps_s,
+                },
+            )
+        }
+        Modality::Audio => {
+            let cfg = job.spec.audio.as_ref().ok_or_else(not_accepted)?;
+            let mut io = AudioIoOptions::from_kwargs(job.io.as_ref())?;
+            io.max_duration_s = io.max_duration_s.min(job.max_audio_duration_s);
+            let Payload::Bytes(bytes) = &job.payload else {
+                return Err(PreprocessError::WrongPayload {
+                    modality: job.modality,
+                });
+            };
+            let features = audio::audio_to_features(bytes, job.mime.as_deref(), &io, cfg)?;
+            // One placeholder per two valid mel frames after the encoder's stride-2 conv and
+            // another 2x pooling (Qwen2-Audio): (frames - 1) / 2 + 1, then (n - 2) / 2 + 1.
+            let after_conv = features.valid_frames.saturating_sub(1) / 2 + 1;
+            let tokens = after_conv.saturating_sub(2) / 2 + 1;
+            (tokens, MediaTensor::Audio(features))
+        }
+    };
+    Ok(ProcessedMedia {
+        modality: job.modality,
+        hash,
+        num_tokens,
+        tensor,
+    })
+}
