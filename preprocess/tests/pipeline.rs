@@ -223,71 +223,36 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
     );
 }
 
+/// One image URL through the pipeline; the error it gives.
+async fn image_error(
+    p: &MediaPipeline,
+    url: String,
+    kw: &MergedKwargs,
+    spec: &ModelMediaSpec,
+) -> PreprocessError {
+    p.process(&[item(Modality::Image, Some(url), None)], kw, false, spec)
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn errors_are_classified() {
     let p = pipeline(MediaUrlPolicy::default());
     let kw = merged(None, None);
+    let small = data_url("image/png", &png(8, 8));
     // Undecodable media: 400.
-    let err = p
-        .process(
-            &[item(
-                Modality::Image,
-                Some(data_url("image/png", b"not a png")),
-                None,
-            )],
-            &kw,
-            false,
-            &qwen_spec(),
-        )
-        .await
-        .unwrap_err();
+    let err = image_error(&p, data_url("image/png", b"not a png"), &kw, &qwen_spec()).await;
     assert_eq!(err.kind(), ErrorKind::BadRequest, "{err}");
     // SSRF: a loopback URL is refused (400) when private hosts are not allowed.
-    let err = p
-        .process(
-            &[item(
-                Modality::Image,
-                Some("http://127.0.0.1:9/x.png".into()),
-                None,
-            )],
-            &kw,
-            false,
-            &qwen_spec(),
-        )
-        .await
-        .unwrap_err();
+    let err = image_error(&p, "http://127.0.0.1:9/x.png".into(), &kw, &qwen_spec()).await;
     assert!(matches!(err, PreprocessError::Policy(_)), "{err}");
     assert_eq!(err.kind(), ErrorKind::BadRequest);
     // A modality the model has no processor for.
-    let text_only = ModelMediaSpec::default();
-    let err = p
-        .process(
-            &[item(
-                Modality::Image,
-                Some(data_url("image/png", &png(8, 8))),
-                None,
-            )],
-            &kw,
-            false,
-            &text_only,
-        )
-        .await
-        .unwrap_err();
+    let err = image_error(&p, small.clone(), &kw, &ModelMediaSpec::default()).await;
     assert_eq!(err.to_string(), "The model does not accept image input.");
     // A bad media_io_kwargs value for the loader names the key.
-    let err = p
-        .process(
-            &[item(
-                Modality::Image,
-                Some(data_url("image/png", &png(8, 8))),
-                None,
-            )],
-            &merged(None, Some(r#"{"image": {"image_mode": "CMYK"}}"#)),
-            false,
-            &qwen_spec(),
-        )
-        .await
-        .unwrap_err();
+    let cmyk = merged(None, Some(r#"{"image": {"image_mode": "CMYK"}}"#));
+    let err = image_error(&p, small, &cmyk, &qwen_spec()).await;
     assert!(err.to_string().contains("image_mode"), "{err}");
     assert_eq!(err.kind(), ErrorKind::BadRequest);
 }
