@@ -101,9 +101,41 @@ impl ApiError {
         }
     }
 
+    /// The envelope as JSON text: the same bytes `serde_json` writes for [`ApiError::body`],
+    /// written directly (every rejection pays for this, so it skips the generic serializer).
     pub fn to_json(&self) -> String {
-        // Serialising this struct cannot fail: it holds only strings and an integer.
-        serde_json::to_string(&self.body()).unwrap_or_else(|_| String::from("{}"))
+        let message = self.to_string();
+        let mut out = String::with_capacity(message.len() + 96);
+        out.push_str("{\"error\":{\"message\":");
+        push_json_str(&mut out, &message);
+        out.push_str(",\"type\":\"");
+        out.push_str(self.error_type());
+        out.push_str("\",\"param\":");
+        match self.param() {
+            Some(p) => push_json_str(&mut out, p),
+            None => out.push_str("null"),
+        }
+        out.push_str(",\"code\":");
+        out.push_str(&self.status().as_u16().to_string());
+        out.push_str("}}");
+        out
+    }
+}
+
+/// Appends `s` as a JSON string; the escaping is `serde_json`'s (only `"`, `\\` and control
+/// characters are escaped), with a fast path for the common text that needs none.
+fn push_json_str(out: &mut String, s: &str) {
+    // No early exit, so the check vectorises.
+    let needs_escape = s.bytes().fold(false, |acc, b| {
+        acc | (b < 0x20) | (b == b'"') | (b == b'\\')
+    });
+    if !needs_escape {
+        out.push('"');
+        out.push_str(s);
+        out.push('"');
+    } else {
+        // Serialising a string cannot fail.
+        out.push_str(&serde_json::to_string(s).unwrap_or_default());
     }
 }
 
@@ -172,3 +204,29 @@ impl From<EngineError> for ApiError {
 }
 
 pub type ApiResult<T> = Result<T, ApiError>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn to_json_writes_what_serde_json_writes() {
+        let cases = [
+            ApiError::bad_request("plain message (parameter=x)", Some("x")),
+            ApiError::bad_request("quotes \" and \\ backslash\n newline \u{1} ctl é ✓", None),
+            ApiError::ModelNotFound("m".into()),
+            ApiError::Unauthorized,
+            ApiError::Overloaded("busy".into()),
+            ApiError::Unprocessable {
+                message: "fetch failed".into(),
+                param: Some("p\"q".into()),
+            },
+        ];
+        for e in cases {
+            let want = serde_json::to_string(&e.body()).unwrap();
+            assert_eq!(e.to_json(), want);
+            let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
+            assert_eq!(v["error"]["code"], e.status().as_u16());
+        }
+    }
+}

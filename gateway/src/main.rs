@@ -3,6 +3,11 @@
 use clap::Parser;
 use gateway::cli::{expand_config, Cli, Command};
 
+/// mimalloc: a request allocates and frees many small objects (parsed JSON, headers, futures);
+/// under glibc's malloc that was about a quarter of the gate path's instructions.
+#[global_allocator]
+static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().collect();
     let argv = match expand_config(argv) {

@@ -7,13 +7,14 @@ use std::any::Any;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::body::Body;
 use axum::http::{HeaderName, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Router;
 use tokio::sync::Semaphore;
 use tower::ServiceBuilder;
 use tower_http::catch_panic::CatchPanicLayer;
-use tower_http::limit::RequestBodyLimitLayer;
+use tower_http::limit::{RequestBodyLimitLayer, ResponseBody};
 use tower_http::request_id::{MakeRequestUuid, PropagateRequestIdLayer, SetRequestIdLayer};
 use tower_http::timeout::TimeoutLayer;
 
@@ -41,23 +42,26 @@ fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
 pub fn apply(router: Router, cfg: StackConfig) -> Router {
     let x_request_id = HeaderName::from_static("x-request-id");
     let sem = Arc::new(Semaphore::new(cfg.max_concurrent.max(1)));
-    router
-        .layer(TimeoutLayer::with_status_code(
-            StatusCode::GATEWAY_TIMEOUT,
-            cfg.timeout,
-        ))
-        .layer(RequestBodyLimitLayer::new(cfg.max_body_bytes))
-        .layer(super::guard::GuardLayer {
-            auth: cfg.auth,
-            slots: sem,
-        })
-        .layer(
-            ServiceBuilder::new()
-                .layer(SetRequestIdLayer::new(
-                    x_request_id.clone(),
-                    MakeRequestUuid,
-                ))
-                .layer(PropagateRequestIdLayer::new(x_request_id))
-                .layer(CatchPanicLayer::custom(panic_response)),
-        )
+    // One composed layer, outermost first: `Router::layer` boxes the stack once per route, so
+    // a request pays one boxed service and one boxed future, not one per layer.
+    router.layer(
+        ServiceBuilder::new()
+            .layer(SetRequestIdLayer::new(
+                x_request_id.clone(),
+                MakeRequestUuid,
+            ))
+            .layer(PropagateRequestIdLayer::new(x_request_id))
+            .layer(CatchPanicLayer::custom(panic_response))
+            .layer(super::guard::GuardLayer {
+                auth: cfg.auth,
+                slots: sem,
+            })
+            // The guard takes axum's body type; the two tower-http layers below wrap it.
+            .map_response(|r: Response<ResponseBody<Body>>| r.map(Body::new))
+            .layer(RequestBodyLimitLayer::new(cfg.max_body_bytes))
+            .layer(TimeoutLayer::with_status_code(
+                StatusCode::GATEWAY_TIMEOUT,
+                cfg.timeout,
+            )),
+    )
 }
