@@ -1,0 +1,479 @@
+//! Quantised activations and integer dot products (the fast decode path).
+//!
+//! An activation row is cut into blocks of 32 values; each block keeps an f32 scale
+//! `d = max|x| / 127`, 32 `i8` quants `q = round(x / d)` and the block sum `s = d·Σq` (the
+//! layout ggml calls Q8_1, with f32 instead of f16 scales). A weight block times an activation
+//! block is then one integer dot product and two multiplies:
+//!
+//! - Q4_1 (`w = d_w·q_w + m_w`, `q_w` in 0..16): `d_w·d_x·Σ q_w·q_x + m_w·s_x`;
+//! - Q4_0 (`w = d_w·(q_w − 8)`): the same with `m_w = −8·d_w`;
+//! - Q8_0 (`w = d_w·q_w`, `q_w` signed): `d_w·d_x·Σ q_w·q_x`.
+//!
+//! The integer sums are exact on every SIMD level (the products fit: `15·127·2` and
+//! `128·127·2` stay inside the `i16` pair sums of `maddubs`); only the order of the final f32
+//! accumulation differs between levels.
+//!
+//! Rounding is half-to-even through the `1.5·2^23` trick, which is plain f32 arithmetic and so
+//! gives the same quants in any implementation.
+
+use crate::DType;
+
+/// Values per activation block.
+pub const Q8_BLOCK: usize = 32;
+
+/// 32 quantised activations: `x[i] ≈ d·qs[i]`, and `s = d·Σ qs`.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[repr(C)]
+pub struct Q8Block {
+    pub d: f32,
+    pub s: f32,
+    pub qs: [i8; Q8_BLOCK],
+}
+
+/// Whether the integer kernels handle weights of `dtype`.
+pub fn q8_supports(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+}
+
+/// Adding then subtracting this rounds an f32 of magnitude below 2^22 to the nearest integer,
+/// ties to even (under the default rounding mode, which Rust assumes).
+const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// Quantise `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
+///
+/// # Panics
+/// If the lengths disagree (a bug in the caller).
+pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
+    assert!(
+        x.len() == out.len() * Q8_BLOCK,
+        "quantize_row_q8: {} values into {} blocks",
+        x.len(),
+        out.len()
+    );
+    for (blk, c) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
+        let mut amax = 0f32;
+        for &v in c {
+            let a = v.abs();
+            // NaN never wins: the block then quantises as if it were absent.
+            if a > amax {
+                amax = a;
+            }
+        }
+        let d = amax / 127.0;
+        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let mut sum = 0i32;
+        for (q, &v) in blk.qs.iter_mut().zip(c) {
+            let r = ((v * id + ROUND_MAGIC) - ROUND_MAGIC).clamp(-127.0, 127.0);
+            // In range after the clamp (NaN casts to 0).
+            let r = r as i32;
+            *q = r as i8;
+            sum += r;
+        }
+        blk.d = d;
+        blk.s = d * sum as f32;
+    }
+}
+
+/// Which integer dot-product instructions the kernels use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Q8Level {
+    /// Portable Rust loops.
+    Scalar,
+    /// AVX2 `maddubs` + `madd` (with FMA and F16C).
+    Avx2,
+    /// AVX-VNNI `vpdpbusd` on 256-bit vectors.
+    AvxVnni,
+    /// AVX-512 VNNI `vpdpbusd` on 256-bit vectors (AVX-512 VL).
+    Avx512Vnni,
+}
+
+impl Q8Level {
+    /// Whether this machine can run the level.
+    pub fn available(self) -> bool {
+        match self {
+            Q8Level::Scalar => true,
+            #[cfg(target_arch = "x86_64")]
+            Q8Level::Avx2 => {
+                is_x86_feature_detected!("avx2")
+                    && is_x86_feature_detected!("fma")
+                    && is_x86_feature_detected!("f16c")
+            }
+            #[cfg(target_arch = "x86_64")]
+            Q8Level::AvxVnni => Q8Level::Avx2.available() && is_x86_feature_detected!("avxvnni"),
+            #[cfg(target_arch = "x86_64")]
+            Q8Level::Avx512Vnni => {
+                Q8Level::Avx2.available()
+                    && is_x86_feature_detected!("avx512vnni")
+                    && is_x86_feature_detected!("avx512vl")
+            }
+            #[cfg(not(target_arch = "x86_64"))]
+            _ => false,
+        }
+    }
+
+    /// Every level this machine can run, slowest first.
+    pub fn all_available() -> Vec<Q8Level> {
+        [
+            Q8Level::Scalar,
+            Q8Level::Avx2,
+            Q8Level::AvxVnni,
+            Q8Level::Avx512Vnni,
+        ]
+        .into_iter()
+        .filter(|l| l.available())
+        .collect()
+    }
+}
+
+/// The level the integer kernels use here, detected once. `KERNELS_FORCE_SCALAR=1` forces
+/// the scalar path, as for the f32 kernels; `KERNELS_Q8_LEVEL=scalar|avx2|avxvnni|avx512vnni`
+/// caps it (for benchmarks and tests; a level the machine lacks is ignored).
+pub fn q8_level() -> Q8Level {
+    use std::sync::OnceLock;
+    static LEVEL: OnceLock<Q8Level> = OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        if crate::simd_level() == crate::SimdLevel::Scalar {
+            return Q8Level::Scalar;
+        }
+        let wanted = std::env::var("KERNELS_Q8_LEVEL").ok().and_then(|v| {
+            Some(match v.as_str() {
+                "scalar" => Q8Level::Scalar,
+                "avx2" => Q8Level::Avx2,
+                "avxvnni" => Q8Level::AvxVnni,
+                "avx512vnni" => Q8Level::Avx512Vnni,
+                _ => return None,
+            })
+        });
+        if let Some(l) = wanted.filter(|l| l.available()) {
+            return l;
+        }
+        // AVX-512 VNNI first: where both exist it is the same instruction.
+        [Q8Level::Avx512Vnni, Q8Level::AvxVnni, Q8Level::Avx2]
+            .into_iter()
+            .find(|l| l.available())
+            .unwrap_or(Q8Level::Scalar)
+    })
+}
+
+/// Most weight rows one kernel call handles.
+pub(crate) const MAX_W: usize = 4;
+/// Most activation rows one kernel call handles.
+pub(crate) const MAX_X: usize = 4;
+
+/// Inputs of one kernel call: `w_rows` consecutive weight rows against `x_rows` consecutive
+/// quantised activation rows.
+pub(crate) struct Q8Args<'a> {
+    pub dtype: DType,
+    /// Weight bytes starting at the first row; row `i` at `i * w_stride`.
+    pub w: &'a [u8],
+    pub w_stride: usize,
+    /// Activation blocks starting at the first row; row `j` is `x[j * nb..][..nb]`.
+    pub x: &'a [Q8Block],
+    /// Blocks per row (`k / 32`).
+    pub nb: usize,
+}
+
+/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows`, `j < x_rows`.
+///
+/// # Panics
+/// If the shape is not one the kernels are built for or the slices are shorter than the
+/// arguments claim (bugs in the caller).
+pub(crate) fn dot_q8(
+    level: Q8Level,
+    a: &Q8Args<'_>,
+    w_rows: usize,
+    x_rows: usize,
+    out: &mut [f32],
+) {
+    assert!(q8_supports(a.dtype), "dot_q8: {} weights", a.dtype);
+    assert!(
+        (1..=MAX_W).contains(&w_rows) && (1..=MAX_X).contains(&x_rows),
+        "dot_q8: {w_rows} x {x_rows}"
+    );
+    let row_bytes = a.nb * a.dtype.block_bytes();
+    assert!(
+        a.w_stride >= row_bytes && a.w.len() >= (w_rows - 1) * a.w_stride + row_bytes,
+        "dot_q8: weights too short"
+    );
+    assert!(a.x.len() >= x_rows * a.nb, "dot_q8: activations too short");
+    assert!(out.len() >= w_rows * x_rows, "dot_q8: output too short");
+    match level {
+        #[cfg(target_arch = "x86_64")]
+        Q8Level::Avx2 | Q8Level::AvxVnni | Q8Level::Avx512Vnni => {
+            // The level is one that `Q8Level::available` reports for this machine only if
+            // the caller got it from there; check again (cheap: cached by std) so a wrong
+            // level can never run an unsupported instruction.
+            assert!(level.available(), "dot_q8: {level:?} is not available");
+            // SAFETY: the features each module enables were detected just above, and the
+            // bounds the kernels read within were asserted above.
+            unsafe { x86::dispatch(level, a, w_rows, x_rows, out) }
+        }
+        _ => scalar(a, w_rows, x_rows, out),
+    }
+}
+
+/// `Σ q_w·q_x` of weight block `blk` (its quants as stored: nibbles for Q4, `i8` for Q8_0)
+/// and activation quants `xq`, with the weight's `(d, m)` (`m` already `−8d` for Q4_0, 0 for
+/// Q8_0).
+pub(crate) fn block_int_dot(dtype: DType, blk: &[u8], xq: &[i8; 32]) -> (i32, f32, f32) {
+    let d = crate::dequant::f16_at(blk, 0);
+    match dtype {
+        DType::Q4_0 | DType::Q4_1 => {
+            let (m, qoff) = if dtype == DType::Q4_1 {
+                (crate::dequant::f16_at(blk, 2), 4)
+            } else {
+                (-8.0 * d, 2)
+            };
+            let mut s = 0i32;
+            for (j, &b) in blk[qoff..qoff + 16].iter().enumerate() {
+                s += i32::from(b & 0x0F) * i32::from(xq[j]);
+                s += i32::from(b >> 4) * i32::from(xq[16 + j]);
+            }
+            (s, d, m)
+        }
+        _ => {
+            let mut s = 0i32;
+            for (&b, &x) in blk[2..34].iter().zip(xq) {
+                s += i32::from(b as i8) * i32::from(x);
+            }
+            (s, d, 0.0)
+        }
+    }
+}
+
+fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
+    let bb = a.dtype.block_bytes();
+    let has_min = matches!(a.dtype, DType::Q4_0 | DType::Q4_1);
+    for i in 0..w_rows {
+        let wrow = &a.w[i * a.w_stride..];
+        for j in 0..x_rows {
+            let xrow = &a.x[j * a.nb..(j + 1) * a.nb];
+            let mut acc = 0f32;
+            for (b, xb) in xrow.iter().enumerate() {
+                let (s, d, m) = block_int_dot(a.dtype, &wrow[b * bb..(b + 1) * bb], &xb.qs);
+                acc += d * xb.d * s as f32;
+                if has_min {
+                    acc += m * xb.s;
+                }
+            }
+            out[i * x_rows + j] = acc;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod x86 {
+    use super::{Q8Args, Q8Level};
+    use crate::DType;
+
+    /// `dispatch` for the x86 levels.
+    ///
+    /// # Safety
+    /// `level`'s features must be available and `a` must satisfy the bounds `dot_q8` checks.
+    pub(super) unsafe fn dispatch(
+        level: Q8Level,
+        a: &Q8Args<'_>,
+        w_rows: usize,
+        x_rows: usize,
+        out: &mut [f32],
+    ) {
+        macro_rules! by_shape {
+            ($m:ident) => {
+                // SAFETY: forwarded from the caller.
+                unsafe {
+                    match (w_rows, x_rows) {
+                        (4, 1) => $m::dot::<4, 1>(a, out),
+                        (4, _) => {
+                            // Four weight rows against several activation rows would need
+                            // more registers than there are: two passes of two.
+                            $m::dot_any::<2>(a, x_rows, out, 0);
+                            $m::dot_any::<2>(a, x_rows, out, 2);
+                        }
+                        (3, _) => {
+                            $m::dot_any::<2>(a, x_rows, out, 0);
+                            $m::dot_any::<1>(a, x_rows, out, 2);
+                        }
+                        (2, _) => $m::dot_any::<2>(a, x_rows, out, 0),
+                        _ => $m::dot_any::<1>(a, x_rows, out, 0),
+                    }
+                }
+            };
+        }
+        match level {
+            Q8Level::Avx512Vnni => by_shape!(avx512vnni),
+            Q8Level::AvxVnni => by_shape!(avxvnni),
+            _ => by_shape!(avx2),
+        }
+    }
+
+    /// One kernel set per instruction choice for the `u8 × i8 → i32x8` dot product (lane `l`
+    /// holds the sum of the products of bytes `4l..4l + 4`).
+    macro_rules! int_kernels {
+        ($name:ident, $features:literal, |$a:ident, $b:ident| $dot:expr) => {
+            pub(super) mod $name {
+                use super::{DType, Q8Args};
+                use std::arch::x86_64::*;
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn dot_u8i8($a: __m256i, $b: __m256i) -> __m256i {
+                    $dot
+                }
+
+                #[target_feature(enable = $features)]
+                #[inline]
+                fn hsum(v: __m256) -> f32 {
+                    let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+                    let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                    let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
+                    _mm_cvtss_f32(s)
+                }
+
+                /// `dot::<W, X>` for any `x_rows` in 1..=4, writing weight rows
+                /// `w0..w0 + W` of the `out` layout `dot_q8` documents.
+                ///
+                /// # Safety
+                /// As for [`dot`], with `w0 + W` no more than the checked weight rows.
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn dot_any<const W: usize>(
+                    a: &Q8Args<'_>,
+                    x_rows: usize,
+                    out: &mut [f32],
+                    w0: usize,
+                ) {
+                    let sub = Q8Args {
+                        dtype: a.dtype,
+                        w: &a.w[w0 * a.w_stride..],
+                        w_stride: a.w_stride,
+                        x: a.x,
+                        nb: a.nb,
+                    };
+                    let mut tmp = [0f32; 4 * super::super::MAX_X];
+                    // SAFETY: forwarded from the caller.
+                    unsafe {
+                        match x_rows {
+                            1 => dot::<W, 1>(&sub, &mut tmp),
+                            2 => dot::<W, 2>(&sub, &mut tmp),
+                            3 => dot::<W, 3>(&sub, &mut tmp),
+                            _ => dot::<W, 4>(&sub, &mut tmp),
+                        }
+                    }
+                    for i in 0..W {
+                        for j in 0..x_rows {
+                            out[(w0 + i) * x_rows + j] = tmp[i * x_rows + j];
+                        }
+                    }
+                }
+
+                /// `out[i * X + j] = w_i · x_j` for `W` weight rows and `X` activation rows.
+                ///
+                /// # Safety
+                /// The features of this module must be available; `a` must hold `W` weight
+                /// rows and `X` activation rows of `a.nb` blocks, `out` `W * X` floats, and
+                /// `a.dtype` must be Q4_0, Q4_1 or Q8_0 (all checked by `dot_q8`).
+                #[target_feature(enable = $features)]
+                pub(super) unsafe fn dot<const W: usize, const X: usize>(
+                    a: &Q8Args<'_>,
+                    out: &mut [f32],
+                ) {
+                    let mut acc = [[_mm256_setzero_ps(); X]; W];
+                    let mut offs = [[0f32; X]; W];
+                    let w = a.w.as_ptr();
+                    let x = a.x.as_ptr();
+                    let nb = a.nb;
+                    // SAFETY (whole block): block `b` of weight row `i` is the bytes
+                    // `i * w_stride + b * block_bytes..+ block_bytes`, and activation block
+                    // `j * nb + b`, both inside what `dot_q8` asserted for `b < nb`,
+                    // `i < W`, `j < X`.
+                    unsafe {
+                        match a.dtype {
+                            DType::Q4_0 | DType::Q4_1 => {
+                                let has_min = a.dtype == DType::Q4_1;
+                                let bb = if has_min { 20 } else { 18 };
+                                let qoff = if has_min { 4 } else { 2 };
+                                let mask = _mm_set1_epi8(0x0F);
+                                for b in 0..nb {
+                                    let mut wq = [_mm256_setzero_si256(); W];
+                                    let mut dw = [0f32; W];
+                                    let mut mw = [0f32; W];
+                                    for i in 0..W {
+                                        let blk = w.add(i * a.w_stride + b * bb);
+                                        let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
+                                        let lo = _mm_and_si128(raw, mask);
+                                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                                        wq[i] = _mm256_set_m128i(hi, lo);
+                                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                            (blk as *const i32).read_unaligned(),
+                                        ));
+                                        dw[i] = _mm_cvtss_f32(dm);
+                                        mw[i] = if has_min {
+                                            _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                                        } else {
+                                            -8.0 * dw[i]
+                                        };
+                                    }
+                                    for j in 0..X {
+                                        let xb = &*x.add(j * nb + b);
+                                        let xq =
+                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                                        for i in 0..W {
+                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wq[i], xq));
+                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
+                                            acc[i][j] = _mm256_fmadd_ps(p, sc, acc[i][j]);
+                                            offs[i][j] += mw[i] * xb.s;
+                                        }
+                                    }
+                                }
+                            }
+                            _ => {
+                                for b in 0..nb {
+                                    let mut wa = [_mm256_setzero_si256(); W];
+                                    let mut ws = [_mm256_setzero_si256(); W];
+                                    let mut dw = [0f32; W];
+                                    for i in 0..W {
+                                        let blk = w.add(i * a.w_stride + b * 34);
+                                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                                        // |w| as unsigned bytes (−128 becomes 128), and the
+                                        // sign moves onto the activations below.
+                                        wa[i] = _mm256_sign_epi8(q, q);
+                                        ws[i] = q;
+                                        dw[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                                            i32::from((blk as *const u16).read_unaligned()),
+                                        )));
+                                    }
+                                    for j in 0..X {
+                                        let xb = &*x.add(j * nb + b);
+                                        let xq =
+                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                                        for i in 0..W {
+                                            let sx = _mm256_sign_epi8(xq, ws[i]);
+                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wa[i], sx));
+                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
+                                            acc[i][j] = _mm256_fmadd_ps(p, sc, acc[i][j]);
+                                        }
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    for i in 0..W {
+                        for j in 0..X {
+                            out[i * X + j] = hsum(acc[i][j]) + offs[i][j];
+                        }
+                    }
+                }
+            }
+        };
+    }
+
+    int_kernels!(avx2, "avx2,fma,f16c", |a, b| _mm256_madd_epi16(
+        _mm256_maddubs_epi16(a, b),
+        _mm256_set1_epi16(1)
+    ));
+    int_kernels!(avxvnni, "avx2,fma,f16c,avxvnni", |a, b| {
+        _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
+    });
+    int_kernels!(avx512vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |a, b| {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
+    });
+}
