@@ -156,7 +156,7 @@ pub fn q8_level() -> Q8Level {
 }
 
 /// Most weight rows one kernel call handles.
-pub(crate) const MAX_W: usize = 4;
+pub(crate) const MAX_W: usize = 2;
 /// Most activation rows one kernel call handles.
 pub(crate) const MAX_X: usize = 4;
 
@@ -282,19 +282,14 @@ mod x86 {
                 // SAFETY: forwarded from the caller.
                 unsafe {
                     match (w_rows, x_rows) {
-                        (4, 1) => $m::dot::<4, 1>(a, out),
-                        (4, _) => {
-                            // Four weight rows against several activation rows would need
-                            // more registers than there are: two passes of two.
-                            $m::dot_any::<2>(a, x_rows, out, 0);
-                            $m::dot_any::<2>(a, x_rows, out, 2);
-                        }
-                        (3, _) => {
-                            $m::dot_any::<2>(a, x_rows, out, 0);
-                            $m::dot_any::<1>(a, x_rows, out, 2);
-                        }
-                        (2, _) => $m::dot_any::<2>(a, x_rows, out, 0),
-                        _ => $m::dot_any::<1>(a, x_rows, out, 0),
+                        (1, 1) => $m::dot::<1, 1>(a, out),
+                        (1, 2) => $m::dot::<1, 2>(a, out),
+                        (1, 3) => $m::dot::<1, 3>(a, out),
+                        (1, _) => $m::dot::<1, 4>(a, out),
+                        (_, 1) => $m::dot::<2, 1>(a, out),
+                        (_, 2) => $m::dot::<2, 2>(a, out),
+                        (_, 3) => $m::dot::<2, 3>(a, out),
+                        (_, _) => $m::dot::<2, 4>(a, out),
                     }
                 }
             };
@@ -329,42 +324,6 @@ mod x86 {
                     _mm_cvtss_f32(s)
                 }
 
-                /// `dot::<W, X>` for any `x_rows` in 1..=4, writing weight rows
-                /// `w0..w0 + W` of the `out` layout `dot_q8` documents.
-                ///
-                /// # Safety
-                /// As for [`dot`], with `w0 + W` no more than the checked weight rows.
-                #[target_feature(enable = $features)]
-                pub(super) unsafe fn dot_any<const W: usize>(
-                    a: &Q8Args<'_>,
-                    x_rows: usize,
-                    out: &mut [f32],
-                    w0: usize,
-                ) {
-                    let sub = Q8Args {
-                        dtype: a.dtype,
-                        w: &a.w[w0 * a.w_stride..],
-                        w_stride: a.w_stride,
-                        x: a.x,
-                        nb: a.nb,
-                    };
-                    let mut tmp = [0f32; 4 * super::super::MAX_X];
-                    // SAFETY: forwarded from the caller.
-                    unsafe {
-                        match x_rows {
-                            1 => dot::<W, 1>(&sub, &mut tmp),
-                            2 => dot::<W, 2>(&sub, &mut tmp),
-                            3 => dot::<W, 3>(&sub, &mut tmp),
-                            _ => dot::<W, 4>(&sub, &mut tmp),
-                        }
-                    }
-                    for i in 0..W {
-                        for j in 0..x_rows {
-                            out[(w0 + i) * x_rows + j] = tmp[i * x_rows + j];
-                        }
-                    }
-                }
-
                 /// `out[i * X + j] = w_i · x_j` for `W` weight rows and `X` activation rows.
                 ///
                 /// # Safety
@@ -385,6 +344,11 @@ mod x86 {
                     // `i * w_stride + b * block_bytes..+ block_bytes`, and activation block
                     // `j * nb + b`, both inside what `dot_q8` asserted for `b < nb`,
                     // `i < W`, `j < X`.
+                    // Blocks go in pairs: `t = p0·s0 + p1·s1`, then `acc += t`, so the
+                    // loop-carried chain is one add per two blocks, and the rounding is the
+                    // same whatever `W` and `X` are (a row gives the same result in any
+                    // batch).
+                    let mut t = [[_mm256_setzero_ps(); X]; W];
                     unsafe {
                         match a.dtype {
                             DType::Q4_0 | DType::Q4_1 => {
@@ -392,66 +356,110 @@ mod x86 {
                                 let bb = if has_min { 20 } else { 18 };
                                 let qoff = if has_min { 4 } else { 2 };
                                 let mask = _mm_set1_epi8(0x0F);
-                                for b in 0..nb {
-                                    let mut wq = [_mm256_setzero_si256(); W];
-                                    let mut dw = [0f32; W];
-                                    let mut mw = [0f32; W];
-                                    for i in 0..W {
-                                        let blk = w.add(i * a.w_stride + b * bb);
-                                        let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
-                                        let lo = _mm_and_si128(raw, mask);
-                                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-                                        wq[i] = _mm256_set_m128i(hi, lo);
-                                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                            (blk as *const i32).read_unaligned(),
-                                        ));
-                                        dw[i] = _mm_cvtss_f32(dm);
-                                        mw[i] = if has_min {
-                                            _mm_cvtss_f32(_mm_movehdup_ps(dm))
-                                        } else {
-                                            -8.0 * dw[i]
-                                        };
-                                    }
-                                    for j in 0..X {
-                                        let xb = &*x.add(j * nb + b);
-                                        let xq =
-                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                                macro_rules! q4_block {
+                                    ($bi:expr, $first:expr) => {{
+                                        let b = $bi;
+                                        let mut wq = [_mm256_setzero_si256(); W];
+                                        let mut dw = [0f32; W];
+                                        let mut mw = [0f32; W];
                                         for i in 0..W {
-                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wq[i], xq));
-                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
-                                            acc[i][j] = _mm256_fmadd_ps(p, sc, acc[i][j]);
-                                            offs[i][j] += mw[i] * xb.s;
+                                            let blk = w.add(i * a.w_stride + b * bb);
+                                            let raw =
+                                                _mm_loadu_si128(blk.add(qoff) as *const __m128i);
+                                            let lo = _mm_and_si128(raw, mask);
+                                            let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                                            wq[i] = _mm256_set_m128i(hi, lo);
+                                            let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
+                                                (blk as *const i32).read_unaligned(),
+                                            ));
+                                            dw[i] = _mm_cvtss_f32(dm);
+                                            mw[i] = if has_min {
+                                                _mm_cvtss_f32(_mm_movehdup_ps(dm))
+                                            } else {
+                                                -8.0 * dw[i]
+                                            };
+                                        }
+                                        for j in 0..X {
+                                            let xb = &*x.add(j * nb + b);
+                                            let xq = _mm256_loadu_si256(
+                                                xb.qs.as_ptr() as *const __m256i
+                                            );
+                                            for i in 0..W {
+                                                let p = _mm256_cvtepi32_ps(dot_u8i8(wq[i], xq));
+                                                let sc = _mm256_set1_ps(dw[i] * xb.d);
+                                                t[i][j] = if $first {
+                                                    _mm256_mul_ps(p, sc)
+                                                } else {
+                                                    _mm256_fmadd_ps(p, sc, t[i][j])
+                                                };
+                                                offs[i][j] += mw[i] * xb.s;
+                                            }
+                                        }
+                                    }};
+                                }
+                                let mut b = 0;
+                                while b < nb {
+                                    q4_block!(b, true);
+                                    if b + 1 < nb {
+                                        q4_block!(b + 1, false);
+                                    }
+                                    for i in 0..W {
+                                        for j in 0..X {
+                                            acc[i][j] = _mm256_add_ps(acc[i][j], t[i][j]);
                                         }
                                     }
+                                    b += 2;
                                 }
                             }
                             _ => {
-                                for b in 0..nb {
-                                    let mut wa = [_mm256_setzero_si256(); W];
-                                    let mut ws = [_mm256_setzero_si256(); W];
-                                    let mut dw = [0f32; W];
-                                    for i in 0..W {
-                                        let blk = w.add(i * a.w_stride + b * 34);
-                                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
-                                        // |w| as unsigned bytes (−128 becomes 128), and the
-                                        // sign moves onto the activations below.
-                                        wa[i] = _mm256_sign_epi8(q, q);
-                                        ws[i] = q;
-                                        dw[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                                            i32::from((blk as *const u16).read_unaligned()),
-                                        )));
-                                    }
-                                    for j in 0..X {
-                                        let xb = &*x.add(j * nb + b);
-                                        let xq =
-                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                                macro_rules! q8_block {
+                                    ($bi:expr, $first:expr) => {{
+                                        let b = $bi;
+                                        let mut wa = [_mm256_setzero_si256(); W];
+                                        let mut ws = [_mm256_setzero_si256(); W];
+                                        let mut dw = [0f32; W];
                                         for i in 0..W {
-                                            let sx = _mm256_sign_epi8(xq, ws[i]);
-                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wa[i], sx));
-                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
-                                            acc[i][j] = _mm256_fmadd_ps(p, sc, acc[i][j]);
+                                            let blk = w.add(i * a.w_stride + b * 34);
+                                            let q =
+                                                _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                                            // |w| as unsigned bytes (−128 becomes 128); the
+                                            // sign moves onto the activations below.
+                                            wa[i] = _mm256_sign_epi8(q, q);
+                                            ws[i] = q;
+                                            dw[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
+                                                i32::from((blk as *const u16).read_unaligned()),
+                                            )));
+                                        }
+                                        for j in 0..X {
+                                            let xb = &*x.add(j * nb + b);
+                                            let xq = _mm256_loadu_si256(
+                                                xb.qs.as_ptr() as *const __m256i
+                                            );
+                                            for i in 0..W {
+                                                let sx = _mm256_sign_epi8(xq, ws[i]);
+                                                let p = _mm256_cvtepi32_ps(dot_u8i8(wa[i], sx));
+                                                let sc = _mm256_set1_ps(dw[i] * xb.d);
+                                                t[i][j] = if $first {
+                                                    _mm256_mul_ps(p, sc)
+                                                } else {
+                                                    _mm256_fmadd_ps(p, sc, t[i][j])
+                                                };
+                                            }
+                                        }
+                                    }};
+                                }
+                                let mut b = 0;
+                                while b < nb {
+                                    q8_block!(b, true);
+                                    if b + 1 < nb {
+                                        q8_block!(b + 1, false);
+                                    }
+                                    for i in 0..W {
+                                        for j in 0..X {
+                                            acc[i][j] = _mm256_add_ps(acc[i][j], t[i][j]);
                                         }
                                     }
+                                    b += 2;
                                 }
                             }
                         }

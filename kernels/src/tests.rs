@@ -397,7 +397,7 @@ fn exact_inputs(rng: &mut Rng, dtype: DType, rows: usize, nb: usize) -> (Vec<u8>
     (w, x)
 }
 
-const MAX_XR: usize = 4;
+const MAX_XR: usize = crate::q8::MAX_X;
 
 /// The exact value in f64 from the dequantised weights and activations.
 fn exact_dot(dtype: DType, wrow: &[u8], x: &[Q8Block]) -> f64 {
@@ -420,7 +420,7 @@ fn q8_kernels_exact_on_every_level() {
     for dtype in Q8_TYPES {
         let rb = dtype.row_bytes(nb * 32);
         let (w, x) = exact_inputs(&mut rng, dtype, 4, nb);
-        for w_rows in 1..=4 {
+        for w_rows in 1..=crate::q8::MAX_W {
             for x_rows in 1..=MAX_XR {
                 let want: Vec<f64> = (0..w_rows * x_rows)
                     .map(|o| {
