@@ -311,6 +311,8 @@ fn start_decoder(
         max_model_len,
         kv_blocks = num_blocks,
         block_size = config.block_size,
+        activations = %config.activation_mode,
+        q8_kernels = ?kernels::q8_level(),
         "decoder ready"
     );
     Ok(ModelHandle {
