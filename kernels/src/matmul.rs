@@ -17,6 +17,8 @@ use crate::{simd_level, DType, KernelError, QMatrix};
 pub const FUSED_MAX_ROWS: usize = 16;
 /// Weight rows per task in the fused path (at least).
 const FUSED_CHUNK_MIN: usize = 16;
+/// Weight rows per integer-kernel call (its outputs go through a stack buffer).
+const Q8_SUB_ROWS: usize = 64;
 /// Weight rows per dequantised tile in the GEMM path.
 const TILE_ROWS: usize = 64;
 
@@ -283,13 +285,13 @@ fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accum
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
         let row_bytes = w.dtype().row_bytes(k);
-        let mut vals = [0f32; MAX_W * MAX_X];
-        let mut row = r0;
         // Two weight rows per pass share the activation loads; Q8_0 rows (34-byte blocks)
         // stream from memory faster one at a time (measured on AVX-512 hardware).
-        let wmax = if w.dtype() == DType::Q8_0 { 1 } else { MAX_W };
+        let w_step = if w.dtype() == DType::Q8_0 { 1 } else { MAX_W };
+        let mut vals = [0f32; Q8_SUB_ROWS * MAX_X];
+        let mut row = r0;
         while row < r1 {
-            let wr = (r1 - row).min(wmax);
+            let wr = (r1 - row).min(Q8_SUB_ROWS);
             let wbytes = &w.data()[row * row_bytes..(row + wr) * row_bytes];
             let mut g = 0;
             while g < m {
@@ -301,7 +303,7 @@ fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accum
                     x: &xq[g * nb..(g + xr) * nb],
                     nb,
                 };
-                dot_q8(level, &args, wr, xr, &mut vals);
+                dot_q8(level, &args, wr, w_step, xr, &mut vals);
                 for i in 0..wr {
                     for jx in 0..xr {
                         let v = vals[i * xr + jx];

@@ -173,26 +173,29 @@ pub(crate) struct Q8Args<'a> {
     pub nb: usize,
 }
 
-/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows`, `j < x_rows`.
+/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`,
+/// taking `w_step` (1 or 2) weight rows per pass.
 ///
 /// # Panics
-/// If the shape is not one the kernels are built for or the slices are shorter than the
-/// arguments claim (bugs in the caller).
+/// If the shape is not one the kernels are built for, the slices are shorter than the
+/// arguments claim, or `level` is not available here (bugs in the caller).
 pub(crate) fn dot_q8(
     level: Q8Level,
     a: &Q8Args<'_>,
     w_rows: usize,
+    w_step: usize,
     x_rows: usize,
     out: &mut [f32],
 ) {
     assert!(q8_supports(a.dtype), "dot_q8: {} weights", a.dtype);
     assert!(
-        (1..=MAX_W).contains(&w_rows) && (1..=MAX_X).contains(&x_rows),
-        "dot_q8: {w_rows} x {x_rows}"
+        (1..=MAX_W).contains(&w_step) && (1..=MAX_X).contains(&x_rows),
+        "dot_q8: {w_step} x {x_rows}"
     );
     let row_bytes = a.nb * a.dtype.block_bytes();
     assert!(
-        a.w_stride >= row_bytes && a.w.len() >= (w_rows - 1) * a.w_stride + row_bytes,
+        a.w_stride >= row_bytes
+            && (w_rows == 0 || a.w.len() >= (w_rows - 1) * a.w_stride + row_bytes),
         "dot_q8: weights too short"
     );
     assert!(a.x.len() >= x_rows * a.nb, "dot_q8: activations too short");
@@ -200,13 +203,12 @@ pub(crate) fn dot_q8(
     match level {
         #[cfg(target_arch = "x86_64")]
         Q8Level::Avx2 | Q8Level::AvxVnni | Q8Level::Avx512Vnni => {
-            // The level is one that `Q8Level::available` reports for this machine only if
-            // the caller got it from there; check again (cheap: cached by std) so a wrong
-            // level can never run an unsupported instruction.
+            // Checked here (cached by std, once per call of many rows) so that a level the
+            // machine lacks can never run.
             assert!(level.available(), "dot_q8: {level:?} is not available");
             // SAFETY: the features each module enables were detected just above, and the
             // bounds the kernels read within were asserted above.
-            unsafe { x86::dispatch(level, a, w_rows, x_rows, out) }
+            unsafe { x86::dispatch(level, a, w_rows, w_step, x_rows, out) }
         }
         _ => scalar(a, w_rows, x_rows, out),
     }
@@ -274,6 +276,7 @@ mod x86 {
         level: Q8Level,
         a: &Q8Args<'_>,
         w_rows: usize,
+        w_step: usize,
         x_rows: usize,
         out: &mut [f32],
     ) {
@@ -281,15 +284,15 @@ mod x86 {
             ($m:ident) => {
                 // SAFETY: forwarded from the caller.
                 unsafe {
-                    match (w_rows, x_rows) {
-                        (1, 1) => $m::dot::<1, 1>(a, out),
-                        (1, 2) => $m::dot::<1, 2>(a, out),
-                        (1, 3) => $m::dot::<1, 3>(a, out),
-                        (1, _) => $m::dot::<1, 4>(a, out),
-                        (_, 1) => $m::dot::<2, 1>(a, out),
-                        (_, 2) => $m::dot::<2, 2>(a, out),
-                        (_, 3) => $m::dot::<2, 3>(a, out),
-                        (_, _) => $m::dot::<2, 4>(a, out),
+                    match (w_step, x_rows) {
+                        (1, 1) => $m::rows::<1, 1>(a, w_rows, out),
+                        (1, 2) => $m::rows::<1, 2>(a, w_rows, out),
+                        (1, 3) => $m::rows::<1, 3>(a, w_rows, out),
+                        (1, _) => $m::rows::<1, 4>(a, w_rows, out),
+                        (_, 1) => $m::rows::<2, 1>(a, w_rows, out),
+                        (_, 2) => $m::rows::<2, 2>(a, w_rows, out),
+                        (_, 3) => $m::rows::<2, 3>(a, w_rows, out),
+                        (_, _) => $m::rows::<2, 4>(a, w_rows, out),
                     }
                 }
             };
@@ -324,20 +327,50 @@ mod x86 {
                     _mm_cvtss_f32(s)
                 }
 
-                /// `out[i * X + j] = w_i · x_j` for `W` weight rows and `X` activation rows.
+                /// `out[i * X + j] = w_i · x_j` for `rows` weight rows, `W` per pass, and `X`
+                /// activation rows.
                 ///
                 /// # Safety
-                /// The features of this module must be available; `a` must hold `W` weight
-                /// rows and `X` activation rows of `a.nb` blocks, `out` `W * X` floats, and
-                /// `a.dtype` must be Q4_0, Q4_1 or Q8_0 (all checked by `dot_q8`).
+                /// The features of this module must be available; `a` must hold `rows`
+                /// weight rows and `X` activation rows of `a.nb` blocks, `out` `rows * X`
+                /// floats, and `a.dtype` must be Q4_0, Q4_1 or Q8_0 (all checked by
+                /// `dot_q8`).
                 #[target_feature(enable = $features)]
-                pub(super) unsafe fn dot<const W: usize, const X: usize>(
+                pub(super) unsafe fn rows<const W: usize, const X: usize>(
                     a: &Q8Args<'_>,
+                    rows: usize,
+                    out: &mut [f32],
+                ) {
+                    let mut r = 0;
+                    // SAFETY: each call covers rows `r..r + W` (or `r..r + 1`) below `rows`.
+                    unsafe {
+                        while r + W <= rows {
+                            dot::<W, X>(a, r, &mut out[r * X..(r + W) * X]);
+                            r += W;
+                        }
+                        while r < rows {
+                            dot::<1, X>(a, r, &mut out[r * X..(r + 1) * X]);
+                            r += 1;
+                        }
+                    }
+                }
+
+                /// `out[i * X + j] = w_{r0 + i} · x_j` for `W` weight rows from `r0` and `X`
+                /// activation rows.
+                ///
+                /// # Safety
+                /// As for [`rows`], with `r0 + W` at most its `rows`.
+                #[target_feature(enable = $features)]
+                #[inline]
+                unsafe fn dot<const W: usize, const X: usize>(
+                    a: &Q8Args<'_>,
+                    r0: usize,
                     out: &mut [f32],
                 ) {
                     let mut acc = [[_mm256_setzero_ps(); X]; W];
                     let mut offs = [[0f32; X]; W];
-                    let w = a.w.as_ptr();
+                    // SAFETY: row `r0` is inside the checked rows.
+                    let w = unsafe { a.w.as_ptr().add(r0 * a.w_stride) };
                     let x = a.x.as_ptr();
                     let nb = a.nb;
                     // SAFETY (whole block): block `b` of weight row `i` is the bytes

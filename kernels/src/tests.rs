@@ -419,8 +419,9 @@ fn q8_kernels_exact_on_every_level() {
     let nb = 8;
     for dtype in Q8_TYPES {
         let rb = dtype.row_bytes(nb * 32);
-        let (w, x) = exact_inputs(&mut rng, dtype, 4, nb);
-        for w_rows in 1..=crate::q8::MAX_W {
+        let (w, x) = exact_inputs(&mut rng, dtype, 5, nb);
+        // 1..=5 weight rows in passes of 1 or 2 (with a one-row tail), 1..=4 activation rows.
+        for w_rows in 1..=5 {
             for x_rows in 1..=MAX_XR {
                 let want: Vec<f64> = (0..w_rows * x_rows)
                     .map(|o| {
@@ -429,21 +430,23 @@ fn q8_kernels_exact_on_every_level() {
                     })
                     .collect();
                 for &level in &levels {
-                    let mut out = vec![f32::NAN; w_rows * x_rows];
-                    let args = Q8Args {
-                        dtype,
-                        w: &w,
-                        w_stride: rb,
-                        x: &x,
-                        nb,
-                    };
-                    dot_q8(level, &args, w_rows, x_rows, &mut out);
-                    for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {
-                        assert_eq!(
-                            f64::from(g),
-                            e,
-                            "{dtype} {level:?} {w_rows}x{x_rows} output {o}"
-                        );
+                    for w_step in 1..=crate::q8::MAX_W {
+                        let mut out = vec![f32::NAN; w_rows * x_rows];
+                        let args = Q8Args {
+                            dtype,
+                            w: &w,
+                            w_stride: rb,
+                            x: &x,
+                            nb,
+                        };
+                        dot_q8(level, &args, w_rows, w_step, x_rows, &mut out);
+                        for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {
+                            assert_eq!(
+                                f64::from(g),
+                                e,
+                                "{dtype} {level:?} {w_rows}x{x_rows} step {w_step} output {o}"
+                            );
+                        }
                     }
                 }
             }
