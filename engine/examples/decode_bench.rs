@@ -2,8 +2,12 @@
 //!
 //! ```text
 //! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128] [--activations q8|f32]
-//!     [--batches 1,4,16] [--decode-only]
+//!     [--batches 1,4,16] [--decode-only] [--outside-pool]
 //! ```
+//!
+//! The steps run inside the rayon pool, as the server runs them with `--threads`.
+//! `--outside-pool` runs them from the main thread against the global pool instead (how this
+//! benchmark measured before 2026-12-03: every parallel region then starts with a hand-off).
 //!
 //! `--activations` picks the decoder's activation precision (default: the engine default, q8).
 //!
@@ -27,6 +31,7 @@ struct Args {
     activations: ActivationMode,
     batches: Vec<usize>,
     decode_only: bool,
+    outside_pool: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -38,6 +43,7 @@ fn parse_args() -> Result<Args, String> {
         activations: ActivationMode::default(),
         batches: vec![1, 4, 16],
         decode_only: false,
+        outside_pool: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -66,6 +72,7 @@ fn parse_args() -> Result<Args, String> {
                     .collect::<Result<_, _>>()?
             }
             "--decode-only" => args.decode_only = true,
+            "--outside-pool" => args.outside_pool = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -156,10 +163,14 @@ fn run() -> Result<(), String> {
     let args = parse_args()?;
     // Like the server with `--threads`: the steps run inside the pool (on one of its
     // threads), so parallel regions start without a hand-off from an outside thread.
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build()
-        .map_err(|e| format!("thread pool: {e}"))?;
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(args.threads);
+    if args.outside_pool {
+        builder
+            .build_global()
+            .map_err(|e| format!("thread pool: {e}"))?;
+        return measure(&args);
+    }
+    let pool = builder.build().map_err(|e| format!("thread pool: {e}"))?;
     pool.install(|| measure(&args))
 }
 
@@ -177,6 +188,7 @@ fn measure(args: &Args) -> Result<(), String> {
         "simd": format!("{:?}", kernels::simd_level()),
         "activations": loaded.model.activation_mode().as_str(),
         "q8_level": format!("{:?}", kernels::q8_level()),
+        "in_pool": !args.outside_pool,
         "load_s": (load_s * 1000.0).round() / 1000.0,
         "decode_tokens": args.decode_tokens,
     });

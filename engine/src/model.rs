@@ -90,7 +90,8 @@ pub enum ActivationMode {
     /// Decode steps quantise the activations to 8-bit blocks and use integer dot products
     /// against the 4- and 8-bit weights, as llama.cpp does: faster, and the logprobs drift
     /// from the f32 reference by up to about 0.6 (greedy tokens change only where the top two
-    /// are close). Prefill-sized steps keep the f32 path. The default, as in llama.cpp.
+    /// are close). Steps of more than 16 tokens (prefill) keep the f32 GEMM path, which is
+    /// faster there. The default, as in llama.cpp.
     #[default]
     Q8,
 }

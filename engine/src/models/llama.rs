@@ -5,7 +5,12 @@
 //! and the LM head (tied to the token embeddings when the file has no `output.weight`).
 //!
 //! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
-//! fly. A step stacks the tokens of every chunk in the batch into one activation matrix, so the
+//! fly. In [`ActivationMode::Q8`] (the default) steps of up to 16 tokens (`Q8_MAX_TOKENS`)
+//! quantise the activations to 8-bit blocks and use integer dot products against the 4- and
+//! 8-bit weights; larger steps, and every step in [`ActivationMode::F32`], use f32
+//! activations.
+//!
+//! A step stacks the tokens of every chunk in the batch into one activation matrix, so the
 //! projections of a batch of decode tokens run as one GEMM; attention runs per sequence over
 //! its block table.
 //!
