@@ -21,8 +21,8 @@ const BLOCK: usize = 16;
 const MARGIN: f64 = 0.3;
 const LOGPROB_TOL: f64 = 0.05;
 /// Top-5 logprob tolerance in [`ActivationMode::Q8`]. The reference README measured up to
-/// 0.64 for llama.cpp's own Q4_1 x Q8_1 path on this model; ours measured 0.36 with the SIMD
-/// kernels and 0.44 with the scalar fallback (see `greedy_q8_within_quantisation_tolerance`).
+/// 0.64 for llama.cpp's own Q4_1 x Q8_1 path on this model; ours measured 0.36 to 0.57
+/// depending on the kernel level (see `greedy_q8_within_quantisation_tolerance`).
 const Q8_LOGPROB_TOL: f64 = 0.7;
 
 fn repo_root() -> PathBuf {
@@ -309,11 +309,12 @@ fn greedy_tokens_and_logprobs_match_reference() {
 /// The quantised-activation mode (8-bit activation blocks, integer dot products, as
 /// llama.cpp): every clear-margin step (reference margin >= 0.3) still picks the reference
 /// token, and the top-5 logprobs stay within [`Q8_LOGPROB_TOL`]. Measured (2026-12-03, AMD EPYC
-/// with AVX-512 VNNI): max 0.358 and 376/384 argmax equal with the AVX-512 VNNI and the AVX2
-/// kernels (bit-identical: the integer sums are exact and the float steps the same), 0.444 and
-/// 375/384 with `KERNELS_Q8_LEVEL=scalar`; llama.cpp's own Q4_1 path measured 0.50-0.64 and
-/// 374-376/384 on the same cases. The difference must also be a real one: this mode does not
-/// silently run in f32.
+/// with AVX-512 VNNI), max |logprob diff| and argmax agreement: AVX-512 VNNI kernels (the
+/// default there) 0.566 and 376/384; `KERNELS_Q8_LEVEL=avx2` 0.358 and 376/384;
+/// `KERNELS_Q8_LEVEL=scalar` 0.444 and 375/384. The integer sums are exact on every level; only
+/// the order of the f32 accumulation differs, and 30 layers amplify that. llama.cpp's own Q4_1
+/// path measured 0.50-0.64 and 374-376/384 on the same cases. The difference must also be a
+/// real one: this mode does not silently run in f32.
 #[test]
 fn greedy_q8_within_quantisation_tolerance() {
     let worst = check_greedy(ActivationMode::Q8, Q8_LOGPROB_TOL);
