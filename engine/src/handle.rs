@@ -24,7 +24,7 @@ use crate::chat_template::{ChatTemplate, NO_TEMPLATE_MESSAGE};
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{EmbeddingModel, LoadedDecoder, LoadedEncoder};
+use crate::model::{ActivationMode, EmbeddingModel, LoadedDecoder, LoadedEncoder};
 use crate::scheduler::{
     Command, Engine, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission,
 };
@@ -41,6 +41,8 @@ pub struct EngineConfig {
     pub block_size: usize,
     pub enable_prefix_caching: bool,
     pub threads: Option<usize>,
+    /// Activation precision of the decoders' quantised matmuls.
+    pub activation_mode: ActivationMode,
 }
 
 impl Default for EngineConfig {
@@ -54,6 +56,7 @@ impl Default for EngineConfig {
             block_size: 16,
             enable_prefix_caching: true,
             threads: None,
+            activation_mode: ActivationMode::default(),
         }
     }
 }
@@ -269,10 +272,11 @@ fn compile_template(
 
 fn start_decoder(
     spec: &ModelSpec,
-    d: LoadedDecoder,
+    mut d: LoadedDecoder,
     config: &EngineConfig,
     active: usize,
 ) -> Result<ModelHandle> {
+    d.model.set_activation_mode(config.activation_mode);
     let info = d.model.info().clone();
     let max_model_len = resolve_max_len(config, info.max_position);
     let num_blocks = config.kv_cache_tokens / config.block_size;
@@ -307,6 +311,8 @@ fn start_decoder(
         max_model_len,
         kv_blocks = num_blocks,
         block_size = config.block_size,
+        activations = %config.activation_mode,
+        q8_kernels = ?kernels::q8_level(),
         "decoder ready"
     );
     Ok(ModelHandle {

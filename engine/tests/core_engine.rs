@@ -47,6 +47,7 @@ fn config() -> EngineConfig {
         block_size: 4,
         enable_prefix_caching: true,
         threads: None,
+        ..EngineConfig::default()
     }
 }
 

@@ -1,6 +1,7 @@
 //! SmolLM2-135M-Instruct (Q4_1 GGUF) against the float32 reference in
-//! `shared/reference/smollm2_greedy.json`: tokenizer ids, greedy tokens and top-5 logprobs,
-//! chunked prefill, mixed batches, and corrupt files.
+//! `shared/reference/smollm2_greedy.json`: tokenizer ids, greedy tokens and top-5 logprobs in
+//! both activation modes (f32: tight; q8: llama.cpp-like tolerance), chunked prefill, mixed
+//! batches, and corrupt files.
 //!
 //! The model file comes from `scripts/fetch-models.sh`; without it these tests fail (they never
 //! skip silently).
@@ -11,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use engine::gguf::load_decoder;
-use engine::model::{LoadedDecoder, PagedKvCache, SeqChunk};
+use engine::model::{ActivationMode, LoadedDecoder, PagedKvCache, SeqChunk};
 use engine::EngineError;
 use serde_json::Value;
 
@@ -19,6 +20,10 @@ const BLOCK: usize = 16;
 /// Steps are compared token by token until the reference's top1-top2 margin drops below this.
 const MARGIN: f64 = 0.3;
 const LOGPROB_TOL: f64 = 0.05;
+/// Top-5 logprob tolerance in [`ActivationMode::Q8`]. The reference README measured up to
+/// 0.64 for llama.cpp's own Q4_1 x Q8_1 path on this model; ours measured 0.36 to 0.57
+/// depending on the kernel level (see `greedy_q8_within_quantisation_tolerance`).
+const Q8_LOGPROB_TOL: f64 = 0.7;
 
 fn repo_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -48,7 +53,20 @@ fn reference() -> &'static Value {
     })
 }
 
+/// The shared model in the exact f32 activation mode (what most tests compare at 1e-3).
 fn model() -> MutexGuard<'static, LoadedDecoder> {
+    model_in(ActivationMode::F32)
+}
+
+/// The shared model, switched to `mode` for the holder of the guard.
+fn model_in(mode: ActivationMode) -> MutexGuard<'static, LoadedDecoder> {
+    let mut m = shared_model();
+    m.model.set_activation_mode(mode);
+    assert_eq!(m.model.activation_mode(), mode);
+    m
+}
+
+fn shared_model() -> MutexGuard<'static, LoadedDecoder> {
     static MODEL: OnceLock<Mutex<LoadedDecoder>> = OnceLock::new();
     MODEL
         .get_or_init(|| {
@@ -189,9 +207,12 @@ fn loaded_metadata() {
     );
 }
 
-#[test]
-fn greedy_tokens_and_logprobs_match_reference() {
-    let m = model();
+/// Teacher-forced greedy run of every case in `mode`: the argmax must equal the reference at
+/// every step whose reference top1-top2 margin is at least [`MARGIN`], and the top-5 logprobs
+/// at the recorded positions must be within `logprob_tol`. Returns the largest logprob
+/// difference seen.
+fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
+    let m = model_in(mode);
     let mut worst_logprob = 0f64;
     let mut summary = Vec::new();
     for case in cases() {
@@ -249,7 +270,7 @@ fn greedy_tokens_and_logprobs_match_reference() {
             assert_eq!(
                 argmax(&all_logits[s]),
                 want[s],
-                "{name}: step {s} (margin {}) chose a different token",
+                "{mode} {name}: step {s} (margin {}) chose a different token",
                 margins[s]
             );
         }
@@ -262,8 +283,8 @@ fn greedy_tokens_and_logprobs_match_reference() {
                 let d = (lp[id] - want_lp).abs();
                 worst_logprob = worst_logprob.max(d);
                 assert!(
-                    d < LOGPROB_TOL,
-                    "{name}: position {pos}, token {id}: logprob {} vs reference {want_lp}",
+                    d < logprob_tol,
+                    "{mode} {name}: position {pos}, token {id}: logprob {} vs reference {want_lp}",
                     lp[id]
                 );
             }
@@ -274,8 +295,33 @@ fn greedy_tokens_and_logprobs_match_reference() {
             checked.len()
         ));
     }
-    println!("{}", summary.join("\n"));
-    println!("max |logprob diff| at recorded positions: {worst_logprob:.2e}");
+    println!("{mode}:\n{}", summary.join("\n"));
+    println!("{mode}: max |logprob diff| at recorded positions: {worst_logprob:.2e}");
+    worst_logprob
+}
+
+#[test]
+fn greedy_tokens_and_logprobs_match_reference() {
+    let worst = check_greedy(ActivationMode::F32, LOGPROB_TOL);
+    assert!(worst < LOGPROB_TOL);
+}
+
+/// The quantised-activation mode (8-bit activation blocks, integer dot products, as
+/// llama.cpp): every clear-margin step (reference margin >= 0.3) still picks the reference
+/// token, and the top-5 logprobs stay within [`Q8_LOGPROB_TOL`]. Measured (2026-12-03, AMD EPYC
+/// with AVX-512 VNNI), max |logprob diff| and argmax agreement: AVX-512 VNNI kernels (the
+/// default there) 0.566 and 376/384; `KERNELS_Q8_LEVEL=avx2` 0.358 and 376/384;
+/// `KERNELS_Q8_LEVEL=scalar` 0.444 and 375/384. The integer sums are exact on every level; only
+/// the order of the f32 accumulation differs, and 30 layers amplify that. llama.cpp's own Q4_1
+/// path measured 0.50-0.64 and 374-376/384 on the same cases. The difference must also be a
+/// real one: this mode does not silently run in f32.
+#[test]
+fn greedy_q8_within_quantisation_tolerance() {
+    let worst = check_greedy(ActivationMode::Q8, Q8_LOGPROB_TOL);
+    assert!(
+        worst > 1e-3,
+        "q8 mode matches f32 to {worst}: is it running at all?"
+    );
 }
 
 #[test]
@@ -482,6 +528,94 @@ fn mixed_batch_matches_each_alone() {
     worst = worst.max(max_abs_diff(out[2].as_ref().unwrap(), &alone[2][1]));
     println!("batched vs alone: max |logit diff| {worst:.2e}");
     assert!(worst < 1e-3, "batched logits differ by {worst}");
+}
+
+/// In q8 mode each activation row is quantised on its own and the integer kernels round the
+/// same way for any batch shape, so decode steps batched together give exactly the logits of
+/// each sequence decoded alone.
+#[test]
+fn q8_decode_batch_equals_alone_exactly() {
+    let m = model_in(ActivationMode::Q8);
+    let all = cases();
+    let prompts: Vec<Vec<u32>> = [1usize, 5]
+        .iter()
+        .map(|&i| ids(&all[i]["prompt_token_ids"]))
+        .collect();
+    let steps = 3;
+    let max_len = prompts.iter().map(Vec::len).max().unwrap() + steps + 1;
+    // Alone: prefill, then greedy decode steps.
+    let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
+    let mut fed: Vec<Vec<u32>> = Vec::new();
+    for p in &prompts {
+        let mut c = cache(&m, 1, max_len);
+        let t = c.tables[0].clone();
+        let mut last = step(
+            &m,
+            &mut c.kv,
+            &[SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: &t,
+                want_logits: true,
+            }],
+        )[0]
+        .clone()
+        .unwrap();
+        let (mut logits, mut toks) = (Vec::new(), Vec::new());
+        for s in 0..steps {
+            let tok = [argmax(&last)];
+            toks.push(tok[0]);
+            last = step(
+                &m,
+                &mut c.kv,
+                &[SeqChunk {
+                    tokens: &tok,
+                    start_pos: p.len() + s,
+                    block_table: &t,
+                    want_logits: true,
+                }],
+            )[0]
+            .clone()
+            .unwrap();
+            logits.push(last.clone());
+        }
+        alone.push(logits);
+        fed.push(toks);
+    }
+    // Together: each prefilled alone into one cache, then every decode step batched.
+    let mut c = cache(&m, 2, max_len);
+    let t = c.tables.clone();
+    for (i, p) in prompts.iter().enumerate() {
+        step(
+            &m,
+            &mut c.kv,
+            &[SeqChunk {
+                tokens: p,
+                start_pos: 0,
+                block_table: &t[i],
+                want_logits: true,
+            }],
+        );
+    }
+    for s in 0..steps {
+        let toks: Vec<[u32; 1]> = fed.iter().map(|f| [f[s]]).collect();
+        let chunks: Vec<SeqChunk<'_>> = (0..2)
+            .map(|i| SeqChunk {
+                tokens: &toks[i],
+                start_pos: prompts[i].len() + s,
+                block_table: &t[i],
+                want_logits: true,
+            })
+            .collect();
+        let out = step(&m, &mut c.kv, &chunks);
+        for i in 0..2 {
+            assert_eq!(
+                out[i].as_ref().unwrap(),
+                &alone[i][s],
+                "sequence {i}, decode step {s}: batched logits differ from alone"
+            );
+        }
+    }
 }
 
 #[test]

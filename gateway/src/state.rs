@@ -201,6 +201,7 @@ impl Settings {
             max_num_batched_tokens: args.max_num_batched_tokens.unwrap_or(2048),
             kv_cache_tokens: args.kv_cache_tokens,
             threads: args.threads,
+            activation_mode: args.activation_precision,
             ..EngineConfig::default()
         };
         Ok(Settings {

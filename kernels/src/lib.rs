@@ -6,6 +6,10 @@
 //!   (decode) run a fused kernel that dequantises each block inside the dot product; many rows
 //!   (prefill) dequantise weight tiles into a scratch buffer and call the `gemm` crate. Both keep
 //!   f32 accuracy.
+//! - [`matmul_q8`] / [`matmul_multi_q8`]: the same products with the activations quantised to
+//!   8-bit blocks ([`Q8Block`], [`quantize_row_q8`]) and integer dot products against Q4_0,
+//!   Q4_1 and Q8_0 weights (AVX2, AVX-VNNI or AVX-512 VNNI, chosen at run time by
+//!   [`q8_level`]). Faster for decode; the activations carry quantisation error.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
 //!
 //! SIMD is chosen at run time (AVX2+FMA+F16C on x86_64, with a scalar fallback everywhere).
@@ -18,12 +22,14 @@ mod dot;
 mod dtype;
 mod matmul;
 pub mod ops;
+mod q8;
 mod simd;
 
 pub use dense::{gemm_ab, gemm_abt};
 pub use dequant::dequantize_row;
 pub use dtype::{DType, KernelError, QMatrix};
-pub use matmul::{matmul, matmul_multi, MatmulJob};
+pub use matmul::{matmul, matmul_multi, matmul_multi_q8, matmul_q8, MatmulJob};
+pub use q8::{q8_level, q8_supports, quantize_row_q8, Q8Block, Q8Level, Q8_BLOCK};
 pub use simd::{simd_level, SimdLevel};
 
 #[cfg(test)]

@@ -5,7 +5,12 @@
 //! and the LM head (tied to the token embeddings when the file has no `output.weight`).
 //!
 //! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
-//! fly. A step stacks the tokens of every chunk in the batch into one activation matrix, so the
+//! fly. In [`ActivationMode::Q8`] (the default) steps of up to 16 tokens (`Q8_MAX_TOKENS`)
+//! quantise the activations to 8-bit blocks and use integer dot products against the 4- and
+//! 8-bit weights; larger steps, and every step in [`ActivationMode::F32`], use f32
+//! activations.
+//!
+//! A step stacks the tokens of every chunk in the batch into one activation matrix, so the
 //! projections of a batch of decode tokens run as one GEMM; attention runs per sequence over
 //! its block table.
 //!
@@ -22,7 +27,7 @@ use memmap2::Mmap;
 
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::model::{CausalLm, DecoderInfo, PagedKvCache, SeqChunk};
+use crate::model::{ActivationMode, CausalLm, DecoderInfo, PagedKvCache, SeqChunk};
 use crate::tokenizer::GgufTokenizer;
 
 use attention::{AttnShape, ChunkSpan};
@@ -108,8 +113,13 @@ pub struct LlamaModel {
     output_norm: Vec<f32>,
     rope_factors: Option<Vec<f32>>,
     layers: Vec<Layer>,
+    activation_mode: ActivationMode,
     scratch: Mutex<Scratch>,
 }
+
+/// In [`ActivationMode::Q8`], steps of at most this many tokens use the integer kernels; larger
+/// ones (prefill) keep the f32 GEMM path, which is faster there.
+const Q8_MAX_TOKENS: usize = 16;
 
 impl std::fmt::Debug for LlamaModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -373,12 +383,41 @@ impl LlamaModel {
             output_norm,
             rope_factors,
             layers,
+            activation_mode: ActivationMode::default(),
             scratch: Mutex::new(Scratch::default()),
         })
     }
 
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// `matmul_multi` on the path the activation mode picks for a step of `m` tokens.
+    fn matmul_multi(
+        &self,
+        x: &[f32],
+        m: usize,
+        jobs: &mut [MatmulJob<'_, '_>],
+        accumulate: bool,
+    ) -> Result<()> {
+        if self.activation_mode == ActivationMode::Q8 && m <= Q8_MAX_TOKENS {
+            kernels::matmul_multi_q8(x, m, jobs, accumulate)
+        } else {
+            kernels::matmul_multi(x, m, jobs, accumulate)
+        }
+        .map_err(internal)
+    }
+
+    fn matmul(
+        &self,
+        x: &[f32],
+        m: usize,
+        w: &Weight,
+        out: &mut [f32],
+        accumulate: bool,
+    ) -> Result<()> {
+        let w = self.qm(w)?;
+        self.matmul_multi(x, m, &mut [MatmulJob { w, out }], accumulate)
     }
 
     fn qm(&self, w: &Weight) -> Result<QMatrix<'_>> {
@@ -522,7 +561,7 @@ impl LlamaModel {
                     &mut s.h[t * h..(t + 1) * h],
                 );
             }
-            kernels::matmul_multi(
+            self.matmul_multi(
                 &s.h,
                 t_total,
                 &mut [
@@ -540,8 +579,7 @@ impl LlamaModel {
                     },
                 ],
                 false,
-            )
-            .map_err(internal)?;
+            )?;
             for t in 0..t_total {
                 let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
                 let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
@@ -576,8 +614,7 @@ impl LlamaModel {
                 }
             }
             attention::attend(&shape, &spans, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
-            kernels::matmul(&s.attn, t_total, &self.qm(&layer.wo)?, &mut s.x, true)
-                .map_err(internal)?;
+            self.matmul(&s.attn, t_total, &layer.wo, &mut s.x, true)?;
 
             for t in 0..t_total {
                 ops::rmsnorm(
@@ -587,7 +624,7 @@ impl LlamaModel {
                     &mut s.h[t * h..(t + 1) * h],
                 );
             }
-            kernels::matmul_multi(
+            self.matmul_multi(
                 &s.h,
                 t_total,
                 &mut [
@@ -601,11 +638,9 @@ impl LlamaModel {
                     },
                 ],
                 false,
-            )
-            .map_err(internal)?;
+            )?;
             ops::silu_mul(&mut s.gate, &s.up);
-            kernels::matmul(&s.gate, t_total, &self.qm(&layer.w_down)?, &mut s.x, true)
-                .map_err(internal)?;
+            self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?;
         }
 
         // Final norm and LM head for the chunks that want logits.
@@ -631,8 +666,8 @@ impl LlamaModel {
             );
         }
         let mut logits = vec![0f32; n * cfg.vocab];
-        kernels::matmul(&normed, n, &self.qm(&self.output)?, &mut logits, false)
-            .map_err(internal)?;
+        // The LM head sees only the logit rows: a prefill step's head is decode-sized.
+        self.matmul(&normed, n, &self.output, &mut logits, false)?;
         for (j, &ci) in wanted.iter().enumerate() {
             results[ci] = Some(logits[j * cfg.vocab..(j + 1) * cfg.vocab].to_vec());
         }
@@ -652,6 +687,14 @@ fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
 impl CausalLm for LlamaModel {
     fn info(&self) -> &DecoderInfo {
         &self.info
+    }
+
+    fn activation_mode(&self) -> ActivationMode {
+        self.activation_mode
+    }
+
+    fn set_activation_mode(&mut self, mode: ActivationMode) {
+        self.activation_mode = mode;
     }
 
     fn forward(

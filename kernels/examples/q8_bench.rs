@@ -1,0 +1,90 @@
+//! One quantised matmul, f32 activations against q8 activations, interleaved call by call so
+//! that both see the same machine load. Prints the best and mean time of each.
+//!
+//! ```text
+//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [q4_1|q4_0|q8_0] [M] [THREADS]
+//! ```
+//! Defaults: 1536 x 576 (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread.
+//! `KERNELS_Q8_LEVEL=avx2|avxvnni|avx512vnni|scalar` picks the integer kernels.
+
+use std::time::Instant;
+
+use kernels::{matmul, matmul_q8, DType, QMatrix};
+
+fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> Result<T, String> {
+    args.get(i).map_or(Ok(default), |v| {
+        v.parse()
+            .map_err(|_| format!("argument {i}: cannot parse '{v}'"))
+    })
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().collect();
+    let n: usize = arg(&args, 1, 1536)?;
+    let k: usize = arg(&args, 2, 576)?;
+    let reps: usize = arg(&args, 3, 200)?;
+    let dtype = match args.get(4).map(String::as_str) {
+        None | Some("q4_1") => DType::Q4_1,
+        Some("q4_0") => DType::Q4_0,
+        Some("q8_0") => DType::Q8_0,
+        Some(other) => return Err(format!("unknown type {other}")),
+    };
+    let m: usize = arg(&args, 5, 1)?;
+    let threads: usize = arg(&args, 6, 1)?;
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| e.to_string())?;
+    // Deterministic bytes; scales kept small and finite (f16 0x2020 ≈ 0.0083).
+    let bytes: Vec<u8> = (0..n * dtype.row_bytes(k))
+        .map(|i| {
+            let head = if dtype == DType::Q4_1 { 4 } else { 2 };
+            if i % dtype.block_bytes() < head {
+                0x20
+            } else {
+                (i * 37 % 251) as u8
+            }
+        })
+        .collect();
+    let w = QMatrix::new(dtype, n, k, &bytes).map_err(|e| e.to_string())?;
+    let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
+    let mut out = vec![0f32; m * n];
+    let (mut best, mut total) = ([f64::MAX; 2], [0f64; 2]);
+    pool.install(|| -> Result<(), String> {
+        for _ in 0..reps {
+            for (i, best_i) in best.iter_mut().enumerate() {
+                let t = Instant::now();
+                if i == 0 {
+                    matmul(&x, m, &w, &mut out, false)
+                } else {
+                    matmul_q8(&x, m, &w, &mut out, false)
+                }
+                .map_err(|e| e.to_string())?;
+                let e = t.elapsed().as_secs_f64();
+                *best_i = best_i.min(e);
+                total[i] += e;
+            }
+        }
+        Ok(())
+    })?;
+    let blocks = (n * k / 32) as f64;
+    for (i, name) in ["f32", "q8"].iter().enumerate() {
+        println!(
+            "{name} activations, {dtype} {n}x{k}, m={m}, {threads} thread(s), {:?}: best {:.1} us \
+             ({:.2} ns/weight block, {:.1} GB/s of weights), mean {:.1} us",
+            kernels::q8_level(),
+            best[i] * 1e6,
+            best[i] * 1e9 / blocks / m as f64,
+            (n * dtype.row_bytes(k)) as f64 / best[i] / 1e9,
+            total[i] / reps as f64 * 1e6
+        );
+    }
+    Ok(())
+}
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("q8_bench: {e}");
+        std::process::exit(1);
+    }
+}
