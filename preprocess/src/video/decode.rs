@@ -34,7 +34,7 @@ use std::sync::Once;
 use ffmpeg_next::ffi;
 use ffmpeg_next::format::Pixel;
 use ffmpeg_next::media;
-use ffmpeg_next::packet::Ref as _;
+use ffmpeg_next::packet::{Mut as _, Ref as _};
 use ffmpeg_next::software::scaling;
 use ffmpeg_next::util::frame::Video as VideoFrame;
 use ffmpeg_next::{codec, Packet, Rational};
@@ -328,6 +328,10 @@ fn next_packet(
                 max: limits.max_total_frames_scanned,
             });
         }
+        // `av_read_frame` wants a blank packet and does not release what the previous read
+        // left in it (`Packet::read` does not either): without this each packet leaked.
+        // SAFETY: `packet` is a valid packet we own; unref resets it to blank.
+        unsafe { ffi::av_packet_unref(packet.as_mut_ptr()) };
         match packet.read(input.input_mut()?) {
             Ok(()) => return Ok(true),
             Err(ffmpeg_next::Error::Eof) => return Ok(false),
