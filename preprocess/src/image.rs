@@ -22,6 +22,10 @@ use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
 use serde_json::Value;
 
+/// The most values one processed image or video may hold (512 MiB of f32): with the default
+/// 32 frames at Qwen2-VL's largest default size a video needs 96 M.
+pub const MAX_PATCH_VALUES: usize = 128 << 20;
+
 /// The pixel cap's default (vLLM / Pillow's `MAX_IMAGE_PIXELS` x 2).
 pub const DEFAULT_MAX_PIXELS: u64 = 178_956_970;
 
@@ -630,33 +634,50 @@ impl Qwen2VlConfig {
         })?;
         let (rh, rw) = self.smart_resize(first.height(), first.width())?;
         let table = NormTable::new(1.0 / 255.0, self.image_mean, self.image_std);
-        // Each frame resized and normalised once into planar channels (CHW); the patches are
-        // then row copies out of the planes.
-        let planes: Vec<Vec<f32>> = frames
-            .iter()
-            .map(|f| bicubic_resize(f, rw, rh).map(|r| table.planar(&r)))
-            .collect::<Result<_, _>>()?;
         let tp = self.temporal_patch_size.max(1);
         let p = self.patch_size;
         let m = self.merge_size.max(1);
-        let grid_t = planes.len().div_ceil(tp);
+        let grid_t = frames.len().div_ceil(tp);
         let (gh, gw) = (rh as usize / p, rw as usize / p);
         let patch_len = 3 * tp * p * p;
         let num_patches = grid_t * (gh / m * m) * (gw / m * m);
+        // Checked before the output exists: many frames at a large smart size would otherwise
+        // ask for gigabytes of floats.
+        let values = num_patches.saturating_mul(patch_len);
+        if values > MAX_PATCH_VALUES {
+            return Err(ImageError::BadSize {
+                width: first.width(),
+                height: first.height(),
+                reason: format!(
+                    "{} frame(s) at {rw}x{rh} make {values} values, over the limit of {MAX_PATCH_VALUES}",
+                    frames.len()
+                ),
+            });
+        }
         let (w, plane_len) = (rw as usize, rw as usize * rh as usize);
-        let mut data = Vec::with_capacity(num_patches * patch_len);
+        let mut data = Vec::with_capacity(values);
         // Patch order: t, block row, block column, row in block, column in block;
         // within a patch: channel, frame, y, x (the reference processor's transpose).
         for t in 0..grid_t {
+            // This temporal patch's frames, resized and normalised once into planar channels
+            // (CHW); the patches are then row copies out of the planes. The last frame repeats
+            // to fill the group.
+            let last = ((t + 1) * tp).min(frames.len());
+            let planes: Vec<Vec<f32>> = frames[t * tp..last]
+                .iter()
+                .map(|f| bicubic_resize(f, rw, rh).map(|r| table.planar(&r)))
+                .collect::<Result<_, _>>()?;
+            let group: Vec<&Vec<f32>> = (0..tp)
+                .filter_map(|ti| planes.get(ti.min(planes.len() - 1)))
+                .collect();
             for bh in 0..gh / m {
                 for bw in 0..gw / m {
                     for mh in 0..m {
                         for mw in 0..m {
                             let (py0, px0) = ((bh * m + mh) * p, (bw * m + mw) * p);
                             for c in 0..3 {
-                                for ti in 0..tp {
-                                    let frame = (t * tp + ti).min(planes.len() - 1);
-                                    let plane = &planes[frame][c * plane_len..][..plane_len];
+                                for plane in &group {
+                                    let plane = &plane[c * plane_len..][..plane_len];
                                     for y in 0..p {
                                         data.extend_from_slice(&plane[(py0 + y) * w + px0..][..p]);
                                     }

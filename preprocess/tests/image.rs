@@ -312,3 +312,19 @@ fn processors_produce_model_shapes() {
         fewer.num_tokens
     );
 }
+
+#[test]
+fn video_patch_output_is_bounded_before_it_is_allocated() {
+    // 100 small frames that the processor would upscale to 2 M pixels each: 600 M values.
+    let frames = vec![picture(64, 64); 100];
+    let q = Qwen2VlConfig {
+        min_pixels: 2_000_000,
+        max_pixels: 2_000_000,
+        ..Qwen2VlConfig::default()
+    };
+    let err = q.process_frames(&frames).unwrap_err();
+    assert!(err.to_string().contains("over the limit of"), "{err}");
+    // Four of them are fine.
+    let ok = q.process_frames(&frames[..4]).unwrap();
+    assert_eq!(ok.grid_thw.unwrap()[0], 2);
+}
