@@ -44,6 +44,12 @@ pub enum ApiError {
     /// A bug. The message is logged in full; the client gets it too (no secrets in there).
     #[error("{0}")]
     Internal(String),
+    /// The request did not finish within `--request-timeout`.
+    #[error("{0}")]
+    Timeout(String),
+    /// The body is over `--max-request-body-bytes`.
+    #[error("{0}")]
+    PayloadTooLarge(String),
 }
 
 impl ApiError {
@@ -64,6 +70,8 @@ impl ApiError {
             ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal(_) => StatusCode::INTERNAL_SERVER_ERROR,
+            ApiError::Timeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
         }
     }
 
@@ -76,6 +84,8 @@ impl ApiError {
             ApiError::Overloaded(_) | ApiError::Unavailable(_) => "ServiceUnavailableError",
             ApiError::NotImplemented(_) => "NotImplementedError",
             ApiError::Internal(_) => "InternalServerError",
+            ApiError::Timeout(_) => "GatewayTimeoutError",
+            ApiError::PayloadTooLarge(_) => "RequestEntityTooLargeError",
         }
     }
 
@@ -104,7 +114,7 @@ impl ApiError {
     /// The envelope as JSON text: the same bytes `serde_json` writes for [`ApiError::body`],
     /// written directly (every rejection pays for this, so it skips the generic serializer).
     pub fn to_json(&self) -> String {
-        let message = self.to_string();
+        let message = self.message();
         let mut out = String::with_capacity(message.len() + 96);
         out.push_str("{\"error\":{\"message\":");
         push_json_str(&mut out, &message);
@@ -116,9 +126,32 @@ impl ApiError {
             None => out.push_str("null"),
         }
         out.push_str(",\"code\":");
-        out.push_str(&self.status().as_u16().to_string());
+        let code = self.status().as_u16();
+        out.extend([
+            char::from(b'0' + (code / 100 % 10) as u8),
+            char::from(b'0' + (code / 10 % 10) as u8),
+            char::from(b'0' + (code % 10) as u8),
+        ]);
         out.push_str("}}");
         out
+    }
+
+    /// The message as [`std::fmt::Display`] writes it, borrowed where the variant holds it
+    /// whole (no formatting machinery on the rejection path).
+    pub fn message(&self) -> std::borrow::Cow<'_, str> {
+        match self {
+            ApiError::BadRequest { message, .. } | ApiError::Unprocessable { message, .. } => {
+                message.as_str().into()
+            }
+            ApiError::NotFound(m)
+            | ApiError::Overloaded(m)
+            | ApiError::NotImplemented(m)
+            | ApiError::Unavailable(m)
+            | ApiError::Internal(m)
+            | ApiError::Timeout(m)
+            | ApiError::PayloadTooLarge(m) => m.as_str().into(),
+            ApiError::ModelNotFound(_) | ApiError::Unauthorized => self.to_string().into(),
+        }
     }
 }
 
@@ -161,12 +194,12 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
-        let mut resp = (
-            status,
-            [(header::CONTENT_TYPE, "application/json")],
-            self.to_json(),
-        )
-            .into_response();
+        let mut resp = Response::new(axum::body::Body::from(self.to_json()));
+        *resp.status_mut() = status;
+        resp.headers_mut().insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/json"),
+        );
         if matches!(self, ApiError::Overloaded(_) | ApiError::Unavailable(_)) {
             resp.headers_mut()
                 .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
@@ -221,8 +254,13 @@ mod tests {
                 message: "fetch failed".into(),
                 param: Some("p\"q".into()),
             },
+            ApiError::Timeout("slow".into()),
+            ApiError::PayloadTooLarge("big".into()),
+            ApiError::Internal("bug".into()),
+            ApiError::NotImplemented("later".into()),
         ];
         for e in cases {
+            assert_eq!(e.message(), e.to_string());
             let want = serde_json::to_string(&e.body()).unwrap();
             assert_eq!(e.to_json(), want);
             let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();

@@ -47,13 +47,13 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         default_chat_template_kwargs: settings.default_chat_template_kwargs,
         max_logprobs: args.max_logprobs,
         api_keys: args.api_key.clone(),
+        max_body_bytes: args.max_request_body_bytes,
         metrics: Some(metrics),
     });
     let app = router(
         state,
         HttpLimits {
             max_concurrent: args.max_concurrent_requests,
-            max_body_bytes: args.max_request_body_bytes,
             timeout: Duration::from_secs(args.request_timeout),
         },
     );

@@ -14,7 +14,6 @@ use crate::state::AppState;
 
 pub struct HttpLimits {
     pub max_concurrent: usize,
-    pub max_body_bytes: usize,
     pub timeout: Duration,
 }
 
@@ -62,7 +61,6 @@ pub fn router(state: Arc<AppState>, limits: HttpLimits) -> Router {
         StackConfig {
             auth,
             max_concurrent: limits.max_concurrent,
-            max_body_bytes: limits.max_body_bytes,
             timeout: limits.timeout,
         },
     )

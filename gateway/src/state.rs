@@ -33,6 +33,8 @@ pub struct AppState {
     pub default_chat_template_kwargs: Map<String, Value>,
     pub max_logprobs: usize,
     pub api_keys: Vec<String>,
+    /// `--max-request-body-bytes`.
+    pub max_body_bytes: usize,
     pub metrics: Option<PrometheusHandle>,
 }
 

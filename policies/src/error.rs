@@ -250,7 +250,34 @@ pub enum PolicyError {
 impl PolicyError {
     /// The full message as the client sees it.
     pub fn message(&self) -> String {
-        self.to_string()
+        match self.fixed_message() {
+            Some(text) => text.to_string(),
+            None => self.to_string(),
+        }
+    }
+
+    /// The message of the variants whose text never varies, without formatting it (the gate's
+    /// refusal is the hot error path). Equal to the `Display` text (tested).
+    pub fn fixed_message(&self) -> Option<&'static str> {
+        match self {
+            PolicyError::KwargsNotTrusted {
+                field: KwargsField::MmProcessorKwargs,
+            } => Some(
+                "Per-request mm_processor_kwargs are disabled by default because they can change \
+                 multimodal preprocessing resource usage. Start the server with \
+                 --trust-request-mm-kwargs only when clients are trusted. \
+                 (parameter=mm_processor_kwargs)",
+            ),
+            PolicyError::KwargsNotTrusted {
+                field: KwargsField::MediaIoKwargs,
+            } => Some(
+                "Per-request media_io_kwargs are disabled by default because they can change \
+                 multimodal media loading resource usage. Start the server with \
+                 --trust-request-mm-kwargs only when clients are trusted. \
+                 (parameter=media_io_kwargs)",
+            ),
+            _ => None,
+        }
     }
 
     /// The `param` of the error body: the request field (or modality) at fault.
@@ -348,6 +375,7 @@ mod tests {
              --trust-request-mm-kwargs only when clients are trusted. \
              (parameter=mm_processor_kwargs)"
         );
+        assert_eq!(mm.message(), mm.to_string());
         assert_eq!(mm.param(), Some("mm_processor_kwargs"));
         assert_eq!(mm.status(), 400);
         assert_eq!(mm.error_type(), "BadRequestError");
@@ -362,6 +390,7 @@ mod tests {
              --trust-request-mm-kwargs only when clients are trusted. \
              (parameter=media_io_kwargs)"
         );
+        assert_eq!(media.message(), media.to_string());
         assert_eq!(media.param(), Some("media_io_kwargs"));
     }
 

@@ -3,13 +3,23 @@
 //! `/metrics` stay open. Keys are compared in constant time. Runs before anything else looks
 //! at the request.
 
-use axum::extract::Request;
-use axum::http::header;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
+use axum::http::{header, HeaderMap};
 use subtle::ConstantTimeEq;
 
-/// The presented key, for the policy layers (trusted-client profile).
+/// The presented key, for the policy layers (trusted-client profile). Read from the
+/// `Authorization` header by the handler (the front service has already checked it).
 #[derive(Clone, Debug)]
 pub struct PresentedKey(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for PresentedKey {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        Ok(PresentedKey(bearer(&parts.headers).map(str::to_string)))
+    }
+}
 
 /// Extra acceptance check (the trusted-client profile's keys, possibly stored as hashes).
 pub type KeyCheck = Box<dyn Fn(&str) -> bool + Send + Sync>;
@@ -24,8 +34,8 @@ pub fn is_open_path(path: &str) -> bool {
     matches!(path, "/health" | "/ping" | "/version" | "/metrics")
 }
 
-pub fn bearer(req: &Request) -> Option<&str> {
-    let value = req.headers().get(header::AUTHORIZATION)?.to_str().ok()?;
+pub fn bearer(headers: &HeaderMap) -> Option<&str> {
+    let value = headers.get(header::AUTHORIZATION)?.to_str().ok()?;
     let (scheme, token) = value.split_once(' ')?;
     scheme.eq_ignore_ascii_case("bearer").then(|| token.trim())
 }

@@ -1,35 +1,67 @@
 //! Our JSON extractor: every rejection (content type, syntax, shape, field type) is an
 //! [`ApiError`] in the contract's envelope, with `param` naming the field where there is one.
 
-use axum::body::Bytes;
+use std::sync::Arc;
+
 use axum::extract::{FromRequest, Request};
 use axum::http::header;
+use http_body_util::{BodyExt, LengthLimitError, Limited};
 use serde::de::DeserializeOwned;
 
 use crate::error::ApiError;
+use crate::state::AppState;
 
 /// A request body parsed into `T` in one pass, straight from the bytes.
 pub struct ValidJson<T>(pub T);
 
+/// Where the extractor finds `--max-request-body-bytes`.
+pub trait BodyLimit {
+    fn max_body_bytes(&self) -> usize;
+}
+
+impl BodyLimit for Arc<AppState> {
+    fn max_body_bytes(&self) -> usize {
+        self.max_body_bytes
+    }
+}
+
+fn too_large(limit: usize) -> ApiError {
+    ApiError::PayloadTooLarge(format!(
+        "The request body is larger than the server's limit of {limit} bytes (--max-request-body-bytes)."
+    ))
+}
+
+/// The body, at most `limit` bytes: a `Content-Length` over the limit is refused before
+/// anything is read, a body that streams past it as soon as it does.
+pub async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError> {
+    let declared = req
+        .headers()
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > limit as u64) {
+        return Err(too_large(limit));
+    }
+    match Limited::new(req.into_body(), limit).collect().await {
+        Ok(collected) => Ok(collected.to_bytes()),
+        Err(e) if e.downcast_ref::<LengthLimitError>().is_some() => Err(too_large(limit)),
+        Err(e) => Err(ApiError::bad_request(
+            format!("Could not read the request body: {e}"),
+            None,
+        )),
+    }
+}
+
 impl<S, T> FromRequest<S> for ValidJson<T>
 where
-    S: Send + Sync,
+    S: BodyLimit + Send + Sync,
     T: DeserializeOwned,
 {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         check_content_type(req.headers())?;
-        let bytes = Bytes::from_request(req, state).await.map_err(|e| {
-            if e.status() == axum::http::StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::bad_request(
-                    "The request body is larger than the server's limit (--max-request-body-bytes).",
-                    None,
-                )
-            } else {
-                ApiError::bad_request(format!("Could not read the request body: {e}"), None)
-            }
-        })?;
+        let bytes = read_body(req, state.max_body_bytes()).await?;
         parse_body(&bytes).map(ValidJson)
     }
 }
@@ -197,6 +229,38 @@ mod tests {
         }
         let err = parse_body::<T>(br#"{"b": ["x", 1]}"#).err();
         assert!(matches!(err, Some(ApiError::BadRequest { param: Some(p), .. }) if p == "b"));
+    }
+
+    fn status_of(r: Result<bytes::Bytes, ApiError>) -> u16 {
+        match r {
+            Ok(_) => 200,
+            Err(e) => e.status().as_u16(),
+        }
+    }
+
+    #[tokio::test]
+    async fn bodies_over_the_limit_are_413_declared_or_streamed() {
+        let ok = Request::new(axum::body::Body::from("x".repeat(100)));
+        assert_eq!(status_of(read_body(ok, 100).await), 200);
+        // Declared too large: refused before reading.
+        let mut declared = Request::new(axum::body::Body::from("{}"));
+        declared
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, "5000000".parse().unwrap());
+        assert_eq!(status_of(read_body(declared, 100).await), 413);
+        // No length given, streamed past the limit in chunks.
+        let chunks = futures::stream::iter(
+            (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; 50]))),
+        );
+        let streamed = Request::new(axum::body::Body::from_stream(chunks));
+        let err = read_body(streamed, 100).await.err();
+        assert!(
+            matches!(&err, Some(ApiError::PayloadTooLarge(m)) if m.contains("--max-request-body-bytes")),
+            "{err:?}"
+        );
+        // Bigger than axum's own 2 MB default: our limit is the one that counts.
+        let big = Request::new(axum::body::Body::from(vec![b' '; 3 << 20]));
+        assert_eq!(status_of(read_body(big, 4 << 20).await), 200);
     }
 
     #[test]

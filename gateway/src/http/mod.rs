@@ -2,7 +2,7 @@
 
 pub mod auth;
 pub mod extract;
-pub mod guard;
+pub mod front;
 pub mod overload;
 pub mod sse;
 pub mod stack;

@@ -1,17 +1,102 @@
 //! `/v1/chat/completions` request and response types (OpenAI and vLLM compatible).
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::{Map, Value};
 
-use super::sampling::SamplingFields;
+use super::sampling::request_with_sampling;
 use super::Usage;
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct ChatRequest {
+/// One message of `messages` as the client sent it.
+///
+/// An object is kept as its key/value pairs in the order sent, without building a map: a map
+/// with insertion order hashes every key with a fresh SipHash state, and every request pays
+/// for its messages before the trust gate can refuse it. Lookups take the last value of a
+/// key, as a map would. Anything else than an object is remembered only as such; the
+/// message checks refuse it with their own message.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChatMessage {
+    Object(Vec<(String, Value)>),
+    NotAnObject,
+}
+
+impl ChatMessage {
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        match self {
+            ChatMessage::Object(fields) => {
+                fields.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
+            }
+            ChatMessage::NotAnObject => None,
+        }
+    }
+
+    /// The message as a JSON object for the chat template (`content` replaced when given).
+    pub fn to_value(&self, content: Option<&str>) -> Value {
+        let ChatMessage::Object(fields) = self else {
+            return Value::Null;
+        };
+        let mut map = Map::with_capacity(fields.len());
+        for (k, v) in fields {
+            map.insert(k.clone(), v.clone());
+        }
+        if let Some(text) = content {
+            map.insert("content".into(), Value::String(text.to_string()));
+        }
+        Value::Object(map)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ChatMessage {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> serde::de::Visitor<'de> for V {
+            type Value = ChatMessage;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a chat message")
+            }
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut m: A,
+            ) -> Result<ChatMessage, A::Error> {
+                let mut fields = Vec::with_capacity(m.size_hint().unwrap_or(2).min(16));
+                while let Some(entry) = m.next_entry::<String, Value>()? {
+                    fields.push(entry);
+                }
+                Ok(ChatMessage::Object(fields))
+            }
+            fn visit_seq<A: serde::de::SeqAccess<'de>>(
+                self,
+                mut s: A,
+            ) -> Result<ChatMessage, A::Error> {
+                while s.next_element::<serde::de::IgnoredAny>()?.is_some() {}
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_bool<E>(self, _: bool) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_i64<E>(self, _: i64) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_u64<E>(self, _: u64) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_f64<E>(self, _: f64) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_str<E>(self, _: &str) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+            fn visit_unit<E>(self) -> Result<ChatMessage, E> {
+                Ok(ChatMessage::NotAnObject)
+            }
+        }
+        d.deserialize_any(V)
+    }
+}
+
+request_with_sampling! {
+pub struct ChatRequest via ChatRequestWire {
     pub model: Option<String>,
-    pub messages: Vec<Value>,
-    #[serde(flatten)]
-    pub sampling: SamplingFields,
+    pub messages: Vec<ChatMessage>,
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
     /// Kept raw so a non-integer gets the contract's exact message.
@@ -26,6 +111,7 @@ pub struct ChatRequest {
     pub add_special_tokens: Option<bool>,
     pub mm_processor_kwargs: Option<Value>,
     pub media_io_kwargs: Option<Value>,
+}
 }
 
 #[derive(Debug, Serialize)]

@@ -3,7 +3,7 @@
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::sampling::SamplingFields;
+use super::sampling::request_with_sampling;
 use super::Usage;
 
 /// `prompt`: a string, a list of strings, a list of token ids, or a list of lists of ids.
@@ -16,12 +16,10 @@ pub enum PromptField {
     IdLists(Vec<Vec<i64>>),
 }
 
-#[derive(Debug, Clone, Deserialize)]
-pub struct CompletionRequest {
+request_with_sampling! {
+pub struct CompletionRequest via CompletionRequestWire {
     pub model: Option<String>,
     pub prompt: Option<PromptField>,
-    #[serde(flatten)]
-    pub sampling: SamplingFields,
     pub logprobs: Option<i64>,
     pub echo: Option<bool>,
     pub suffix: Option<String>,
@@ -30,6 +28,7 @@ pub struct CompletionRequest {
     /// and gated (CONTRACT section 2).
     pub mm_processor_kwargs: Option<Value>,
     pub media_io_kwargs: Option<Value>,
+}
 }
 
 #[derive(Debug, Serialize)]

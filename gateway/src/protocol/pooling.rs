@@ -37,7 +37,7 @@ pub struct PoolingFields {
 pub struct EmbeddingRequest {
     pub model: Option<String>,
     pub input: Option<EmbedInput>,
-    pub messages: Option<Vec<Value>>,
+    pub messages: Option<Vec<super::chat::ChatMessage>>,
     #[serde(flatten)]
     pub pooling: PoolingFields,
 }
@@ -46,7 +46,7 @@ pub struct EmbeddingRequest {
 pub struct PoolingRequest {
     pub model: Option<String>,
     pub input: Option<EmbedInput>,
-    pub messages: Option<Vec<Value>>,
+    pub messages: Option<Vec<super::chat::ChatMessage>>,
     pub task: Option<String>,
     #[serde(flatten)]
     pub pooling: PoolingFields,
@@ -114,7 +114,7 @@ pub struct RerankRequest {
 pub struct ClassifyRequest {
     pub model: Option<String>,
     pub input: Option<EmbedInput>,
-    pub messages: Option<Vec<Value>>,
+    pub messages: Option<Vec<super::chat::ChatMessage>>,
     #[serde(flatten)]
     pub pooling: PoolingFields,
 }

@@ -7,7 +7,7 @@ use serde_json::{Map, Value};
 pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
-    pub messages: Option<Vec<Value>>,
+    pub messages: Option<Vec<super::chat::ChatMessage>>,
     pub add_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,

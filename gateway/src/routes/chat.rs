@@ -4,9 +4,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use bytes::Bytes;
 use engine::api::{ChatTemplateOptions, StepLogprobs, Task};
 use engine::handle::ModelHandle;
@@ -15,7 +14,7 @@ use serde_json::Value;
 
 use super::generate::{self, token_text};
 use super::messages::{parse_messages, ParsedMessages};
-use super::{presented_key, request_id, require_task, resolve_model};
+use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -26,7 +25,8 @@ use crate::protocol::{now_secs, PromptTokensDetails, Usage};
 use crate::state::AppState;
 
 struct ChatPolicyInput {
-    req: ChatRequest,
+    /// Boxed: the request moves through the policy layers and lives in the handler's future.
+    req: Box<ChatRequest>,
     parsed: ParsedMessages,
 }
 
@@ -173,11 +173,10 @@ pub fn render(
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
-    ValidJson(req): ValidJson<ChatRequest>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
+    ValidJson(req): ValidJson<Box<ChatRequest>>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     // (1) fields
     let logprobs = validate_chat(&req, &state)?;
     let parsed = parse_messages(&req.messages)?;
@@ -217,7 +216,7 @@ pub async fn handler(
     )?;
     // (6) model work
     let params = req.sampling.to_params(max_tokens, logprobs);
-    let rid = request_id(&headers);
+
     let id = format!("chatcmpl-{rid}");
     let n = req.sampling.n();
     let prompt_len = ids.len();

@@ -4,10 +4,9 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
-use axum::Extension;
 use engine::api::Task;
 
-use super::{presented_key, resolve_model};
+use super::resolve_model;
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -19,10 +18,9 @@ crate::pooling_policy_request!(ClassifyRequest);
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    key: Option<Extension<PresentedKey>>,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<ClassifyRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     req.pooling.validate()?;
     if req.input.is_none() && req.messages.is_none() {
         return Err(ApiError::bad_request(

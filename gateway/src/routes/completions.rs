@@ -4,9 +4,8 @@ use std::convert::Infallible;
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use bytes::Bytes;
 use engine::api::{StepLogprobs, Task};
 use engine::handle::ModelHandle;
@@ -14,7 +13,7 @@ use futures::StreamExt;
 use serde_json::{Map, Value};
 
 use super::generate::{self, token_text};
-use super::{presented_key, request_id, require_task, resolve_model};
+use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -105,11 +104,10 @@ fn tokenize_prompts(
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<CompletionRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     let logprobs = validate(&req, &state)?;
     let model = resolve_model(&state, req.model.as_deref(), Task::Generate)?;
     require_task(&model, Task::Generate, "Completions")?;
@@ -134,7 +132,7 @@ pub async fn handler(
         )?;
         params.push(req.sampling.to_params(max_tokens, logprobs));
     }
-    let rid = request_id(&headers);
+
     let id = format!("cmpl-{rid}");
     let n = req.sampling.n();
     let echo = req.echo.unwrap_or(false);

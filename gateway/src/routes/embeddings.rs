@@ -3,14 +3,14 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::{header, HeaderMap, HeaderValue};
+use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use engine::api::Task;
 use engine::handle::ModelHandle;
 
 use super::pooling_common::{self, Encoding, OutputFormat};
-use super::{presented_key, request_id, require_task, resolve_model};
+use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -26,7 +26,7 @@ pub fn inputs_of(
     state: &AppState,
     model: &ModelHandle,
     input: Option<&EmbedInput>,
-    messages: Option<&Vec<serde_json::Value>>,
+    messages: Option<&Vec<crate::protocol::chat::ChatMessage>>,
     fields: &PoolingFields,
 ) -> ApiResult<Vec<Vec<u32>>> {
     match (input, messages) {
@@ -87,11 +87,10 @@ pub fn bytes_response(
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     let fmt = req.pooling.validate()?;
     // The pooling family runs the gate before the model check.
     let req = run_policies(&state, req, key).await?.req;
@@ -105,7 +104,7 @@ pub async fn handler(
         req.messages.as_ref(),
         &req.pooling,
     )?;
-    let id = format!("embd-{}", request_id(&headers));
+    let id = format!("embd-{}", rid);
     embed_and_respond(&model, inputs, fmt, id, |index, embedding| EmbeddingData {
         index,
         object: "embedding",

@@ -5,6 +5,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
 use crate::policy::MediaCounts;
+use crate::protocol::chat::ChatMessage;
 
 /// One media item found in the messages.
 #[derive(Debug, Clone, PartialEq)]
@@ -26,18 +27,11 @@ pub struct ParsedMessages {
 
 impl ParsedMessages {
     /// The messages as the chat template sees them: content parts flattened to their text.
-    pub fn template_messages(&self, messages: &[Value]) -> Vec<Value> {
+    pub fn template_messages(&self, messages: &[ChatMessage]) -> Vec<Value> {
         messages
             .iter()
             .zip(&self.joined_text)
-            .map(|(msg, joined)| match (msg, joined) {
-                (Value::Object(obj), Some(text)) => {
-                    let mut m = obj.clone();
-                    m.insert("content".into(), Value::String(text.clone()));
-                    Value::Object(m)
-                }
-                _ => msg.clone(),
-            })
+            .map(|(msg, joined)| msg.to_value(joined.as_deref()))
             .collect()
     }
 
@@ -162,22 +156,22 @@ fn parse_part(
 
 /// Check every message's shape; flatten text parts into a string (joined with newlines) the
 /// way the chat template expects, and collect media items in order.
-pub fn parse_messages(messages: &[Value]) -> ApiResult<ParsedMessages> {
+pub fn parse_messages(messages: &[ChatMessage]) -> ApiResult<ParsedMessages> {
     if messages.is_empty() {
         return Err(bad("messages must not be empty.", "messages"));
     }
     let mut out = ParsedMessages::default();
     for (i, msg) in messages.iter().enumerate() {
-        let Some(obj) = msg.as_object() else {
+        if *msg == ChatMessage::NotAnObject {
             return Err(bad(format!("messages[{i}] must be an object."), "messages"));
-        };
-        if !obj.get("role").is_some_and(Value::is_string) {
+        }
+        if !msg.get("role").is_some_and(Value::is_string) {
             return Err(bad(
                 format!("messages[{i}] needs a string `role`."),
                 "messages",
             ));
         }
-        let joined = match obj.get("content") {
+        let joined = match msg.get("content") {
             None | Some(Value::Null) | Some(Value::String(_)) => None,
             Some(Value::Array(parts)) => {
                 let mut texts = Vec::new();
@@ -203,8 +197,12 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn msgs(v: Value) -> Vec<ChatMessage> {
+        serde_json::from_value(v).unwrap()
+    }
+
     fn param(v: Value) -> Option<String> {
-        match parse_messages(v.as_array().unwrap()) {
+        match parse_messages(&msgs(v)) {
             Err(ApiError::BadRequest { param, .. }) => param,
             Err(e) => panic!("{e:?}"),
             Ok(_) => None,
@@ -213,24 +211,28 @@ mod tests {
 
     #[test]
     fn text_parts_flatten() {
-        let msgs = [
-            json!({"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}),
-            json!({"role": "assistant", "content": "c"}),
-        ];
-        let p = parse_messages(&msgs).unwrap();
-        let t = p.template_messages(&msgs);
+        let sent = json!([
+            {"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]},
+            {"role": "assistant", "content": "c", "name": "bot", "role": "assistant"},
+        ]);
+        let m = msgs(sent.clone());
+        let p = parse_messages(&m).unwrap();
+        let t = p.template_messages(&m);
         assert_eq!(t[0]["content"], "a\nb");
-        assert_eq!(t[1], msgs[1]);
+        assert_eq!(t[1], sent[1]);
+        // Key order as sent, a repeated key keeping its first place and its last value.
+        let keys: Vec<&String> = t[1].as_object().unwrap().keys().collect();
+        assert_eq!(keys, ["role", "content", "name"]);
         assert!(p.media.is_empty());
     }
 
     #[test]
     fn media_collected_and_shapes_checked() {
-        let p = parse_messages(&[json!({"role": "user", "content": [
+        let p = parse_messages(&msgs(json!([{"role": "user", "content": [
             {"type": "image_url", "image_url": {"url": "http://x/a.png"}},
             {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}},
             {"type": "video_url", "video_url": {"url": "http://x/v.mp4"}, "uuid": "v1"}
-        ]})])
+        ]}])))
         .unwrap();
         assert_eq!(p.media.len(), 3);
         assert_eq!(
@@ -250,6 +252,24 @@ mod tests {
         );
         assert_eq!(
             param(json!([{"role": "user", "content": 5}])).as_deref(),
+            Some("messages")
+        );
+        for not_object in [
+            json!(["x"]),
+            json!([[1, {"a": 2}]]),
+            json!([null]),
+            json!([3.5]),
+        ] {
+            let err = parse_messages(&msgs(not_object.clone())).err();
+            assert!(
+                matches!(&err, Some(ApiError::BadRequest { message, .. }) if message == "messages[0] must be an object."),
+                "{not_object} -> {err:?}"
+            );
+        }
+        let m = msgs(json!([{"role": 7, "content": "x"}]));
+        assert_eq!(m[0].get("role"), Some(&json!(7)));
+        assert_eq!(
+            param(json!([{"role": 7, "content": "x"}])).as_deref(),
             Some("messages")
         );
     }

@@ -17,29 +17,34 @@ pub mod tokenize;
 
 use std::sync::Arc;
 
-use axum::http::HeaderMap;
+use axum::extract::FromRequestParts;
+use axum::http::request::Parts;
 use engine::api::Task;
 use engine::handle::ModelHandle;
 
 use crate::error::{ApiError, ApiResult};
-use crate::http::auth::PresentedKey;
+use crate::http::front::X_REQUEST_ID;
 use crate::state::AppState;
 
 pub type AppStateRef = axum::extract::State<Arc<AppState>>;
 
-/// The request id: `X-Request-Id` if the client sent one (the stack sets a fresh uuid
-/// otherwise).
-pub fn request_id(headers: &HeaderMap) -> String {
-    headers
-        .get("x-request-id")
-        .and_then(|v| v.to_str().ok())
-        .filter(|s| !s.is_empty() && s.len() <= 256)
-        .map(str::to_string)
-        .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string())
-}
+/// The request id: `X-Request-Id` as the front service left it (the client's, or a fresh
+/// uuid it wrote in).
+pub struct RequestId(pub String);
 
-pub fn presented_key(key: Option<axum::Extension<PresentedKey>>) -> Option<String> {
-    key.and_then(|axum::Extension(PresentedKey(k))| k)
+impl<S: Send + Sync> FromRequestParts<S> for RequestId {
+    type Rejection = std::convert::Infallible;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        let id = parts
+            .headers
+            .get(X_REQUEST_ID)
+            .and_then(|v| v.to_str().ok())
+            .filter(|s| !s.is_empty())
+            .map(str::to_string)
+            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
+        Ok(RequestId(id))
+    }
 }
 
 /// The served model a request names, or the first model that can do `task` when it names none.

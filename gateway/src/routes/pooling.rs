@@ -3,13 +3,11 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::Response;
-use axum::Extension;
 use engine::api::Task;
 
 use super::embeddings::{embed_and_respond, inputs_of};
-use super::{presented_key, request_id, resolve_model};
+use super::{resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -23,11 +21,10 @@ const KNOWN_TASKS: [&str; 4] = ["embed", "classify", "token_embed", "token_class
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<PoolingRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     let fmt = req.pooling.validate()?;
     if let Some(task) = req.task.as_deref() {
         if !KNOWN_TASKS.contains(&task) {
@@ -62,7 +59,7 @@ pub async fn handler(
         req.messages.as_ref(),
         &req.pooling,
     )?;
-    let id = format!("pool-{}", request_id(&headers));
+    let id = format!("pool-{}", rid);
     embed_and_respond(&model, inputs, fmt, id, |index, data| PoolingData {
         index,
         object: "pooling",

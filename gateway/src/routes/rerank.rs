@@ -3,14 +3,13 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use engine::api::Task;
 
 use super::embeddings::embed_all;
 use super::pooling_common::{cosine, tokenize_texts};
-use super::{presented_key, request_id, require_task, resolve_model};
+use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -22,11 +21,10 @@ crate::pooling_policy_request!(RerankRequest);
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<RerankRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     req.pooling.validate()?;
     let Some(query) = req.query.clone() else {
         return Err(ApiError::bad_request("`query` is required.", Some("query")));
@@ -75,7 +73,7 @@ pub async fn handler(
         results.truncate(top_n);
     }
     Ok(Json(RerankResponse {
-        id: format!("rerank-{}", request_id(&headers)),
+        id: format!("rerank-{}", rid),
         model: model.card().name.clone(),
         usage: RerankUsage {
             total_tokens: tokens,

@@ -3,14 +3,13 @@
 use std::sync::Arc;
 
 use axum::extract::State;
-use axum::http::HeaderMap;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use engine::api::Task;
 
 use super::embeddings::embed_all;
 use super::pooling_common::{cosine, tokenize_texts};
-use super::{presented_key, request_id, require_task, resolve_model};
+use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -62,11 +61,10 @@ pub fn pairs(n_left: usize, n_right: usize) -> ApiResult<Vec<(usize, usize)>> {
 
 pub async fn handler(
     State(state): State<Arc<AppState>>,
-    headers: HeaderMap,
-    key: Option<Extension<PresentedKey>>,
+    RequestId(rid): RequestId,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<ScoreRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     req.pooling.validate()?;
     let (left, right) = sides(&req)?;
     let index_pairs = pairs(left.len(), right.len())?;
@@ -88,7 +86,7 @@ pub async fn handler(
         })
         .collect();
     Ok(Json(ListResponse {
-        id: format!("score-{}", request_id(&headers)),
+        id: format!("score-{}", rid),
         object: "list",
         created: now_secs(),
         model: model.card().name.clone(),

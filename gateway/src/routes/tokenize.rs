@@ -4,13 +4,13 @@ use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Json};
+use axum::Json;
 use engine::api::Task;
 use serde_json::Value;
 
 use super::chat::{check_modalities, check_template_options, render, RenderOptions};
 use super::messages::{parse_messages, ParsedMessages};
-use super::{presented_key, resolve_model};
+use super::resolve_model;
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -40,10 +40,9 @@ impl PolicyRequest for TokenizeInput {
 
 pub async fn tokenize_handler(
     State(state): State<Arc<AppState>>,
-    key: Option<Extension<PresentedKey>>,
+    PresentedKey(key): PresentedKey,
     ValidJson(req): ValidJson<TokenizeRequest>,
 ) -> ApiResult<Response> {
-    let key = presented_key(key);
     let parsed = match (&req.prompt, &req.messages) {
         (Some(_), None) => None,
         (None, Some(m)) => Some(parse_messages(m)?),
