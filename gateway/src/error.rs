@@ -5,7 +5,9 @@
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use engine::EngineError;
-use policies::PolicyError;
+use std::sync::LazyLock;
+
+use policies::{KwargsField, PolicyError};
 use serde::Serialize;
 use thiserror::Error;
 
@@ -50,6 +52,28 @@ pub enum ApiError {
     /// The body is over `--max-request-body-bytes`.
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// The trust gate's refusal (CONTRACT section 2): a 400 like [`ApiError::BadRequest`]
+    /// whose text never varies, so its body is written once and shared by every refusal.
+    #[error("{}", gate_message(*.0))]
+    Gate(KwargsField),
+}
+
+fn gate_message(field: KwargsField) -> &'static str {
+    PolicyError::KwargsNotTrusted { field }
+        .fixed_message()
+        .unwrap_or("Per-request multimodal kwargs are disabled by default.")
+}
+
+/// The two gate refusals' bodies, built by [`ApiError::to_json`] on first use.
+fn gate_json(field: KwargsField) -> &'static str {
+    static MM: LazyLock<String> =
+        LazyLock::new(|| ApiError::Gate(KwargsField::MmProcessorKwargs).to_json());
+    static MEDIA: LazyLock<String> =
+        LazyLock::new(|| ApiError::Gate(KwargsField::MediaIoKwargs).to_json());
+    match field {
+        KwargsField::MmProcessorKwargs => &MM,
+        KwargsField::MediaIoKwargs => &MEDIA,
+    }
 }
 
 impl ApiError {
@@ -62,7 +86,7 @@ impl ApiError {
 
     pub fn status(&self) -> StatusCode {
         match self {
-            ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
+            ApiError::BadRequest { .. } | ApiError::Gate(_) => StatusCode::BAD_REQUEST,
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::Unauthorized => StatusCode::UNAUTHORIZED,
             ApiError::Unprocessable { .. } => StatusCode::UNPROCESSABLE_ENTITY,
@@ -77,7 +101,7 @@ impl ApiError {
 
     pub fn error_type(&self) -> &'static str {
         match self {
-            ApiError::BadRequest { .. } => "BadRequestError",
+            ApiError::BadRequest { .. } | ApiError::Gate(_) => "BadRequestError",
             ApiError::ModelNotFound(_) | ApiError::NotFound(_) => "NotFoundError",
             ApiError::Unauthorized => "AuthenticationError",
             ApiError::Unprocessable { .. } => "UnprocessableEntityError",
@@ -95,6 +119,7 @@ impl ApiError {
                 param.as_deref()
             }
             ApiError::ModelNotFound(_) => Some("model"),
+            ApiError::Gate(field) => Some(field.as_str()),
             _ => None,
         }
     }
@@ -150,6 +175,7 @@ impl ApiError {
             | ApiError::Internal(m)
             | ApiError::Timeout(m)
             | ApiError::PayloadTooLarge(m) => m.as_str().into(),
+            ApiError::Gate(field) => gate_message(*field).into(),
             ApiError::ModelNotFound(_) | ApiError::Unauthorized => self.to_string().into(),
         }
     }
@@ -194,7 +220,11 @@ impl IntoResponse for ApiError {
         } else {
             tracing::debug!(status = status.as_u16(), error = %self, "request rejected");
         }
-        let mut resp = Response::new(axum::body::Body::from(self.to_json()));
+        let body = match &self {
+            ApiError::Gate(field) => axum::body::Body::from(gate_json(*field)),
+            _ => axum::body::Body::from(self.to_json()),
+        };
+        let mut resp = Response::new(body);
         *resp.status_mut() = status;
         resp.headers_mut().insert(
             header::CONTENT_TYPE,
@@ -210,6 +240,9 @@ impl IntoResponse for ApiError {
 
 impl From<PolicyError> for ApiError {
     fn from(e: PolicyError) -> Self {
+        if let PolicyError::KwargsNotTrusted { field } = e {
+            return ApiError::Gate(field);
+        }
         let message = e.message();
         let param = e.param().map(str::to_string);
         match e.status() {
@@ -258,6 +291,8 @@ mod tests {
             ApiError::PayloadTooLarge("big".into()),
             ApiError::Internal("bug".into()),
             ApiError::NotImplemented("later".into()),
+            ApiError::Gate(KwargsField::MmProcessorKwargs),
+            ApiError::Gate(KwargsField::MediaIoKwargs),
         ];
         for e in cases {
             assert_eq!(e.message(), e.to_string());
@@ -266,5 +301,25 @@ mod tests {
             let v: serde_json::Value = serde_json::from_str(&e.to_json()).unwrap();
             assert_eq!(v["error"]["code"], e.status().as_u16());
         }
+    }
+
+    #[tokio::test]
+    async fn the_gate_refusal_is_the_contract_envelope() {
+        use http_body_util::BodyExt;
+        let e: ApiError = PolicyError::KwargsNotTrusted {
+            field: KwargsField::MmProcessorKwargs,
+        }
+        .into();
+        let resp = e.into_response();
+        assert_eq!(resp.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(
+            resp.headers().get(header::CONTENT_TYPE).unwrap(),
+            "application/json"
+        );
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            std::str::from_utf8(&body).unwrap(),
+            r#"{"error":{"message":"Per-request mm_processor_kwargs are disabled by default because they can change multimodal preprocessing resource usage. Start the server with --trust-request-mm-kwargs only when clients are trusted. (parameter=mm_processor_kwargs)","type":"BadRequestError","param":"mm_processor_kwargs","code":400}}"#
+        );
     }
 }

@@ -222,7 +222,7 @@ pub async fn handler(
     let prompt_len = ids.len();
     let choices = generate::submit(
         &model,
-        &rid,
+        &rid.to_string(),
         &[ids],
         &[params],
         n,

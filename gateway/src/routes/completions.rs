@@ -147,7 +147,7 @@ pub async fn handler(
     let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
     let choices = generate::submit(
         &model,
-        &rid,
+        &rid.to_string(),
         &prompts,
         &params,
         n,

@@ -19,6 +19,7 @@ use std::sync::Arc;
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
+use axum::http::HeaderValue;
 use engine::api::Task;
 use engine::handle::ModelHandle;
 
@@ -29,21 +30,33 @@ use crate::state::AppState;
 pub type AppStateRef = axum::extract::State<Arc<AppState>>;
 
 /// The request id: `X-Request-Id` as the front service left it (the client's, or a fresh
-/// uuid it wrote in).
-pub struct RequestId(pub String);
+/// uuid it wrote in). Holds the header value (a reference count, no copy) until a handler
+/// needs the text.
+pub struct RequestId(pub RequestIdValue);
+
+pub struct RequestIdValue(Option<HeaderValue>);
+
+impl std::fmt::Display for RequestIdValue {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.as_ref().and_then(|v| v.to_str().ok()) {
+            Some(id) => f.write_str(id),
+            // Only without the front service (tests of a bare router).
+            None => write!(f, "{}", uuid::Uuid::new_v4().simple()),
+        }
+    }
+}
 
 impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     type Rejection = std::convert::Infallible;
 
     async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
-        let id = parts
-            .headers
-            .get(X_REQUEST_ID)
-            .and_then(|v| v.to_str().ok())
-            .filter(|s| !s.is_empty())
-            .map(str::to_string)
-            .unwrap_or_else(|| uuid::Uuid::new_v4().simple().to_string());
-        Ok(RequestId(id))
+        Ok(RequestId(RequestIdValue(
+            parts
+                .headers
+                .get(X_REQUEST_ID)
+                .filter(|v| !v.is_empty())
+                .cloned(),
+        )))
     }
 }
 
