@@ -12,7 +12,7 @@
 
 mod dense;
 mod gemm;
-mod ops;
+pub(crate) mod ops;
 
 use std::sync::Mutex;
 

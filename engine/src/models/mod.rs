@@ -2,3 +2,4 @@
 
 pub mod bert;
 pub mod llama;
+pub mod qwen2_vl;
