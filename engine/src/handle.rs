@@ -224,7 +224,11 @@ fn load(path: &str) -> Result<LoadedModel> {
     }
     match crate::hf::detect(p) {
         crate::hf::CheckpointKind::Gguf => {
-            let file = if p.is_dir() { single_gguf(p)? } else { p.to_path_buf() };
+            let file = if p.is_dir() {
+                single_gguf(p)?
+            } else {
+                p.to_path_buf()
+            };
             Ok(LoadedModel::Decoder(crate::gguf::load_decoder(&file)?))
         }
         crate::hf::CheckpointKind::Encoder => {
@@ -234,10 +238,7 @@ fn load(path: &str) -> Result<LoadedModel> {
                 chat_template: crate::hf::read_chat_template(p),
             })
         }
-        crate::hf::CheckpointKind::Decoder => Err(EngineError::load(
-            path,
-            "HF decoder folders (safetensors) are not supported yet; serve the model as a GGUF file",
-        )),
+        crate::hf::CheckpointKind::Decoder => Ok(LoadedModel::Decoder(crate::hf::load_decoder(p)?)),
         crate::hf::CheckpointKind::Unknown => Err(EngineError::load(
             path,
             "not a recognised model: expected a .gguf file or an HF folder with config.json",

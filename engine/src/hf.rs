@@ -13,7 +13,7 @@ use std::path::Path;
 
 pub use self::config::{HfConfig, TokenIds};
 pub use self::sentence_transformers::SentenceTransformersConfig;
-pub use self::weights::{F32Tensor, SafetensorsWeights};
+pub use self::weights::{F32Tensor, RawTensor, SafetensorsWeights};
 
 use crate::error::{EngineError, Result};
 use crate::model::{LoadedEncoder, Pooling};
@@ -146,6 +146,62 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
         } else {
             arch
         },
+    })
+}
+
+/// Loads a decoder folder (`config.json`, safetensors, `tokenizer.json`, the chat template
+/// and special tokens): the Llama-family decoder of [`crate::models::llama`].
+pub fn load_decoder(dir: &Path) -> Result<crate::model::LoadedDecoder> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| EngineError::load(config_path.display().to_string(), e.to_string()))?;
+    let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        EngineError::load(
+            config_path.display().to_string(),
+            format!("invalid JSON: {e}"),
+        )
+    })?;
+    let ids = |key: &str| -> Vec<u32> {
+        let from = |v: &serde_json::Value| -> Vec<u32> {
+            match v.get(key) {
+                Some(serde_json::Value::Number(n)) => {
+                    n.as_u64().map(|n| vec![n as u32]).unwrap_or_default()
+                }
+                Some(serde_json::Value::Array(a)) => a
+                    .iter()
+                    .filter_map(|n| n.as_u64())
+                    .map(|n| n as u32)
+                    .collect(),
+                _ => Vec::new(),
+            }
+        };
+        let mut out = from(&config);
+        if out.is_empty() {
+            if let Some(gen) = read_json_value(&dir.join("generation_config.json")) {
+                out = from(&gen);
+            }
+        }
+        out
+    };
+    let eos = ids("eos_token_id");
+    let bos = ids("bos_token_id").first().copied();
+    let weights = SafetensorsWeights::open(dir)?;
+    let model = crate::models::llama::LlamaModel::from_hf(dir, &config, &weights, bos, eos)?;
+    let tokenizer = load_tokenizer(dir)?;
+    let (bos_token, eos_token) = read_special_tokens(dir);
+    let architecture = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(|a| a.as_str())
+        .unwrap_or("unknown")
+        .to_string();
+    Ok(crate::model::LoadedDecoder {
+        model: Box::new(model),
+        tokenizer,
+        chat_template: read_chat_template(dir),
+        bos_token,
+        eos_token,
+        architecture,
     })
 }
 

@@ -5,6 +5,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use memmap2::Mmap;
 use safetensors::tensor::{Dtype, TensorInfo};
@@ -12,6 +13,17 @@ use safetensors::SafeTensors;
 use serde::Deserialize;
 
 use crate::error::{EngineError, Result};
+
+/// A tensor left in its file: which map ([`SafetensorsWeights::maps`]), its stored type and
+/// shape, and its bytes' range in the map.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RawTensor {
+    pub file: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    pub start: usize,
+    pub len: usize,
+}
 
 /// A tensor converted to f32, row-major.
 #[derive(Debug, Clone, PartialEq)]
@@ -23,7 +35,7 @@ pub struct F32Tensor {
 struct WeightFile {
     /// File name relative to the checkpoint folder, for error messages.
     name: String,
-    mmap: Mmap,
+    mmap: Arc<Mmap>,
     /// Bytes before the data section (8-byte length plus the JSON header).
     data_start: usize,
 }
@@ -133,7 +145,7 @@ impl SafetensorsWeights {
             }
             files.push(WeightFile {
                 name,
-                mmap,
+                mmap: Arc::new(mmap),
                 data_start: 8 + header_len,
             });
         }
@@ -168,6 +180,35 @@ impl SafetensorsWeights {
             .get(idx)
             .map(|f| f.name.as_str())
             .unwrap_or("model.safetensors")
+    }
+
+    /// The memory maps of the weight files, in the order [`RawTensor::file`] counts them.
+    pub fn maps(&self) -> Vec<Arc<Mmap>> {
+        self.files.iter().map(|f| Arc::clone(&f.mmap)).collect()
+    }
+
+    /// Where a tensor's bytes lie, for models that keep weights in the map in their stored
+    /// type. The byte range is checked against the file.
+    pub fn raw(&self, name: &str) -> Result<RawTensor> {
+        let entry = self.tensors.get(name).ok_or_else(|| {
+            EngineError::load(self.file_of(name), format!("tensor `{name}` is missing"))
+        })?;
+        let file = &self.files[entry.file];
+        let (start, end) = entry.info.data_offsets;
+        let (start, end) = (file.data_start + start, file.data_start + end);
+        if end > file.mmap.len() || start > end {
+            return Err(EngineError::load(
+                &file.name,
+                format!("tensor `{name}` lies outside the file"),
+            ));
+        }
+        Ok(RawTensor {
+            file: entry.file,
+            dtype: entry.info.dtype,
+            shape: entry.info.shape.clone(),
+            start,
+            len: end - start,
+        })
     }
 
     /// Reads a tensor as f32 (F32, F16 and BF16 are accepted).

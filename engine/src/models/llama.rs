@@ -19,6 +19,9 @@
 //! rotation (pairs `i`, `i + d/2`).
 
 mod attention;
+mod hf;
+
+pub use hf::{read_hf_config, HF_DECODER_ARCHITECTURES};
 
 use std::sync::{Arc, Mutex};
 
@@ -64,6 +67,8 @@ pub struct LlamaConfig {
 /// A weight matrix inside the memory map.
 #[derive(Debug, Clone, Copy)]
 struct Weight {
+    /// Which memory map holds it (GGUF: the one file; safetensors: the shard).
+    file: usize,
     dtype: DType,
     rows: usize,
     cols: usize,
@@ -107,7 +112,7 @@ struct Scratch {
 pub struct LlamaModel {
     info: DecoderInfo,
     cfg: LlamaConfig,
-    mmap: Arc<Mmap>,
+    maps: Vec<Arc<Mmap>>,
     token_embd: Weight,
     output: Weight,
     output_norm: Vec<f32>,
@@ -166,6 +171,7 @@ impl Loader<'_> {
             )));
         }
         let w = Weight {
+            file: 0,
             dtype,
             rows,
             cols,
@@ -377,7 +383,7 @@ impl LlamaModel {
         Ok(LlamaModel {
             info,
             cfg,
-            mmap: Arc::clone(g.mmap()),
+            maps: vec![Arc::clone(g.mmap())],
             token_embd,
             output,
             output_norm,
@@ -425,7 +431,7 @@ impl LlamaModel {
             w.dtype,
             w.rows,
             w.cols,
-            &self.mmap[w.start..w.start + w.len],
+            &self.maps[w.file][w.start..w.start + w.len],
         )
         .map_err(internal)
     }

@@ -359,18 +359,7 @@ impl VisionTower {
                     let q = &qkv[s0 * 3 * d + head * hd..];
                     let k = &qkv[s0 * 3 * d + d + head * hd..];
                     let v = &qkv[s0 * 3 * d + 2 * d + head * hd..];
-                    kernels::gemm_abt(
-                        len,
-                        len,
-                        hd,
-                        scale,
-                        q,
-                        3 * d,
-                        k,
-                        3 * d,
-                        &mut scores,
-                        len,
-                    );
+                    kernels::gemm_abt(len, len, hd, scale, q, 3 * d, k, 3 * d, &mut scores, len);
                     for row in scores.chunks_exact_mut(len) {
                         kernels::ops::softmax(row);
                     }

@@ -1,0 +1,379 @@
+//! The same decoder built from an HF folder: `config.json` and safetensors weights (F32, F16
+//! or BF16), kept in the memory map in their stored type like GGUF weights.
+//!
+//! HF checkpoints store Q and K unpermuted, so every architecture rotates NeoX-style (pairs
+//! `i`, `i + d/2`), which is what `transformers` does. The text half of a Qwen2-VL checkpoint
+//! loads the same way (its M-RoPE sections are read; a text-only prompt has equal temporal,
+//! row and column positions, where M-RoPE is plain RoPE).
+
+use std::path::Path;
+use std::sync::Mutex;
+
+use kernels::DType;
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::{Layer, LlamaConfig, LlamaModel, Scratch, Weight};
+use crate::error::{EngineError, Result};
+use crate::hf::SafetensorsWeights;
+use crate::model::{ActivationMode, DecoderInfo};
+
+/// `architectures` entries this loader accepts.
+pub const HF_DECODER_ARCHITECTURES: &[&str] = &[
+    "LlamaForCausalLM",
+    "MistralForCausalLM",
+    "Qwen2ForCausalLM",
+    "Qwen3ForCausalLM",
+    "Qwen2VLForConditionalGeneration",
+];
+
+fn cfg_error(msg: impl Into<String>) -> EngineError {
+    EngineError::load("config.json", msg)
+}
+
+/// The text model's settings: top level, or `text_config` where the checkpoint nests them.
+fn text_section(config: &Value) -> &Value {
+    config
+        .get("text_config")
+        .filter(|v| v.is_object())
+        .unwrap_or(config)
+}
+
+fn need_usize(v: &Value, key: &str) -> Result<usize> {
+    v.get(key)
+        .and_then(Value::as_u64)
+        .map(|n| n as usize)
+        .filter(|n| *n > 0)
+        .ok_or_else(|| cfg_error(format!("`{key}` is missing or not a positive integer")))
+}
+
+/// Reads the decoder's hyper-parameters from `config.json`.
+pub fn read_hf_config(
+    config: &Value,
+    vocab_from_weights: usize,
+) -> Result<(LlamaConfig, Option<Vec<usize>>)> {
+    let arch = config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(Value::as_str)
+        .unwrap_or("")
+        .to_string();
+    if !HF_DECODER_ARCHITECTURES.contains(&arch.as_str()) {
+        return Err(cfg_error(format!(
+            "architecture `{arch}` is not supported as a decoder (supported: {})",
+            HF_DECODER_ARCHITECTURES.join(", ")
+        )));
+    }
+    let t = text_section(config);
+    let hidden = need_usize(t, "hidden_size")?;
+    let n_layers = need_usize(t, "num_hidden_layers")?;
+    let n_heads = need_usize(t, "num_attention_heads")?;
+    let n_kv_heads = t
+        .get("num_key_value_heads")
+        .and_then(Value::as_u64)
+        .map_or(n_heads, |n| n as usize);
+    if n_kv_heads == 0 || !n_heads.is_multiple_of(n_kv_heads) {
+        return Err(cfg_error(format!(
+            "{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads"
+        )));
+    }
+    let head_dim = match t.get("head_dim").and_then(Value::as_u64) {
+        Some(d) => d as usize,
+        None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
+        None => {
+            return Err(cfg_error(format!(
+                "hidden size {hidden} is not a multiple of {n_heads} heads"
+            )))
+        }
+    };
+    if head_dim == 0 || head_dim % 2 != 0 {
+        return Err(cfg_error(format!("head dim {head_dim} must be even")));
+    }
+    let ffn = need_usize(t, "intermediate_size")?;
+    let eps = t
+        .get("rms_norm_eps")
+        .and_then(Value::as_f64)
+        .unwrap_or(1e-6) as f32;
+    let scaling = t
+        .get("rope_scaling")
+        .or_else(|| t.get("rope_parameters"))
+        .filter(|v| v.is_object());
+    let rope_base = t
+        .get("rope_theta")
+        .or_else(|| scaling.and_then(|s| s.get("rope_theta")))
+        .and_then(Value::as_f64)
+        .unwrap_or(10000.0) as f32;
+    let mut rope_freq_scale = 1.0f32;
+    let mut mrope_section = None;
+    if let Some(s) = scaling {
+        let kind = s
+            .get("rope_type")
+            .or_else(|| s.get("type"))
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if let Some(sec) = s.get("mrope_section").and_then(Value::as_array) {
+            let sec: Vec<usize> = sec
+                .iter()
+                .filter_map(Value::as_u64)
+                .map(|n| n as usize)
+                .collect();
+            if sec.len() != 3 || sec.iter().sum::<usize>() * 2 != head_dim {
+                return Err(cfg_error(format!(
+                    "mrope_section {sec:?} must have three parts summing to head_dim / 2 = {}",
+                    head_dim / 2
+                )));
+            }
+            mrope_section = Some(sec);
+        }
+        match kind {
+            "default" | "mrope" => {}
+            "linear" => {
+                let f = s.get("factor").and_then(Value::as_f64).unwrap_or(1.0);
+                if f <= 0.0 {
+                    return Err(cfg_error("rope_scaling.factor must be positive"));
+                }
+                rope_freq_scale = (1.0 / f) as f32;
+            }
+            other => {
+                return Err(cfg_error(format!(
+                    "rope scaling `{other}` is not supported (supported: default, linear, mrope)"
+                )))
+            }
+        }
+    }
+    let vocab = t
+        .get("vocab_size")
+        .or_else(|| config.get("vocab_size"))
+        .and_then(Value::as_u64)
+        .map_or(vocab_from_weights, |n| n as usize);
+    let max_position = t
+        .get("max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map_or(2048, |n| n as usize);
+    Ok((
+        LlamaConfig {
+            architecture: arch,
+            hidden,
+            n_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            ffn,
+            vocab,
+            eps,
+            rope_base,
+            rope_dim: head_dim,
+            rope_neox: true,
+            rope_freq_scale,
+            max_position,
+        },
+        mrope_section,
+    ))
+}
+
+struct HfLoader<'a> {
+    w: &'a SafetensorsWeights,
+}
+
+impl HfLoader<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        let raw = self.w.raw(name)?;
+        let file = self.w.file_of(name).to_string();
+        if raw.shape != [rows, cols] {
+            return Err(EngineError::load(
+                file,
+                format!(
+                    "tensor `{name}` has shape {:?}, expected [{rows}, {cols}]",
+                    raw.shape
+                ),
+            ));
+        }
+        let dtype = match raw.dtype {
+            Dtype::F32 => DType::F32,
+            Dtype::F16 => DType::F16,
+            Dtype::BF16 => DType::BF16,
+            other => {
+                return Err(EngineError::load(
+                    file,
+                    format!("tensor `{name}` is {other:?}; supported: F32, F16, BF16"),
+                ))
+            }
+        };
+        Ok(Weight {
+            file: raw.file,
+            dtype,
+            rows,
+            cols,
+            start: raw.start,
+            len: raw.len,
+        })
+    }
+
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        self.w.tensor_f32_shaped(name, &[n])
+    }
+
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.w.contains(name) {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+}
+
+impl LlamaModel {
+    /// Builds the decoder from an HF folder's parsed `config.json` and weights.
+    pub fn from_hf(
+        dir: &Path,
+        config: &Value,
+        weights: &SafetensorsWeights,
+        bos_token_id: Option<u32>,
+        eos_token_ids: Vec<u32>,
+    ) -> Result<Self> {
+        let t0 = std::time::Instant::now();
+        let prefix = ["model.language_model.", "model."]
+            .into_iter()
+            .find(|p| weights.contains(&format!("{p}embed_tokens.weight")))
+            .ok_or_else(|| {
+                EngineError::load(
+                    dir.join("model.safetensors").display().to_string(),
+                    "no `model.embed_tokens.weight` (or `model.language_model.embed_tokens.weight`): not a decoder checkpoint",
+                )
+            })?;
+        let embed_name = format!("{prefix}embed_tokens.weight");
+        let vocab_from_weights = weights
+            .shape(&embed_name)
+            .and_then(|s| s.first().copied())
+            .unwrap_or(0);
+        let (cfg, mrope_section) = read_hf_config(config, vocab_from_weights)?;
+        let l = HfLoader { w: weights };
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let token_embd = l.matrix(&embed_name, cfg.vocab, h)?;
+        let tied = text_section(config)
+            .get("tie_word_embeddings")
+            .or_else(|| config.get("tie_word_embeddings"))
+            .and_then(Value::as_bool)
+            .unwrap_or(false)
+            || !weights.contains("lm_head.weight");
+        let output = if tied {
+            token_embd
+        } else {
+            l.matrix("lm_head.weight", cfg.vocab, h)?
+        };
+        let mut layers = Vec::with_capacity(cfg.n_layers);
+        for i in 0..cfg.n_layers {
+            let n = |s: &str| format!("{prefix}layers.{i}.{s}");
+            layers.push(Layer {
+                attn_norm: l.vector(&n("input_layernorm.weight"), h)?,
+                wq: l.matrix(&n("self_attn.q_proj.weight"), q_dim, h)?,
+                wk: l.matrix(&n("self_attn.k_proj.weight"), kv_dim, h)?,
+                wv: l.matrix(&n("self_attn.v_proj.weight"), kv_dim, h)?,
+                wo: l.matrix(&n("self_attn.o_proj.weight"), h, q_dim)?,
+                bq: l.optional_vector(&n("self_attn.q_proj.bias"), q_dim)?,
+                bk: l.optional_vector(&n("self_attn.k_proj.bias"), kv_dim)?,
+                bv: l.optional_vector(&n("self_attn.v_proj.bias"), kv_dim)?,
+                q_norm: l.optional_vector(&n("self_attn.q_norm.weight"), hd)?,
+                k_norm: l.optional_vector(&n("self_attn.k_norm.weight"), hd)?,
+                ffn_norm: l.vector(&n("post_attention_layernorm.weight"), h)?,
+                w_gate: l.matrix(&n("mlp.gate_proj.weight"), cfg.ffn, h)?,
+                w_up: l.matrix(&n("mlp.up_proj.weight"), cfg.ffn, h)?,
+                w_down: l.matrix(&n("mlp.down_proj.weight"), h, cfg.ffn)?,
+            });
+        }
+        let output_norm = l.vector(&format!("{prefix}norm.weight"), h)?;
+        let info = DecoderInfo {
+            vocab_size: cfg.vocab,
+            n_layers: cfg.n_layers,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            max_position: cfg.max_position,
+            bos_token_id,
+            eos_token_ids,
+        };
+        tracing::info!(
+            dir = %dir.display(),
+            architecture = %cfg.architecture,
+            layers = cfg.n_layers,
+            hidden = h,
+            heads = cfg.n_heads,
+            kv_heads = cfg.n_kv_heads,
+            ffn = cfg.ffn,
+            vocab = cfg.vocab,
+            tied_embeddings = tied,
+            mrope = ?mrope_section,
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "built Llama-family decoder from safetensors"
+        );
+        Ok(LlamaModel {
+            info,
+            cfg,
+            maps: weights.maps(),
+            token_embd,
+            output,
+            output_norm,
+            rope_factors: None,
+            layers,
+            activation_mode: ActivationMode::default(),
+            scratch: Mutex::new(Scratch::default()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn base() -> Value {
+        json!({
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 64, "num_hidden_layers": 2,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 128,
+            "vocab_size": 100, "rope_theta": 1000000.0
+        })
+    }
+
+    #[test]
+    fn reads_the_text_settings() {
+        let (cfg, mrope) = read_hf_config(&base(), 0).unwrap();
+        assert_eq!((cfg.head_dim, cfg.n_kv_heads, cfg.vocab), (16, 2, 100));
+        assert!(cfg.rope_neox);
+        assert_eq!(cfg.rope_base, 1e6);
+        assert_eq!(mrope, None);
+        let mut vl = base();
+        vl["architectures"] = json!(["Qwen2VLForConditionalGeneration"]);
+        vl["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 2, 2]});
+        assert_eq!(read_hf_config(&vl, 0).unwrap().1, Some(vec![4, 2, 2]));
+        // Nested text settings (transformers 5 layout).
+        let nested =
+            json!({"architectures": ["Qwen2VLForConditionalGeneration"], "text_config": base()});
+        assert_eq!(read_hf_config(&nested, 0).unwrap().0.hidden, 64);
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_run_with_a_reason() {
+        let msg = |v: Value| {
+            read_hf_config(&v, 0)
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default()
+        };
+        let mut v = base();
+        v["architectures"] = json!(["GPT2LMHeadModel"]);
+        assert!(msg(v).contains("GPT2LMHeadModel"));
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "yarn", "factor": 4.0});
+        assert!(msg(v).contains("yarn"));
+        let mut v = base();
+        v["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 4, 4]});
+        assert!(msg(v).contains("mrope_section"));
+        let mut v = base();
+        v["num_key_value_heads"] = json!(3);
+        assert!(msg(v).contains("KV heads"));
+        let mut v = base();
+        v.as_object_mut().unwrap().remove("hidden_size");
+        assert!(msg(v).contains("hidden_size"));
+    }
+}
