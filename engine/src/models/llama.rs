@@ -143,6 +143,111 @@ struct Loader<'a> {
     g: &'a GgufFile,
 }
 
+/// Where a loader finds a layer's tensors: the parts of a layer and their names in GGUF
+/// files and in HF checkpoints.
+#[derive(Debug, Clone, Copy)]
+enum Part {
+    AttnNorm,
+    Q,
+    K,
+    V,
+    O,
+    QBias,
+    KBias,
+    VBias,
+    QNorm,
+    KNorm,
+    FfnNorm,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Part {
+    fn gguf(self) -> &'static str {
+        match self {
+            Part::AttnNorm => "attn_norm.weight",
+            Part::Q => "attn_q.weight",
+            Part::K => "attn_k.weight",
+            Part::V => "attn_v.weight",
+            Part::O => "attn_output.weight",
+            Part::QBias => "attn_q.bias",
+            Part::KBias => "attn_k.bias",
+            Part::VBias => "attn_v.bias",
+            Part::QNorm => "attn_q_norm.weight",
+            Part::KNorm => "attn_k_norm.weight",
+            Part::FfnNorm => "ffn_norm.weight",
+            Part::Gate => "ffn_gate.weight",
+            Part::Up => "ffn_up.weight",
+            Part::Down => "ffn_down.weight",
+        }
+    }
+
+    fn hf(self) -> &'static str {
+        match self {
+            Part::AttnNorm => "input_layernorm.weight",
+            Part::Q => "self_attn.q_proj.weight",
+            Part::K => "self_attn.k_proj.weight",
+            Part::V => "self_attn.v_proj.weight",
+            Part::O => "self_attn.o_proj.weight",
+            Part::QBias => "self_attn.q_proj.bias",
+            Part::KBias => "self_attn.k_proj.bias",
+            Part::VBias => "self_attn.v_proj.bias",
+            Part::QNorm => "self_attn.q_norm.weight",
+            Part::KNorm => "self_attn.k_norm.weight",
+            Part::FfnNorm => "post_attention_layernorm.weight",
+            Part::Gate => "mlp.gate_proj.weight",
+            Part::Up => "mlp.up_proj.weight",
+            Part::Down => "mlp.down_proj.weight",
+        }
+    }
+}
+
+/// What the layer builder needs from a checkpoint format.
+trait WeightSource {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight>;
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>>;
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>>;
+}
+
+/// One decoder layer, its tensors named by `name`.
+fn load_layer(
+    l: &impl WeightSource,
+    cfg: &LlamaConfig,
+    name: impl Fn(Part) -> String,
+) -> Result<Layer> {
+    let (h, hd) = (cfg.hidden, cfg.head_dim);
+    let (q_dim, kv_dim) = (cfg.n_heads * hd, cfg.n_kv_heads * hd);
+    Ok(Layer {
+        attn_norm: l.vector(&name(Part::AttnNorm), h)?,
+        wq: l.matrix(&name(Part::Q), q_dim, h)?,
+        wk: l.matrix(&name(Part::K), kv_dim, h)?,
+        wv: l.matrix(&name(Part::V), kv_dim, h)?,
+        wo: l.matrix(&name(Part::O), h, q_dim)?,
+        bq: l.optional_vector(&name(Part::QBias), q_dim)?,
+        bk: l.optional_vector(&name(Part::KBias), kv_dim)?,
+        bv: l.optional_vector(&name(Part::VBias), kv_dim)?,
+        q_norm: l.optional_vector(&name(Part::QNorm), hd)?,
+        k_norm: l.optional_vector(&name(Part::KNorm), hd)?,
+        ffn_norm: l.vector(&name(Part::FfnNorm), h)?,
+        w_gate: l.matrix(&name(Part::Gate), cfg.ffn, h)?,
+        w_up: l.matrix(&name(Part::Up), cfg.ffn, h)?,
+        w_down: l.matrix(&name(Part::Down), h, cfg.ffn)?,
+    })
+}
+
+impl WeightSource for Loader<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        Loader::matrix(self, name, rows, cols)
+    }
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        Loader::vector(self, name, n)
+    }
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        Loader::optional_vector(self, name, n)
+    }
+}
+
 impl Loader<'_> {
     fn info(&self, name: &str) -> Result<&crate::gguf::TensorInfo> {
         self.g
@@ -327,8 +432,6 @@ impl LlamaModel {
         let cfg = read_config(g)?;
         let l = Loader { g };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
         let token_embd = l.matrix("token_embd.weight", cfg.vocab, h)?;
         let output = if g.tensor("output.weight").is_some() {
             l.matrix("output.weight", cfg.vocab, h)?
@@ -337,26 +440,9 @@ impl LlamaModel {
         };
         let output_norm = l.vector("output_norm.weight", h)?;
         let rope_factors = l.optional_vector("rope_freqs.weight", cfg.rope_dim / 2)?;
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("blk.{i}.{s}");
-            layers.push(Layer {
-                attn_norm: l.vector(&n("attn_norm.weight"), h)?,
-                wq: l.matrix(&n("attn_q.weight"), q_dim, h)?,
-                wk: l.matrix(&n("attn_k.weight"), kv_dim, h)?,
-                wv: l.matrix(&n("attn_v.weight"), kv_dim, h)?,
-                wo: l.matrix(&n("attn_output.weight"), h, q_dim)?,
-                bq: l.optional_vector(&n("attn_q.bias"), q_dim)?,
-                bk: l.optional_vector(&n("attn_k.bias"), kv_dim)?,
-                bv: l.optional_vector(&n("attn_v.bias"), kv_dim)?,
-                q_norm: l.optional_vector(&n("attn_q_norm.weight"), hd)?,
-                k_norm: l.optional_vector(&n("attn_k_norm.weight"), hd)?,
-                ffn_norm: l.vector(&n("ffn_norm.weight"), h)?,
-                w_gate: l.matrix(&n("ffn_gate.weight"), cfg.ffn, h)?,
-                w_up: l.matrix(&n("ffn_up.weight"), cfg.ffn, h)?,
-                w_down: l.matrix(&n("ffn_down.weight"), h, cfg.ffn)?,
-            });
-        }
+        let layers = (0..cfg.n_layers)
+            .map(|i| load_layer(&l, &cfg, |part| format!("blk.{i}.{}", part.gguf())))
+            .collect::<Result<Vec<_>>>()?;
         let info = DecoderInfo {
             vocab_size: cfg.vocab,
             n_layers: cfg.n_layers,

@@ -13,7 +13,7 @@ use kernels::DType;
 use safetensors::Dtype;
 use serde_json::Value;
 
-use super::{Layer, LlamaConfig, LlamaModel, Scratch, Weight};
+use super::{load_layer, LlamaConfig, LlamaModel, Scratch, Weight, WeightSource};
 use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
 use crate::model::{ActivationMode, DecoderInfo};
@@ -175,7 +175,7 @@ struct HfLoader<'a> {
     w: &'a SafetensorsWeights,
 }
 
-impl HfLoader<'_> {
+impl WeightSource for HfLoader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
         let raw = self.w.raw(name)?;
         let file = self.w.file_of(name).to_string();
@@ -249,8 +249,6 @@ impl LlamaModel {
         let (cfg, mrope_section) = read_hf_config(config, vocab_from_weights)?;
         let l = HfLoader { w: weights };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
-        let q_dim = cfg.n_heads * hd;
-        let kv_dim = cfg.n_kv_heads * hd;
         let token_embd = l.matrix(&embed_name, cfg.vocab, h)?;
         let tied = text_section(config)
             .get("tie_word_embeddings")
@@ -263,26 +261,9 @@ impl LlamaModel {
         } else {
             l.matrix("lm_head.weight", cfg.vocab, h)?
         };
-        let mut layers = Vec::with_capacity(cfg.n_layers);
-        for i in 0..cfg.n_layers {
-            let n = |s: &str| format!("{prefix}layers.{i}.{s}");
-            layers.push(Layer {
-                attn_norm: l.vector(&n("input_layernorm.weight"), h)?,
-                wq: l.matrix(&n("self_attn.q_proj.weight"), q_dim, h)?,
-                wk: l.matrix(&n("self_attn.k_proj.weight"), kv_dim, h)?,
-                wv: l.matrix(&n("self_attn.v_proj.weight"), kv_dim, h)?,
-                wo: l.matrix(&n("self_attn.o_proj.weight"), h, q_dim)?,
-                bq: l.optional_vector(&n("self_attn.q_proj.bias"), q_dim)?,
-                bk: l.optional_vector(&n("self_attn.k_proj.bias"), kv_dim)?,
-                bv: l.optional_vector(&n("self_attn.v_proj.bias"), kv_dim)?,
-                q_norm: l.optional_vector(&n("self_attn.q_norm.weight"), hd)?,
-                k_norm: l.optional_vector(&n("self_attn.k_norm.weight"), hd)?,
-                ffn_norm: l.vector(&n("post_attention_layernorm.weight"), h)?,
-                w_gate: l.matrix(&n("mlp.gate_proj.weight"), cfg.ffn, h)?,
-                w_up: l.matrix(&n("mlp.up_proj.weight"), cfg.ffn, h)?,
-                w_down: l.matrix(&n("mlp.down_proj.weight"), h, cfg.ffn)?,
-            });
-        }
+        let layers = (0..cfg.n_layers)
+            .map(|i| load_layer(&l, &cfg, |part| format!("{prefix}layers.{i}.{}", part.hf())))
+            .collect::<Result<Vec<_>>>()?;
         let output_norm = l.vector(&format!("{prefix}norm.weight"), h)?;
         let info = DecoderInfo {
             vocab_size: cfg.vocab,
