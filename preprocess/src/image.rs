@@ -599,8 +599,9 @@ impl Qwen2VlConfig {
         if h.max(w) / h.min(w) > 200 {
             return Err(bad("the aspect ratio is over 200".to_owned()));
         }
-        let round =
-            |x: u64| ((x as f64 / factor as f64).round_ties_even() as u64 * factor).max(factor);
+        // As the reference: a side of 14 px or less rounds to 0 here, and the area check
+        // below (under `min_pixels`) scales it back up together with the other side.
+        let round = |x: u64| (x as f64 / factor as f64).round_ties_even() as u64 * factor;
         let (mut hb, mut wb) = (round(h), round(w));
         let (hf, wf, ff) = (h as f64, w as f64, factor as f64);
         if hb * wb > self.max_pixels {
@@ -612,6 +613,8 @@ impl Qwen2VlConfig {
             hb = ((hf * beta) / ff).ceil() as u64 * factor;
             wb = ((wf * beta) / ff).ceil() as u64 * factor;
         }
+        // Only a `min_pixels` of 0 can leave a side at 0; the reference would fail later.
+        let (hb, wb) = (hb.max(factor), wb.max(factor));
         let fits = |v: u64| u32::try_from(v).ok().filter(|v| *v <= 32768);
         match (fits(hb), fits(wb)) {
             (Some(hb), Some(wb)) => Ok((hb, wb)),
@@ -733,6 +736,9 @@ mod tests {
         assert_eq!(d.smart_resize(100, 150).unwrap(), (112, 140));
         assert!(d.smart_resize(1, 1000).is_err());
         assert!(d.smart_resize(0, 10).is_err());
+        // A side of 14 px or less rounds to 0 and comes back through the min_pixels branch
+        // with the other side (the tiny checkpoint's `image_thin` case: grid 2 x 26).
+        assert_eq!(d.smart_resize(10, 400).unwrap(), (28, 364));
     }
 
     #[test]
