@@ -110,6 +110,7 @@ fn prefill_tok_s(model: &dyn CausalLm, len: usize) -> Result<f64, String> {
                     start_pos: 0,
                     block_table: &table,
                     want_logits: true,
+                    media: None,
                 }],
                 &mut kv,
             )
@@ -133,6 +134,7 @@ fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64,
             start_pos: 0,
             block_table: &tables[s],
             want_logits: true,
+            media: None,
         })
         .collect();
     let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;
@@ -148,6 +150,7 @@ fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64,
                 start_pos: prompt_len + step,
                 block_table: &tables[s],
                 want_logits: true,
+                media: None,
             })
             .collect();
         let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;

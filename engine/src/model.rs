@@ -79,6 +79,24 @@ pub struct SeqChunk<'a> {
     pub block_table: &'a [u32],
     /// Return logits for the last token of this chunk (false for non-final prefill chunks).
     pub want_logits: bool,
+    /// Media embeddings and M-RoPE positions of a multimodal prompt; `None` for text.
+    pub media: Option<ChunkMedia<'a>>,
+}
+
+/// The multimodal part of a chunk: rows whose input is an embedding (a vision or audio
+/// encoder's output) instead of a token's, and the rotary positions of models with M-RoPE.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkMedia<'a> {
+    /// Chunk rows (ascending) that take their input from `embeds`.
+    pub rows: &'a [u32],
+    /// `rows.len() x hidden_size` values, in the order of `rows`.
+    pub embeds: &'a [f32],
+    /// Per chunk token: (temporal, row, column) positions. `None`: every token's three
+    /// positions are its sequence position plus `position_delta` (text after the media, and
+    /// decode steps).
+    pub positions: Option<&'a [[u32; 3]]>,
+    /// See `positions`: the prompt's `max position + 1 - length`.
+    pub position_delta: i64,
 }
 
 /// How a decoder multiplies activations by quantised weights.

@@ -522,6 +522,7 @@ impl Engine {
                         start_pos: s.computed,
                         block_table: &s.table,
                         want_logits: s.computed + n == s.tokens.len(),
+                        media: None,
                     }
                 })
                 .collect();

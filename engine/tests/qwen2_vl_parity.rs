@@ -106,6 +106,7 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
                 start_pos: 0,
                 block_table: &table,
                 want_logits: true,
+                media: None,
             }],
             &mut kv,
         )
@@ -120,6 +121,7 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
                     start_pos: pos,
                     block_table: &table,
                     want_logits: true,
+                    media: None,
                 }],
                 &mut kv,
             )
@@ -136,4 +138,227 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
     }
     eprintln!("text decoder: largest logit difference to the reference {worst:e}");
     assert!(worst < 1e-3, "largest logit difference {worst}");
+}
+
+#[derive(Deserialize)]
+struct MmReference {
+    cases: Vec<MmCase>,
+}
+
+#[derive(Deserialize)]
+struct MmCase {
+    name: String,
+    input_ids: Vec<u32>,
+    placeholders: Vec<Placeholder>,
+    position_ids: Vec<Vec<u32>>,
+    logits_last: Vec<f32>,
+    greedy: Greedy,
+    /// Where transformers 5.24 and vLLM / transformers 4 place the text after a long video
+    /// differently, the latter's positions and logits (we follow vLLM).
+    position_ids_transformers4: Option<Vec<Vec<u32>>>,
+    transformers4: Option<Transformers4>,
+}
+
+#[derive(Deserialize)]
+struct Placeholder {
+    kind: String,
+    start: usize,
+    tokens: usize,
+    grid_thw: [usize; 3],
+    resized: Resized,
+}
+
+#[derive(Deserialize)]
+struct Resized {
+    height: u64,
+    width: u64,
+    files: Vec<String>,
+}
+
+#[derive(Deserialize)]
+struct Greedy {
+    new_tokens: Vec<u32>,
+    margins: Vec<f32>,
+}
+
+#[derive(Deserialize)]
+struct Transformers4 {
+    logits_last: Vec<f32>,
+}
+
+fn argmax(v: &[f32]) -> u32 {
+    v.iter()
+        .enumerate()
+        .max_by(|a, b| a.1.total_cmp(b.1))
+        .map(|(i, _)| i as u32)
+        .unwrap()
+}
+
+/// Every image and video case end to end below the HTTP layer: the reference's resized frames
+/// through our Qwen2-VL processor (at their own size, so the pixels are the reference's), the
+/// vision tower, the placeholder rows replaced by its output, M-RoPE positions, the decoder's
+/// last logits, then greedy decode steps with the prompt's position offset.
+#[test]
+fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
+    use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
+    use engine::models::qwen2_vl::{mrope_positions, TokenKind};
+    let dir = data_dir();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let vcfg = VisionConfig::from_json(&config["vision_config"]).unwrap();
+    let tower = VisionTower::load(&vcfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
+    let mut loaded = engine::hf::load_decoder(&dir).unwrap();
+    loaded.model.set_activation_mode(ActivationMode::F32);
+    let hidden = 64;
+    let image_id = config["image_token_id"].as_u64().unwrap() as u32;
+    let video_id = config["video_token_id"].as_u64().unwrap() as u32;
+    let reference: MmReference =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    assert!(reference.cases.len() >= 10);
+    let mut worst = 0.0f32;
+    for case in &reference.cases {
+        let ids = &case.input_ids;
+        // Processor and tower, one media item at a time, rows in prompt order.
+        let mut rows = Vec::new();
+        let mut embeds = Vec::new();
+        let (mut image_grids, mut video_grids) = (Vec::new(), Vec::new());
+        for ph in &case.placeholders {
+            let frames: Vec<image::RgbImage> = ph
+                .resized
+                .files
+                .iter()
+                .map(|f| image::open(dir.join(f)).unwrap().to_rgb8())
+                .collect();
+            let area = ph.resized.height * ph.resized.width;
+            let processor = preprocess::image::Qwen2VlConfig {
+                min_pixels: area,
+                max_pixels: area,
+                ..Default::default()
+            };
+            let processed = processor.process_frames(&frames).unwrap();
+            assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
+            assert_eq!(
+                processed.num_tokens, ph.tokens,
+                "{}: token count",
+                case.name
+            );
+            let out = tower
+                .encode(&processed.pixel_values.data, &[ph.grid_thw])
+                .unwrap();
+            assert_eq!(out.len(), ph.tokens * hidden);
+            rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
+            embeds.extend(out);
+            match ph.kind.as_str() {
+                "image" => image_grids.push(ph.grid_thw),
+                _ => video_grids.push(ph.grid_thw),
+            }
+        }
+        let kinds: Vec<TokenKind> = ids
+            .iter()
+            .map(|&t| match t {
+                t if t == image_id => TokenKind::Image,
+                t if t == video_id => TokenKind::Video,
+                _ => TokenKind::Text,
+            })
+            .collect();
+        let (positions, delta) = mrope_positions(&kinds, &image_grids, &video_grids, 2).unwrap();
+        let want_pos = case
+            .position_ids_transformers4
+            .as_ref()
+            .unwrap_or(&case.position_ids);
+        for (i, p) in positions.iter().enumerate() {
+            assert_eq!(
+                *p,
+                [want_pos[0][i], want_pos[1][i], want_pos[2][i]],
+                "{}: position {i}",
+                case.name
+            );
+        }
+        let want_max = want_pos.iter().flatten().copied().max().unwrap() as i64;
+        assert_eq!(
+            delta,
+            want_max + 1 - ids.len() as i64,
+            "{}: delta",
+            case.name
+        );
+
+        let info = loaded.model.info().clone();
+        let block = 16;
+        let total = ids.len() + case.greedy.new_tokens.len();
+        let blocks = total.div_ceil(block);
+        let mut kv = PagedKvCache::new(&info, block, blocks);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let out = loaded
+            .model
+            .forward(
+                &[SeqChunk {
+                    tokens: ids,
+                    start_pos: 0,
+                    block_table: &table,
+                    want_logits: true,
+                    media: Some(ChunkMedia {
+                        rows: &rows,
+                        embeds: &embeds,
+                        positions: Some(&positions),
+                        position_delta: delta,
+                    }),
+                }],
+                &mut kv,
+            )
+            .unwrap();
+        let logits = out.into_iter().next().unwrap().unwrap();
+        let want = case
+            .transformers4
+            .as_ref()
+            .map_or(&case.logits_last, |t| &t.logits_last);
+        let diff = logits
+            .iter()
+            .zip(want)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        assert!(
+            diff < 1e-4,
+            "{}: largest logit difference {diff}",
+            case.name
+        );
+        worst = worst.max(diff);
+        if case.transformers4.is_some() {
+            continue; // its greedy tokens follow 5.24's positions
+        }
+        // Greedy decode: text positions continue at sequence position + delta.
+        let mut next = argmax(&logits);
+        for (step, (&want_tok, &margin)) in case
+            .greedy
+            .new_tokens
+            .iter()
+            .zip(&case.greedy.margins)
+            .enumerate()
+        {
+            if margin > 1e-3 {
+                assert_eq!(next, want_tok, "{}: greedy step {step}", case.name);
+            }
+            let pos = ids.len() + step;
+            let tok = [want_tok];
+            let out = loaded
+                .model
+                .forward(
+                    &[SeqChunk {
+                        tokens: &tok,
+                        start_pos: pos,
+                        block_table: &table,
+                        want_logits: true,
+                        media: Some(ChunkMedia {
+                            rows: &[],
+                            embeds: &[],
+                            positions: None,
+                            position_delta: delta,
+                        }),
+                    }],
+                    &mut kv,
+                )
+                .unwrap();
+            next = argmax(&out.into_iter().next().unwrap().unwrap());
+        }
+    }
+    eprintln!("image/video cases: largest last-logit difference to the reference {worst:e}");
 }

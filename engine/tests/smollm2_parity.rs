@@ -243,6 +243,7 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
                 start_pos: 0,
                 block_table: &table,
                 want_logits: true,
+                media: None,
             }],
         );
         all_logits.push(out.into_iter().next().unwrap().unwrap());
@@ -256,6 +257,7 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
                     start_pos: prompt.len() + s - 1,
                     block_table: &table,
                     want_logits: true,
+                    media: None,
                 }],
             );
             all_logits.push(out.into_iter().next().unwrap().unwrap());
@@ -339,6 +341,7 @@ fn chunked_prefill_matches_one_shot() {
             start_pos: 0,
             block_table: &ta,
             want_logits: true,
+            media: None,
         }],
     )[0]
     .clone()
@@ -357,6 +360,7 @@ fn chunked_prefill_matches_one_shot() {
                 start_pos: i * 7,
                 block_table: &tb,
                 want_logits: is_last,
+                media: None,
             }],
         );
         assert_eq!(out[0].is_some(), is_last);
@@ -377,6 +381,7 @@ fn chunked_prefill_matches_one_shot() {
             start_pos: prompt.len(),
             block_table: &ta,
             want_logits: true,
+            media: None,
         }],
     );
     let db = step(
@@ -387,6 +392,7 @@ fn chunked_prefill_matches_one_shot() {
             start_pos: prompt.len(),
             block_table: &tb,
             want_logits: true,
+            media: None,
         }],
     );
     let d = max_abs_diff(da[0].as_ref().unwrap(), db[0].as_ref().unwrap());
@@ -418,6 +424,7 @@ fn mixed_batch_matches_each_alone() {
                 start_pos: 0,
                 block_table: &t,
                 want_logits: true,
+                media: None,
             }],
         )[0]
         .clone()
@@ -434,6 +441,7 @@ fn mixed_batch_matches_each_alone() {
                     start_pos: p.len() + s,
                     block_table: &t,
                     want_logits: true,
+                    media: None,
                 }],
             );
             logits.push(out[0].clone().unwrap());
@@ -458,12 +466,14 @@ fn mixed_batch_matches_each_alone() {
                 start_pos: 0,
                 block_table: &t[0],
                 want_logits: true,
+                media: None,
             },
             SeqChunk {
                 tokens: &pb[..half],
                 start_pos: 0,
                 block_table: &t[1],
                 want_logits: false,
+                media: None,
             },
         ],
     );
@@ -479,18 +489,21 @@ fn mixed_batch_matches_each_alone() {
                 start_pos: pa.len(),
                 block_table: &t[0],
                 want_logits: true,
+                media: None,
             },
             SeqChunk {
                 tokens: &pb[half..],
                 start_pos: half,
                 block_table: &t[1],
                 want_logits: true,
+                media: None,
             },
             SeqChunk {
                 tokens: pc,
                 start_pos: 0,
                 block_table: &t[2],
                 want_logits: true,
+                media: None,
             },
         ],
     );
@@ -508,18 +521,21 @@ fn mixed_batch_matches_each_alone() {
                 start_pos: pa.len() + 1,
                 block_table: &t[0],
                 want_logits: true,
+                media: None,
             },
             SeqChunk {
                 tokens: &b0,
                 start_pos: pb.len(),
                 block_table: &t[1],
                 want_logits: true,
+                media: None,
             },
             SeqChunk {
                 tokens: &c0,
                 start_pos: pc.len(),
                 block_table: &t[2],
                 want_logits: true,
+                media: None,
             },
         ],
     );
@@ -557,6 +573,7 @@ fn q8_decode_batch_equals_alone_exactly() {
                 start_pos: 0,
                 block_table: &t,
                 want_logits: true,
+                media: None,
             }],
         )[0]
         .clone()
@@ -573,6 +590,7 @@ fn q8_decode_batch_equals_alone_exactly() {
                     start_pos: p.len() + s,
                     block_table: &t,
                     want_logits: true,
+                    media: None,
                 }],
             )[0]
             .clone()
@@ -594,6 +612,7 @@ fn q8_decode_batch_equals_alone_exactly() {
                 start_pos: 0,
                 block_table: &t[i],
                 want_logits: true,
+                media: None,
             }],
         );
     }
@@ -605,6 +624,7 @@ fn q8_decode_batch_equals_alone_exactly() {
                 start_pos: prompts[i].len() + s,
                 block_table: &t[i],
                 want_logits: true,
+                media: None,
             })
             .collect();
         let out = step(&m, &mut c.kv, &chunks);
@@ -630,6 +650,7 @@ fn bad_inputs_are_typed_errors() {
             start_pos: 0,
             block_table: &t,
             want_logits: true,
+            media: None,
         }],
         &mut c.kv,
     );
@@ -644,6 +665,7 @@ fn bad_inputs_are_typed_errors() {
             start_pos: 0,
             block_table: &t[..1],
             want_logits: true,
+            media: None,
         }],
         &mut c.kv,
     );
@@ -655,6 +677,7 @@ fn bad_inputs_are_typed_errors() {
             start_pos: 0,
             block_table: &[999],
             want_logits: true,
+            media: None,
         }],
         &mut c.kv,
     );

@@ -62,6 +62,9 @@ pub struct LlamaConfig {
     /// Position scale for linear RoPE scaling (1 / factor).
     pub rope_freq_scale: f32,
     pub max_position: usize,
+    /// M-RoPE (Qwen2-VL): how many of the `rope_dim / 2` frequencies turn with the temporal,
+    /// row and column position. `None`: plain RoPE.
+    pub mrope_section: Option<[usize; 3]>,
 }
 
 /// A weight matrix inside the memory map.
@@ -422,6 +425,7 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_neox,
         rope_freq_scale,
         max_position,
+        mrope_section: None,
     })
 }
 
@@ -544,6 +548,25 @@ impl LlamaModel {
                     "batch chunk {i} has no tokens"
                 )));
             }
+            if let Some(m) = &c.media {
+                let rows_ok = m.rows.windows(2).all(|w| w[0] < w[1])
+                    && m.rows.last().is_none_or(|&r| (r as usize) < c.tokens.len());
+                if !rows_ok || m.embeds.len() != m.rows.len() * self.cfg.hidden {
+                    return Err(EngineError::Internal(format!(
+                        "batch chunk {i}: {} media rows with {} values do not fit its {} tokens of width {}",
+                        m.rows.len(),
+                        m.embeds.len(),
+                        c.tokens.len(),
+                        self.cfg.hidden
+                    )));
+                }
+                if m.positions.is_some_and(|p| p.len() != c.tokens.len()) {
+                    return Err(EngineError::Internal(format!(
+                        "batch chunk {i}: M-RoPE positions do not cover its {} tokens",
+                        c.tokens.len()
+                    )));
+                }
+            }
             if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
                 return Err(EngineError::invalid(
                     format!(
@@ -619,21 +642,46 @@ impl LlamaModel {
         s.cos.resize(t_total * half, 0.0);
         s.sin.resize(t_total * half, 0.0);
 
-        // Embeddings (only the looked-up rows are dequantised) and rotary angles.
+        // Embeddings (only the looked-up rows are dequantised; media rows are copied from the
+        // encoder's output) and rotary angles.
         let embd = self.qm(&self.token_embd)?;
+        let mut mrope = MropeScratch::default();
         for (c, span) in batch.iter().zip(&spans) {
+            let mut media_rows = c
+                .media
+                .map(|m| m.rows.iter().zip(m.embeds.chunks_exact(h)))
+                .into_iter()
+                .flatten()
+                .peekable();
             for (i, &tok) in c.tokens.iter().enumerate() {
                 let t = span.row + i;
-                embd.dequantize_row_into(tok as usize, &mut s.x[t * h..(t + 1) * h]);
-                ops::rope_angles(
-                    c.start_pos + i,
-                    cfg.rope_base,
-                    cfg.rope_dim,
-                    cfg.rope_freq_scale,
-                    self.rope_factors.as_deref(),
+                let x = &mut s.x[t * h..(t + 1) * h];
+                match media_rows.next_if(|(r, _)| **r as usize == i) {
+                    Some((_, e)) => x.copy_from_slice(e),
+                    None => embd.dequantize_row_into(tok as usize, x),
+                }
+                let (cos, sin) = (
                     &mut s.cos[t * half..(t + 1) * half],
                     &mut s.sin[t * half..(t + 1) * half],
                 );
+                match (cfg.mrope_section, c.media) {
+                    (Some(sections), Some(m)) => {
+                        let pos = match m.positions {
+                            Some(p) => p[i].map(|v| v as i64),
+                            None => [(c.start_pos + i) as i64 + m.position_delta; 3],
+                        };
+                        mrope.angles(cfg, self.rope_factors.as_deref(), sections, pos, cos, sin);
+                    }
+                    _ => ops::rope_angles(
+                        c.start_pos + i,
+                        cfg.rope_base,
+                        cfg.rope_dim,
+                        cfg.rope_freq_scale,
+                        self.rope_factors.as_deref(),
+                        cos,
+                        sin,
+                    ),
+                }
             }
         }
 
@@ -773,6 +821,52 @@ fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
     for head in x.chunks_exact_mut(hd) {
         ops::rmsnorm(head, w, eps, &mut tmp);
         head.copy_from_slice(&tmp);
+    }
+}
+
+/// M-RoPE angles: each position's angles computed once, then frequency `j` takes the
+/// temporal, row or column one by the section it falls in.
+#[derive(Default)]
+struct MropeScratch {
+    cos: [Vec<f32>; 3],
+    sin: [Vec<f32>; 3],
+}
+
+impl MropeScratch {
+    fn angles(
+        &mut self,
+        cfg: &LlamaConfig,
+        factors: Option<&[f32]>,
+        sections: [usize; 3],
+        pos: [i64; 3],
+        cos: &mut [f32],
+        sin: &mut [f32],
+    ) {
+        let half = cfg.rope_dim / 2;
+        for ((c, sn), &p) in self.cos.iter_mut().zip(&mut self.sin).zip(&pos) {
+            c.resize(half, 0.0);
+            sn.resize(half, 0.0);
+            ops::rope_angles(
+                p.max(0) as usize,
+                cfg.rope_base,
+                cfg.rope_dim,
+                cfg.rope_freq_scale,
+                factors,
+                c,
+                sn,
+            );
+        }
+        let mut axis = 0;
+        let mut left = sections[0];
+        for j in 0..half {
+            while left == 0 && axis < 2 {
+                axis += 1;
+                left = sections[axis];
+            }
+            left = left.saturating_sub(1);
+            cos[j] = self.cos[axis][j];
+            sin[j] = self.sin[axis][j];
+        }
     }
 }
 

@@ -23,7 +23,9 @@ pub enum TokenKind {
 /// `t*h*w / merge^2` tokens. Text tokens count on from the position after the previous run;
 /// a vision run starting at `p` gives its token at `(i, j, k)` of the merged grid the
 /// positions `(p + i, p + j, p + k)`, and the text after it starts at
-/// `p + max(h, w) / merge`.
+/// `p + max(t, h / merge, w / merge)`, one past the run's largest position. That is vLLM's
+/// and transformers 4's rule; transformers 5.24 leaves `t` out, which differs only for a
+/// video of more temporal patches than merged rows or columns.
 pub fn mrope_positions(
     kinds: &[TokenKind],
     image_grids: &[[usize; 3]],
@@ -71,7 +73,7 @@ pub fn mrope_positions(
                         }
                     }
                 }
-                pos += h.max(w) / merge.max(1);
+                pos += t.max(gh).max(gw);
             }
         }
         i += run;
@@ -121,7 +123,7 @@ mod tests {
                 [2, 3, 4]
             ]
         );
-        assert_eq!(p[8], [5; 3]); // 2 + max(4, 6) / 2
+        assert_eq!(p[8], [5; 3]); // 2 + max(1, 4 / 2, 6 / 2)
         assert_eq!(d, 6 - 9);
     }
 
@@ -133,6 +135,18 @@ mod tests {
         assert_eq!(p[1], [1, 1, 1]);
         assert_eq!(p[5], [2, 1, 1]);
         assert_eq!(p[8], [2, 2, 2]);
+    }
+
+    #[test]
+    fn a_long_video_moves_the_text_past_its_last_frame() {
+        // 4 temporal patches of 1x1 merged tokens: the text continues at 1 + 4.
+        let mut kinds = vec![Text];
+        kinds.extend([Video; 4]);
+        kinds.push(Text);
+        let (p, d) = mrope_positions(&kinds, &[], &[[4, 2, 2]], 2).unwrap();
+        assert_eq!(p[4], [4, 1, 1]);
+        assert_eq!(p[5], [5; 3]);
+        assert_eq!(d, 0);
     }
 
     #[test]

@@ -166,6 +166,7 @@ pub fn read_hf_config(
             rope_neox: true,
             rope_freq_scale,
             max_position,
+            mrope_section: mrope_section.as_deref().map(|s| [s[0], s[1], s[2]]),
         },
         mrope_section,
     ))
