@@ -11,6 +11,9 @@ use engine::hf::SafetensorsWeights;
 use engine::models::qwen2_vl::vision::{VisionConfig, VisionTower};
 use serde::Deserialize;
 
+mod mm_support;
+use mm_support::{check_greedy, max_diff, Greedy};
+
 fn data_dir() -> PathBuf {
     std::env::var_os("TINY_QWEN2_VL_DIR")
         .map(PathBuf::from)
@@ -176,22 +179,8 @@ struct Resized {
 }
 
 #[derive(Deserialize)]
-struct Greedy {
-    new_tokens: Vec<u32>,
-    margins: Vec<f32>,
-}
-
-#[derive(Deserialize)]
 struct Transformers4 {
     logits_last: Vec<f32>,
-}
-
-fn argmax(v: &[f32]) -> u32 {
-    v.iter()
-        .enumerate()
-        .max_by(|a, b| a.1.total_cmp(b.1))
-        .map(|(i, _)| i as u32)
-        .unwrap()
 }
 
 /// Every image and video case end to end below the HTTP layer: the reference's resized frames
@@ -311,11 +300,7 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
             .transformers4
             .as_ref()
             .map_or(&case.logits_last, |t| &t.logits_last);
-        let diff = logits
-            .iter()
-            .zip(want)
-            .map(|(a, b)| (a - b).abs())
-            .fold(0.0f32, f32::max);
+        let diff = max_diff(&logits, want);
         assert!(
             diff < 1e-4,
             "{}: largest logit difference {diff}",
@@ -326,39 +311,22 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
             continue; // its greedy tokens follow 5.24's positions
         }
         // Greedy decode: text positions continue at sequence position + delta.
-        let mut next = argmax(&logits);
-        for (step, (&want_tok, &margin)) in case
-            .greedy
-            .new_tokens
-            .iter()
-            .zip(&case.greedy.margins)
-            .enumerate()
-        {
-            if margin > 1e-3 {
-                assert_eq!(next, want_tok, "{}: greedy step {step}", case.name);
-            }
-            let pos = ids.len() + step;
-            let tok = [want_tok];
-            let out = loaded
-                .model
-                .forward(
-                    &[SeqChunk {
-                        tokens: &tok,
-                        start_pos: pos,
-                        block_table: &table,
-                        want_logits: true,
-                        media: Some(ChunkMedia {
-                            rows: &[],
-                            embeds: &[],
-                            positions: None,
-                            position_delta: delta,
-                        }),
-                    }],
-                    &mut kv,
-                )
-                .unwrap();
-            next = argmax(&out.into_iter().next().unwrap().unwrap());
-        }
+        let after = ChunkMedia {
+            rows: &[],
+            embeds: &[],
+            positions: None,
+            position_delta: delta,
+        };
+        check_greedy(
+            loaded.model.as_ref(),
+            &mut kv,
+            &table,
+            ids.len(),
+            &logits,
+            &case.greedy,
+            Some(after),
+            &case.name,
+        );
     }
     eprintln!("image/video cases: largest last-logit difference to the reference {worst:e}");
 }

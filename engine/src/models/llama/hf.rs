@@ -25,6 +25,7 @@ pub const HF_DECODER_ARCHITECTURES: &[&str] = &[
     "Qwen2ForCausalLM",
     "Qwen3ForCausalLM",
     "Qwen2VLForConditionalGeneration",
+    "Qwen2AudioForConditionalGeneration",
 ];
 
 fn cfg_error(msg: impl Into<String>) -> EngineError {
@@ -233,7 +234,7 @@ impl LlamaModel {
         eos_token_ids: Vec<u32>,
     ) -> Result<Self> {
         let t0 = std::time::Instant::now();
-        let prefix = ["model.language_model.", "model."]
+        let prefix = ["model.language_model.", "model.", "language_model.model."]
             .into_iter()
             .find(|p| weights.contains(&format!("{p}embed_tokens.weight")))
             .ok_or_else(|| {
@@ -256,11 +257,18 @@ impl LlamaModel {
             .or_else(|| config.get("tie_word_embeddings"))
             .and_then(Value::as_bool)
             .unwrap_or(false)
-            || !weights.contains("lm_head.weight");
+            || !["lm_head.weight", "language_model.lm_head.weight"]
+                .iter()
+                .any(|n| weights.contains(n));
+        let lm_head = if weights.contains("lm_head.weight") {
+            "lm_head.weight"
+        } else {
+            "language_model.lm_head.weight"
+        };
         let output = if tied {
             token_embd
         } else {
-            l.matrix("lm_head.weight", cfg.vocab, h)?
+            l.matrix(lm_head, cfg.vocab, h)?
         };
         let layers = (0..cfg.n_layers)
             .map(|i| load_layer(&l, &cfg, |part| format!("{prefix}layers.{i}.{}", part.hf())))

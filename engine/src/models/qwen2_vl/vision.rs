@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
-use crate::models::bert::ops::erf;
+use crate::models::layers::{gelu_erf, LayerNorm, Linear};
 
 /// `vision_config` of a Qwen2-VL `config.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -131,81 +131,6 @@ impl VisionConfig {
     }
 }
 
-/// `y = x Wᵀ + b` with `W` stored `out x in`, as in the checkpoint.
-#[derive(Debug)]
-struct Linear {
-    w: Vec<f32>,
-    b: Option<Vec<f32>>,
-    inp: usize,
-    out: usize,
-}
-
-impl Linear {
-    fn load(
-        w: &SafetensorsWeights,
-        name: &str,
-        out: usize,
-        inp: usize,
-        bias: bool,
-    ) -> Result<Self> {
-        Ok(Linear {
-            w: w.tensor_f32_shaped(&format!("{name}.weight"), &[out, inp])?,
-            b: if bias {
-                Some(w.tensor_f32_shaped(&format!("{name}.bias"), &[out])?)
-            } else {
-                None
-            },
-            inp,
-            out,
-        })
-    }
-
-    /// `rows` rows of `x` (row length `inp`) into `y` (row length `out`).
-    fn forward(&self, x: &[f32], rows: usize, y: &mut Vec<f32>) {
-        y.clear();
-        y.resize(rows * self.out, 0.0);
-        kernels::gemm_abt(
-            rows, self.out, self.inp, 1.0, x, self.inp, &self.w, self.inp, y, self.out,
-        );
-        if let Some(b) = &self.b {
-            for row in y.chunks_exact_mut(self.out) {
-                row.iter_mut().zip(b).for_each(|(v, bi)| *v += bi);
-            }
-        }
-    }
-}
-
-#[derive(Debug)]
-struct LayerNorm {
-    w: Vec<f32>,
-    b: Vec<f32>,
-}
-
-impl LayerNorm {
-    const EPS: f32 = 1e-6;
-
-    fn load(w: &SafetensorsWeights, name: &str, dim: usize) -> Result<Self> {
-        Ok(LayerNorm {
-            w: w.tensor_f32_shaped(&format!("{name}.weight"), &[dim])?,
-            b: w.tensor_f32_shaped(&format!("{name}.bias"), &[dim])?,
-        })
-    }
-
-    fn forward(&self, x: &[f32], y: &mut Vec<f32>) {
-        let dim = self.w.len();
-        y.clear();
-        y.resize(x.len(), 0.0);
-        for (row, out) in x.chunks_exact(dim).zip(y.chunks_exact_mut(dim)) {
-            let mean = row.iter().sum::<f32>() / dim as f32;
-            let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / dim as f32;
-            let inv = 1.0 / (var + Self::EPS).sqrt();
-            for (((o, &v), &g), &b) in out.iter_mut().zip(row).zip(&self.w).zip(&self.b) {
-                *o = (v - mean) * inv * g + b;
-            }
-        }
-    }
-}
-
 #[derive(Debug)]
 struct Block {
     norm1: LayerNorm,
@@ -262,8 +187,8 @@ impl VisionTower {
             .map(|i| {
                 let b = format!("{p}blocks.{i}");
                 Ok(Block {
-                    norm1: LayerNorm::load(w, &format!("{b}.norm1"), d)?,
-                    norm2: LayerNorm::load(w, &format!("{b}.norm2"), d)?,
+                    norm1: LayerNorm::load(w, &format!("{b}.norm1"), d, 1e-6)?,
+                    norm2: LayerNorm::load(w, &format!("{b}.norm2"), d, 1e-6)?,
                     qkv: Linear::load(w, &format!("{b}.attn.qkv"), 3 * d, d, true)?,
                     proj: Linear::load(w, &format!("{b}.attn.proj"), d, d, true)?,
                     fc1: Linear::load(w, &format!("{b}.mlp.fc1"), cfg.mlp_hidden, d, true)?,
@@ -276,7 +201,7 @@ impl VisionTower {
             cfg: cfg.clone(),
             patch_embed,
             blocks,
-            ln_q: LayerNorm::load(w, &format!("{p}merger.ln_q"), d)?,
+            ln_q: LayerNorm::load(w, &format!("{p}merger.ln_q"), d, 1e-6)?,
             merge_fc1: Linear::load(w, &format!("{p}merger.mlp.0"), merged, merged, true)?,
             merge_fc2: Linear::load(
                 w,
@@ -376,9 +301,7 @@ impl VisionTower {
                 VisionAct::QuickGelu => ff
                     .iter_mut()
                     .for_each(|v| *v *= 1.0 / (1.0 + (-1.702 * *v).exp())),
-                VisionAct::GeluErf => ff.iter_mut().for_each(|v| {
-                    *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2))
-                }),
+                VisionAct::GeluErf => gelu_erf(&mut ff),
             }
             blk.fc2.forward(&ff, n, &mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
@@ -388,8 +311,7 @@ impl VisionTower {
         self.ln_q.forward(&x, &mut h);
         let groups = n / cfg.merge_area();
         self.merge_fc1.forward(&h, groups, &mut ff);
-        ff.iter_mut()
-            .for_each(|v| *v = 0.5 * *v * (1.0 + erf(*v * std::f32::consts::FRAC_1_SQRT_2)));
+        gelu_erf(&mut ff);
         let mut out = Vec::new();
         self.merge_fc2.forward(&ff, groups, &mut out);
         Ok(out)

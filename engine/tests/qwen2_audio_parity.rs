@@ -1,0 +1,141 @@
+//! The Qwen2-Audio tiny checkpoint (`tests/data/tiny-qwen2-audio`, made by
+//! `scripts/make_tiny_mm_models.py` with random weights) against the `transformers` reference:
+//! each case's WAV clips through our decoder and log-mel features, the audio tower and
+//! projector, the placeholder rows replaced by its output, the decoder's last logits and
+//! greedy decode steps.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use engine::hf::SafetensorsWeights;
+use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
+use engine::models::qwen2_audio::{AudioConfig, AudioTower};
+use serde::Deserialize;
+
+mod mm_support;
+use mm_support::{check_greedy, max_diff, Greedy};
+
+fn data_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-qwen2-audio")
+}
+
+#[derive(Deserialize)]
+struct Reference {
+    media: std::collections::BTreeMap<String, Media>,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct Media {
+    file: String,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    name: String,
+    input_ids: Vec<u32>,
+    placeholders: Vec<Placeholder>,
+    logits_last: Vec<f32>,
+    greedy: Greedy,
+}
+
+#[derive(Deserialize)]
+struct Placeholder {
+    media: String,
+    start: usize,
+    tokens: usize,
+}
+
+#[test]
+fn audio_through_features_tower_and_decoder_matches_the_reference() {
+    let dir = data_dir();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let acfg = AudioConfig::from_json(&config).unwrap();
+    let tower = AudioTower::load(&acfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
+    assert_eq!(
+        engine::hf::detect(&dir),
+        engine::hf::CheckpointKind::Decoder
+    );
+    let mut loaded = engine::hf::load_decoder(&dir).unwrap();
+    loaded.model.set_activation_mode(ActivationMode::F32);
+    let features_cfg = preprocess::audio::WhisperFeatureConfig::whisper(acfg.num_mel_bins);
+    let reference: Reference =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    assert_eq!(reference.cases.len(), 3);
+    let mut worst = 0.0f32;
+    for case in &reference.cases {
+        let ids = &case.input_ids;
+        let mut rows = Vec::new();
+        let mut embeds = Vec::new();
+        for ph in &case.placeholders {
+            let bytes = std::fs::read(dir.join(&reference.media[&ph.media].file)).unwrap();
+            let feats = preprocess::audio::audio_to_features(
+                &bytes,
+                Some("audio/wav"),
+                &preprocess::audio::AudioIoOptions::default(),
+                &features_cfg,
+            )
+            .unwrap();
+            assert_eq!(
+                AudioConfig::num_tokens(feats.valid_frames),
+                ph.tokens,
+                "{}",
+                case.name
+            );
+            let out = tower.encode(&feats.data, feats.valid_frames).unwrap();
+            assert_eq!(out.len(), ph.tokens * 64);
+            rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
+            embeds.extend(out);
+        }
+        let info = loaded.model.info().clone();
+        let block = 16;
+        let blocks = (ids.len() + case.greedy.new_tokens.len()).div_ceil(block);
+        let mut kv = PagedKvCache::new(&info, block, blocks);
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let media = ChunkMedia {
+            rows: &rows,
+            embeds: &embeds,
+            positions: None,
+            position_delta: 0,
+        };
+        let out = loaded
+            .model
+            .forward(
+                &[SeqChunk {
+                    tokens: ids,
+                    start_pos: 0,
+                    block_table: &table,
+                    want_logits: true,
+                    media: Some(media),
+                }],
+                &mut kv,
+            )
+            .unwrap();
+        let logits = out.into_iter().next().unwrap().unwrap();
+        let diff = max_diff(&logits, &case.logits_last);
+        assert!(
+            diff < 1e-4,
+            "{}: largest logit difference {diff}",
+            case.name
+        );
+        worst = worst.max(diff);
+        check_greedy(
+            loaded.model.as_ref(),
+            &mut kv,
+            &table,
+            ids.len(),
+            &logits,
+            &case.greedy,
+            None,
+            &case.name,
+        );
+    }
+    eprintln!("audio cases: largest last-logit difference to the reference {worst:e}");
+    // Inputs the tower cannot take are errors, not panics.
+    assert!(tower.encode(&[0.0; 10], 5).is_err());
+    let window = vec![0.0; acfg.num_mel_bins * acfg.window_frames()];
+    assert!(tower.encode(&window, 2).is_err());
+    assert!(tower.encode(&window, 3001).is_err());
+}
