@@ -83,6 +83,89 @@ pub struct GenerateRequest {
     pub params: SamplingParams,
     /// Isolates prefix-cache reuse between tenants (CONTRACT section 7).
     pub cache_salt: Option<String>,
+    /// The encoders' output for a multimodal prompt (`None` for text).
+    pub media: Option<std::sync::Arc<PromptMedia>>,
+}
+
+/// A multimodal prompt's media, as the model's encoders produced it: what replaces the
+/// placeholder rows, the M-RoPE positions of models that use them, and each item's content
+/// hash and span for the prefix cache's `("mm", hash, offset)` keys.
+#[derive(Debug, Clone, Default)]
+pub struct PromptMedia {
+    /// Each item's content hash and placeholder span in the prompt.
+    pub items: Vec<crate::block_manager::MediaSpan>,
+    /// Prompt positions (ascending) that take an embedding instead of a token's.
+    pub rows: Vec<u32>,
+    /// `rows.len() x hidden_size` values, in the order of `rows`.
+    pub embeds: Vec<f32>,
+    /// M-RoPE positions of every prompt token, and the offset of every later position.
+    pub mrope: Option<(Vec<[u32; 3]>, i64)>,
+}
+
+impl PromptMedia {
+    /// Shape checks against the prompt (the model checks the embedding width).
+    pub fn check(&self, prompt_len: usize) -> Result<(), String> {
+        if !self.rows.windows(2).all(|w| w[0] < w[1])
+            || self.rows.last().is_some_and(|&r| r as usize >= prompt_len)
+        {
+            return Err("media rows must be ascending positions inside the prompt".into());
+        }
+        if self.rows.is_empty() != self.embeds.is_empty()
+            || (!self.rows.is_empty() && !self.embeds.len().is_multiple_of(self.rows.len()))
+        {
+            return Err("media embeddings do not divide into the media rows".into());
+        }
+        if let Some((pos, _)) = &self.mrope {
+            if pos.len() != prompt_len {
+                return Err(format!(
+                    "{} M-RoPE positions for a prompt of {prompt_len} tokens",
+                    pos.len()
+                ));
+            }
+        }
+        if self.items.iter().any(|i| i.start + i.len > prompt_len) {
+            return Err("a media item's span runs past the prompt".into());
+        }
+        Ok(())
+    }
+
+    /// The chunk view for prompt-or-generated positions `start .. start + len`: relative
+    /// rows, their embeddings, and the positions of those tokens (buffers are reused).
+    pub fn chunk<'a>(
+        &'a self,
+        start: usize,
+        len: usize,
+        prompt_len: usize,
+        rows_buf: &'a mut Vec<u32>,
+        pos_buf: &'a mut Vec<[u32; 3]>,
+    ) -> crate::model::ChunkMedia<'a> {
+        let lo = self.rows.partition_point(|&r| (r as usize) < start);
+        let hi = self.rows.partition_point(|&r| (r as usize) < start + len);
+        let width = if self.rows.is_empty() {
+            0
+        } else {
+            self.embeds.len() / self.rows.len()
+        };
+        rows_buf.clear();
+        rows_buf.extend(self.rows[lo..hi].iter().map(|&r| r - start as u32));
+        let (positions, delta) = match &self.mrope {
+            Some((pos, delta)) => {
+                pos_buf.clear();
+                pos_buf.extend((start..start + len).map(|p| match pos.get(p) {
+                    Some(p3) if p < prompt_len => *p3,
+                    _ => [(p as i64 + delta).max(0) as u32; 3],
+                }));
+                (Some(&pos_buf[..]), *delta)
+            }
+            None => (None, 0),
+        };
+        crate::model::ChunkMedia {
+            rows: rows_buf,
+            embeds: &self.embeds[lo * width..hi * width],
+            positions,
+            position_delta: delta,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

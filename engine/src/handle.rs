@@ -567,6 +567,10 @@ impl ModelHandle {
             return Err(EngineError::Stopped);
         }
         let prompt_len = req.prompt_ids.len();
+        if let Some(m) = &req.media {
+            m.check(prompt_len)
+                .map_err(|msg| EngineError::invalid(msg, Some("messages")))?;
+        }
         if prompt_len == 0 {
             return Err(EngineError::invalid(
                 "The prompt cannot be empty",
@@ -632,8 +636,14 @@ impl ModelHandle {
             params,
             hash_ctx: HashContext {
                 cache_salt: req.cache_salt,
+                media: req
+                    .media
+                    .as_ref()
+                    .map(|m| m.items.clone())
+                    .unwrap_or_default(),
                 ..Default::default()
             },
+            media: req.media,
             events: tx,
             arrived: Instant::now(),
         };

@@ -77,6 +77,7 @@ pub struct Submission {
     pub prompt_ids: Vec<u32>,
     pub params: SamplingParams,
     pub hash_ctx: HashContext,
+    pub media: Option<std::sync::Arc<crate::api::PromptMedia>>,
     pub events: UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -148,6 +149,7 @@ struct Sequence {
     /// Leading blocks already registered in the prefix cache.
     registered: usize,
     hash_ctx: HashContext,
+    media: Option<std::sync::Arc<crate::api::PromptMedia>>,
     sampler: SequenceSampler,
     events: UnboundedSender<SeqEvent>,
     admitted_once: bool,
@@ -338,6 +340,7 @@ impl Engine {
             hashes: Vec::new(),
             registered: 0,
             hash_ctx: sub.hash_ctx,
+            media: sub.media,
             sampler,
             events: sub.events,
             admitted_once: false,
@@ -513,16 +516,22 @@ impl Engine {
             return;
         }
         let result = {
+            // Per chunk, the media rows and positions it covers (buffers outlive the step).
+            let mut bufs: Vec<(Vec<u32>, Vec<[u32; 3]>)> = vec![Default::default(); plan.len()];
             let chunks: Vec<SeqChunk<'_>> = plan
                 .iter()
-                .map(|&(i, n)| {
+                .zip(bufs.iter_mut())
+                .map(|(&(i, n), (rows, pos))| {
                     let s = &self.running[i];
                     SeqChunk {
                         tokens: &s.tokens[s.computed..s.computed + n],
                         start_pos: s.computed,
                         block_table: &s.table,
                         want_logits: s.computed + n == s.tokens.len(),
-                        media: None,
+                        media: s
+                            .media
+                            .as_deref()
+                            .map(|m| m.chunk(s.computed, n, s.prompt_len, rows, pos)),
                     }
                 })
                 .collect();

@@ -71,6 +71,7 @@ fn request(prompt: &str, params: SamplingParams) -> GenerateRequest {
         prompt_ids: prompt.bytes().map(u32::from).collect(),
         params,
         cache_salt: None,
+        media: None,
     }
 }
 

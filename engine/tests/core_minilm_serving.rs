@@ -96,6 +96,7 @@ async fn minilm_embeds_reference_sentences_concurrently() {
             prompt_ids: vec![101],
             params: Default::default(),
             cache_salt: None,
+            media: None,
         })
         .is_err());
 }

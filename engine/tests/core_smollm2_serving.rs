@@ -115,6 +115,7 @@ async fn smollm2_serves_reference_prompts() {
                 ..Default::default()
             },
             cache_salt: None,
+            media: None,
         };
         let mut stream = m.generate(req).unwrap();
         tasks.push(tokio::spawn(async move {
@@ -157,6 +158,7 @@ async fn smollm2_serves_reference_prompts() {
                 ..Default::default()
             },
             cache_salt: None,
+            media: None,
         };
         let mut s = m.generate(req).unwrap();
         let mut got = Vec::new();

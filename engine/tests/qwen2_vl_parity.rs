@@ -183,6 +183,84 @@ struct Transformers4 {
     logits_last: Vec<f32>,
 }
 
+/// A case's media as the serving path would build it: the reference's resized frames through
+/// our processor (at their own size, so the pixels are the reference's) and the tower, rows in
+/// prompt order, M-RoPE positions from the prompt, and one prefix-cache span per item.
+struct CaseMedia {
+    rows: Vec<u32>,
+    embeds: Vec<f32>,
+    positions: Vec<[u32; 3]>,
+    delta: i64,
+    items: Vec<engine::block_manager::MediaSpan>,
+}
+
+fn case_media(
+    dir: &std::path::Path,
+    tower: &VisionTower,
+    case: &MmCase,
+    image_id: u32,
+    video_id: u32,
+) -> CaseMedia {
+    use engine::models::qwen2_vl::{mrope_positions, TokenKind};
+    let mut rows = Vec::new();
+    let mut embeds = Vec::new();
+    let mut items = Vec::new();
+    let (mut image_grids, mut video_grids) = (Vec::new(), Vec::new());
+    for ph in &case.placeholders {
+        let frames: Vec<image::RgbImage> = ph
+            .resized
+            .files
+            .iter()
+            .map(|f| image::open(dir.join(f)).unwrap().to_rgb8())
+            .collect();
+        let area = ph.resized.height * ph.resized.width;
+        let processor = preprocess::image::Qwen2VlConfig {
+            min_pixels: area,
+            max_pixels: area,
+            ..Default::default()
+        };
+        let processed = processor.process_frames(&frames).unwrap();
+        assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
+        assert_eq!(
+            processed.num_tokens, ph.tokens,
+            "{}: token count",
+            case.name
+        );
+        let out = tower
+            .encode(&processed.pixel_values.data, &[ph.grid_thw])
+            .unwrap();
+        assert_eq!(out.len(), ph.tokens * tower.config().hidden_size);
+        rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
+        embeds.extend(out);
+        items.push(engine::block_manager::MediaSpan {
+            hash: ph.resized.files.join("+"),
+            start: ph.start,
+            len: ph.tokens,
+        });
+        match ph.kind.as_str() {
+            "image" => image_grids.push(ph.grid_thw),
+            _ => video_grids.push(ph.grid_thw),
+        }
+    }
+    let kinds: Vec<TokenKind> = case
+        .input_ids
+        .iter()
+        .map(|&t| match t {
+            t if t == image_id => TokenKind::Image,
+            t if t == video_id => TokenKind::Video,
+            _ => TokenKind::Text,
+        })
+        .collect();
+    let (positions, delta) = mrope_positions(&kinds, &image_grids, &video_grids, 2).unwrap();
+    CaseMedia {
+        rows,
+        embeds,
+        positions,
+        delta,
+        items,
+    }
+}
+
 /// Every image and video case end to end below the HTTP layer: the reference's resized frames
 /// through our Qwen2-VL processor (at their own size, so the pixels are the reference's), the
 /// vision tower, the placeholder rows replaced by its output, M-RoPE positions, the decoder's
@@ -190,7 +268,6 @@ struct Transformers4 {
 #[test]
 fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
     use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
-    use engine::models::qwen2_vl::{mrope_positions, TokenKind};
     let dir = data_dir();
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
@@ -198,7 +275,6 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
     let tower = VisionTower::load(&vcfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
     let mut loaded = engine::hf::load_decoder(&dir).unwrap();
     loaded.model.set_activation_mode(ActivationMode::F32);
-    let hidden = 64;
     let image_id = config["image_token_id"].as_u64().unwrap() as u32;
     let video_id = config["video_token_id"].as_u64().unwrap() as u32;
     let reference: MmReference =
@@ -207,50 +283,13 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
     let mut worst = 0.0f32;
     for case in &reference.cases {
         let ids = &case.input_ids;
-        // Processor and tower, one media item at a time, rows in prompt order.
-        let mut rows = Vec::new();
-        let mut embeds = Vec::new();
-        let (mut image_grids, mut video_grids) = (Vec::new(), Vec::new());
-        for ph in &case.placeholders {
-            let frames: Vec<image::RgbImage> = ph
-                .resized
-                .files
-                .iter()
-                .map(|f| image::open(dir.join(f)).unwrap().to_rgb8())
-                .collect();
-            let area = ph.resized.height * ph.resized.width;
-            let processor = preprocess::image::Qwen2VlConfig {
-                min_pixels: area,
-                max_pixels: area,
-                ..Default::default()
-            };
-            let processed = processor.process_frames(&frames).unwrap();
-            assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
-            assert_eq!(
-                processed.num_tokens, ph.tokens,
-                "{}: token count",
-                case.name
-            );
-            let out = tower
-                .encode(&processed.pixel_values.data, &[ph.grid_thw])
-                .unwrap();
-            assert_eq!(out.len(), ph.tokens * hidden);
-            rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
-            embeds.extend(out);
-            match ph.kind.as_str() {
-                "image" => image_grids.push(ph.grid_thw),
-                _ => video_grids.push(ph.grid_thw),
-            }
-        }
-        let kinds: Vec<TokenKind> = ids
-            .iter()
-            .map(|&t| match t {
-                t if t == image_id => TokenKind::Image,
-                t if t == video_id => TokenKind::Video,
-                _ => TokenKind::Text,
-            })
-            .collect();
-        let (positions, delta) = mrope_positions(&kinds, &image_grids, &video_grids, 2).unwrap();
+        let CaseMedia {
+            rows,
+            embeds,
+            positions,
+            delta,
+            ..
+        } = case_media(&dir, &tower, case, image_id, video_id);
         let want_pos = case
             .position_ids_transformers4
             .as_ref()
@@ -329,4 +368,129 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
         );
     }
     eprintln!("image/video cases: largest last-logit difference to the reference {worst:e}");
+}
+
+/// The same cases through the serving engine: chunked prefill (8 tokens per step, so images
+/// are split across steps), the paged cache, greedy sampling; then the prefix cache keyed by
+/// the media: the same request reuses every full block, the same prompt with other media
+/// reuses only the blocks before it.
+#[tokio::test]
+async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media() {
+    use engine::api::{GenerateRequest, PromptMedia, SamplingParams};
+    use engine::handle::{EngineConfig, EngineHandle, LoadedModel, ModelSpec};
+    use std::sync::Arc;
+    let dir = data_dir();
+    let config: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
+    let vcfg = VisionConfig::from_json(&config["vision_config"]).unwrap();
+    let tower = VisionTower::load(&vcfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
+    let image_id = config["image_token_id"].as_u64().unwrap() as u32;
+    let video_id = config["video_token_id"].as_u64().unwrap() as u32;
+    let reference: MmReference =
+        serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
+    let engine = EngineHandle::from_loaded(
+        vec![(
+            ModelSpec {
+                path: dir.display().to_string(),
+                served_name: "tiny-vl".into(),
+            },
+            LoadedModel::Decoder(engine::hf::load_decoder(&dir).unwrap()),
+        )],
+        &EngineConfig {
+            max_model_len: Some(256),
+            max_num_batched_tokens: 8,
+            kv_cache_tokens: 2048,
+            block_size: 4,
+            activation_mode: engine::model::ActivationMode::F32,
+            ..EngineConfig::default()
+        },
+    )
+    .unwrap();
+    let model = engine.model("tiny-vl").unwrap();
+    let run = |case: &MmCase, media: PromptMedia| {
+        model
+            .generate(GenerateRequest {
+                request_id: case.name.clone(),
+                prompt_ids: case.input_ids.clone(),
+                params: SamplingParams {
+                    temperature: 0.0,
+                    max_tokens: case.greedy.new_tokens.len(),
+                    ignore_eos: true,
+                    ..Default::default()
+                },
+                cache_salt: None,
+                media: Some(Arc::new(media)),
+            })
+            .unwrap()
+    };
+    let media_of = |case: &MmCase| {
+        let m = case_media(&dir, &tower, case, image_id, video_id);
+        PromptMedia {
+            items: m.items,
+            rows: m.rows,
+            embeds: m.embeds,
+            mrope: Some((m.positions, m.delta)),
+        }
+    };
+    async fn collect(mut s: engine::handle::GenerationStream) -> (Vec<u32>, usize) {
+        let mut ids = Vec::new();
+        let mut cached = 0;
+        while let Some(d) = s.next().await {
+            let d = d.unwrap();
+            ids.extend(d.token_ids);
+            if let Some(f) = d.finish {
+                cached = f.cached_tokens;
+            }
+        }
+        (ids, cached)
+    }
+    for case in reference.cases.iter().filter(|c| c.transformers4.is_none()) {
+        let (ids, _) = collect(run(case, media_of(case))).await;
+        for (step, ((got, want), margin)) in ids
+            .iter()
+            .zip(&case.greedy.new_tokens)
+            .zip(&case.greedy.margins)
+            .enumerate()
+        {
+            if *margin > 1e-3 {
+                assert_eq!(got, want, "{}: served greedy step {step}", case.name);
+            }
+        }
+    }
+    // Prefix cache: the image of `image_single` starts at position 20 (block 5 of 4 tokens).
+    let case = reference
+        .cases
+        .iter()
+        .find(|c| c.name == "image_single")
+        .unwrap();
+    assert_eq!(case.placeholders[0].start, 20);
+    let (first, _) = collect(run(case, media_of(case))).await;
+    let (again, cached) = collect(run(case, media_of(case))).await;
+    assert_eq!(first, again);
+    assert_eq!(
+        cached,
+        case.input_ids.len() / 4 * 4,
+        "same media: every full prompt block"
+    );
+    let mut other = media_of(case);
+    other.items[0].hash = "another image".into();
+    other.embeds.iter_mut().for_each(|v| *v = -*v);
+    let (_, cached) = collect(run(case, other)).await;
+    assert_eq!(cached, 20, "other media: only the blocks before the image");
+    // Media that does not fit the prompt is refused before it reaches the engine.
+    let mut bad = media_of(case);
+    bad.rows.push(10_000);
+    let err = model
+        .generate(GenerateRequest {
+            request_id: "bad".into(),
+            prompt_ids: case.input_ids.clone(),
+            params: SamplingParams::default(),
+            cache_salt: None,
+            media: Some(Arc::new(bad)),
+        })
+        .err();
+    assert!(
+        matches!(err, Some(engine::EngineError::InvalidRequest { .. })),
+        "{err:?}"
+    );
 }

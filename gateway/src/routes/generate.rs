@@ -97,6 +97,7 @@ pub fn submit(
                 prompt_ids: ids.clone(),
                 params,
                 cache_salt: cache_salt.map(str::to_string),
+                media: None,
             })?;
             out.push(Choice {
                 index: p * n + j,
