@@ -629,6 +629,7 @@ pub fn load_decoder(path: &Path) -> Result<LoadedDecoder> {
         bos_token: tok.bos_token,
         eos_token: tok.eos_token,
         architecture,
+        media: None,
     })
 }
 

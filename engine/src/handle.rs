@@ -118,6 +118,8 @@ struct DecoderBackend {
     max_num_seqs: usize,
     /// Ids the model can embed (prompt validation).
     model_vocab: usize,
+    /// The checkpoint's vision or audio encoders.
+    media: Option<Box<crate::models::media::MediaEncoders>>,
 }
 
 struct EncoderBackend {
@@ -336,6 +338,7 @@ fn start_decoder(
                 next_id: AtomicU64::new(1),
                 max_num_seqs: config.max_num_seqs,
                 model_vocab: info.vocab_size,
+                media: d.media,
             }),
         }),
     })
@@ -527,6 +530,39 @@ impl ModelHandle {
     /// The text `id` decodes to on its own, special tokens included (e.g. ` Paris`).
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.inner.tokenizer.decode(&[id], false).ok()
+    }
+
+    /// The modalities this model's encoders take besides text (empty for text-only models).
+    /// The model card advertises them once the gateway feeds media through
+    /// [`ModelHandle::prepare_media`].
+    pub fn media_modalities(&self) -> Vec<&'static str> {
+        match &self.inner.backend {
+            Backend::Decoder(DecoderBackend { media: Some(m), .. }) => m.modalities(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Expands the rendered prompt's media placeholders and runs the encoders (CPU work: call
+    /// it off the async reactor). Returns the ids to submit and the media for
+    /// [`GenerateRequest::media`].
+    pub fn prepare_media(
+        &self,
+        ids: &[u32],
+        items: &[crate::models::media::MediaInput<'_>],
+    ) -> Result<(Vec<u32>, Arc<crate::api::PromptMedia>)> {
+        match &self.inner.backend {
+            Backend::Decoder(DecoderBackend { media: Some(m), .. }) => {
+                let (ids, media) = m.prepare(ids, items)?;
+                Ok((ids, Arc::new(media)))
+            }
+            _ => Err(EngineError::invalid(
+                format!(
+                    "The model `{}` accepts text input only.",
+                    self.inner.card.name
+                ),
+                Some("messages"),
+            )),
+        }
     }
 
     pub fn vocab_size(&self) -> usize {

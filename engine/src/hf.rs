@@ -187,6 +187,7 @@ pub fn load_decoder(dir: &Path) -> Result<crate::model::LoadedDecoder> {
     let bos = ids("bos_token_id").first().copied();
     let weights = SafetensorsWeights::open(dir)?;
     let model = crate::models::llama::LlamaModel::from_hf(dir, &config, &weights, bos, eos)?;
+    let media = crate::models::media::MediaEncoders::load(dir, &config, &weights)?.map(Box::new);
     let tokenizer = load_tokenizer(dir)?;
     let (bos_token, eos_token) = read_special_tokens(dir);
     let architecture = config
@@ -202,6 +203,7 @@ pub fn load_decoder(dir: &Path) -> Result<crate::model::LoadedDecoder> {
         bos_token,
         eos_token,
         architecture,
+        media,
     })
 }
 

@@ -207,6 +207,8 @@ pub struct LoadedDecoder {
     pub eos_token: Option<String>,
     /// The architecture name, for logs and model cards (e.g. `llama`).
     pub architecture: String,
+    /// The vision or audio encoders of a multimodal checkpoint.
+    pub media: Option<Box<crate::models::media::MediaEncoders>>,
 }
 
 /// An encoder checkpoint loaded with everything needed to serve it.

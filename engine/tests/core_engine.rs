@@ -27,6 +27,7 @@ fn decoder(model: ToyModel) -> LoadedModel {
         bos_token: Some("<s>".into()),
         eos_token: Some("</s>".into()),
         architecture: "toy".into(),
+        media: None,
     })
 }
 
@@ -580,6 +581,7 @@ async fn chat_template_and_tokenizer_access() {
         bos_token: None,
         eos_token: None,
         architecture: "toy".into(),
+        media: None,
     });
     let e = EngineHandle::from_loaded(vec![(spec("bare"), no_template)], &config()).unwrap();
     match e.model("bare").unwrap().render_chat(&msgs, &opts) {

@@ -10,6 +10,7 @@ use std::path::PathBuf;
 
 use engine::hf::SafetensorsWeights;
 use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
+use engine::models::media::MediaInput;
 use engine::models::qwen2_audio::{AudioConfig, AudioTower};
 use serde::Deserialize;
 
@@ -69,6 +70,7 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         let ids = &case.input_ids;
         let mut rows = Vec::new();
         let mut embeds = Vec::new();
+        let mut all_feats = Vec::new();
         for ph in &case.placeholders {
             let bytes = std::fs::read(dir.join(&reference.media[&ph.media].file)).unwrap();
             let feats = preprocess::audio::audio_to_features(
@@ -88,7 +90,32 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
             assert_eq!(out.len(), ph.tokens * 64);
             rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
             embeds.extend(out);
+            all_feats.push(feats);
         }
+        // The serving path: one <|AUDIO|> per clip as rendered, expanded and encoded by the
+        // checkpoint's own encoders.
+        let encoders = loaded.media.as_ref().unwrap();
+        assert_eq!(encoders.modalities(), ["audio"]);
+        let audio_id = config["audio_token_index"].as_u64().unwrap() as u32;
+        let mut rendered: Vec<u32> = Vec::new();
+        for &t in ids {
+            if !(t == audio_id && rendered.last() == Some(&t)) {
+                rendered.push(t);
+            }
+        }
+        let items: Vec<MediaInput<'_>> = all_feats
+            .iter()
+            .map(|f| MediaInput::Audio {
+                features: &f.data,
+                valid_frames: f.valid_frames,
+                hash: "clip",
+            })
+            .collect();
+        let (expanded, media) = encoders.prepare(&rendered, &items).unwrap();
+        assert_eq!(&expanded, ids, "{}: expanded prompt", case.name);
+        assert_eq!(media.rows, rows);
+        assert_eq!(media.embeds, embeds);
+        assert!(media.mrope.is_none());
         let info = loaded.model.info().clone();
         let block = 16;
         let blocks = (ids.len() + case.greedy.new_tokens.len()).div_ceil(block);

@@ -194,6 +194,43 @@ struct CaseMedia {
     items: Vec<engine::block_manager::MediaSpan>,
 }
 
+/// A case's media items through our processor: modality, patches, grid and a hash.
+fn case_inputs(
+    dir: &std::path::Path,
+    case: &MmCase,
+) -> Vec<(String, Vec<f32>, [usize; 3], String)> {
+    case.placeholders
+        .iter()
+        .map(|ph| {
+            let frames: Vec<image::RgbImage> = ph
+                .resized
+                .files
+                .iter()
+                .map(|f| image::open(dir.join(f)).unwrap().to_rgb8())
+                .collect();
+            let area = ph.resized.height * ph.resized.width;
+            let processor = preprocess::image::Qwen2VlConfig {
+                min_pixels: area,
+                max_pixels: area,
+                ..Default::default()
+            };
+            let processed = processor.process_frames(&frames).unwrap();
+            assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
+            assert_eq!(
+                processed.num_tokens, ph.tokens,
+                "{}: token count",
+                case.name
+            );
+            (
+                ph.kind.clone(),
+                processed.pixel_values.data,
+                ph.grid_thw,
+                ph.resized.files.join("+"),
+            )
+        })
+        .collect()
+}
+
 fn case_media(
     dir: &std::path::Path,
     tower: &VisionTower,
@@ -206,40 +243,19 @@ fn case_media(
     let mut embeds = Vec::new();
     let mut items = Vec::new();
     let (mut image_grids, mut video_grids) = (Vec::new(), Vec::new());
-    for ph in &case.placeholders {
-        let frames: Vec<image::RgbImage> = ph
-            .resized
-            .files
-            .iter()
-            .map(|f| image::open(dir.join(f)).unwrap().to_rgb8())
-            .collect();
-        let area = ph.resized.height * ph.resized.width;
-        let processor = preprocess::image::Qwen2VlConfig {
-            min_pixels: area,
-            max_pixels: area,
-            ..Default::default()
-        };
-        let processed = processor.process_frames(&frames).unwrap();
-        assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
-        assert_eq!(
-            processed.num_tokens, ph.tokens,
-            "{}: token count",
-            case.name
-        );
-        let out = tower
-            .encode(&processed.pixel_values.data, &[ph.grid_thw])
-            .unwrap();
+    for (ph, (kind, pixels, grid, hash)) in case.placeholders.iter().zip(case_inputs(dir, case)) {
+        let out = tower.encode(&pixels, &[grid]).unwrap();
         assert_eq!(out.len(), ph.tokens * tower.config().hidden_size);
         rows.extend((ph.start..ph.start + ph.tokens).map(|r| r as u32));
         embeds.extend(out);
         items.push(engine::block_manager::MediaSpan {
-            hash: ph.resized.files.join("+"),
+            hash,
             start: ph.start,
             len: ph.tokens,
         });
-        match ph.kind.as_str() {
-            "image" => image_grids.push(ph.grid_thw),
-            _ => video_grids.push(ph.grid_thw),
+        match kind.as_str() {
+            "image" => image_grids.push(grid),
+            _ => video_grids.push(grid),
         }
     }
     let kinds: Vec<TokenKind> = case
@@ -378,6 +394,7 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
 async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media() {
     use engine::api::{GenerateRequest, PromptMedia, SamplingParams};
     use engine::handle::{EngineConfig, EngineHandle, LoadedModel, ModelSpec};
+    use engine::models::media::MediaInput;
     use std::sync::Arc;
     let dir = data_dir();
     let config: serde_json::Value =
@@ -407,6 +424,26 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
     )
     .unwrap();
     let model = engine.model("tiny-vl").unwrap();
+    assert_eq!(model.media_modalities(), ["image", "video"]);
+    // Mismatched media: more items than placeholders, and a modality the model lacks.
+    let one_image = reference
+        .cases
+        .iter()
+        .find(|c| c.name == "image_single")
+        .unwrap();
+    let px = case_inputs(&dir, one_image);
+    let item = MediaInput::Image {
+        pixels: &px[0].1,
+        grid: px[0].2,
+        hash: "h",
+    };
+    assert!(model.prepare_media(&[1, 2, 3], &[item]).is_err());
+    let audio = MediaInput::Audio {
+        features: &[],
+        valid_frames: 10,
+        hash: "a",
+    };
+    assert!(model.prepare_media(&[1, image_id], &[audio]).is_err());
     let run = |case: &MmCase, media: PromptMedia| {
         model
             .generate(GenerateRequest {
@@ -423,14 +460,46 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
             })
             .unwrap()
     };
+    // The serving path: the prompt as the template renders it (one placeholder per item),
+    // expanded and encoded by the model's own encoders; checked against the reference's ids
+    // and against the media built step by step.
     let media_of = |case: &MmCase| {
-        let m = case_media(&dir, &tower, case, image_id, video_id);
-        PromptMedia {
-            items: m.items,
-            rows: m.rows,
-            embeds: m.embeds,
-            mrope: Some((m.positions, m.delta)),
+        let mut rendered: Vec<u32> = Vec::new();
+        for &t in &case.input_ids {
+            let placeholder = t == image_id || t == video_id;
+            if !(placeholder && rendered.last() == Some(&t)) {
+                rendered.push(t);
+            }
         }
+        let inputs = case_inputs(&dir, case);
+        let items: Vec<MediaInput<'_>> = inputs
+            .iter()
+            .map(|(kind, pixels, grid, hash)| match kind.as_str() {
+                "image" => MediaInput::Image {
+                    pixels,
+                    grid: *grid,
+                    hash,
+                },
+                _ => MediaInput::Video {
+                    pixels,
+                    grid: *grid,
+                    hash,
+                },
+            })
+            .collect();
+        let (ids, media) = model.prepare_media(&rendered, &items).unwrap();
+        assert_eq!(ids, case.input_ids, "{}: expanded prompt", case.name);
+        let direct = case_media(&dir, &tower, case, image_id, video_id);
+        assert_eq!(media.rows, direct.rows, "{}", case.name);
+        assert_eq!(
+            media.mrope,
+            Some((direct.positions, direct.delta)),
+            "{}",
+            case.name
+        );
+        assert_eq!(media.embeds, direct.embeds, "{}", case.name);
+        assert_eq!(media.items, direct.items, "{}", case.name);
+        (*media).clone()
     };
     async fn collect(mut s: engine::handle::GenerationStream) -> (Vec<u32>, usize) {
         let mut ids = Vec::new();

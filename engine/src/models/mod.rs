@@ -3,5 +3,6 @@
 pub mod bert;
 pub(crate) mod layers;
 pub mod llama;
+pub mod media;
 pub mod qwen2_audio;
 pub mod qwen2_vl;

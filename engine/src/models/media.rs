@@ -1,0 +1,245 @@
+//! The encoders a multimodal checkpoint brings beside its decoder, and the step that turns a
+//! rendered prompt plus preprocessed media into what the serving engine consumes: each media
+//! item's single placeholder token (as the chat template renders it) expanded to the item's
+//! token count, the encoders' output for those rows, M-RoPE positions where the model uses
+//! them, and the items' content hashes for the prefix cache.
+
+use std::path::Path;
+
+use serde_json::Value;
+
+use crate::api::PromptMedia;
+use crate::block_manager::MediaSpan;
+use crate::error::{EngineError, Result};
+use crate::hf::SafetensorsWeights;
+use crate::models::qwen2_audio::{AudioConfig, AudioTower};
+use crate::models::qwen2_vl::vision::{VisionConfig, VisionTower};
+use crate::models::qwen2_vl::{mrope_positions, TokenKind};
+
+/// One preprocessed media item, in prompt order.
+#[derive(Debug, Clone, Copy)]
+pub enum MediaInput<'a> {
+    /// Patches (`preprocess::image::Qwen2VlConfig` output) with their `(t, h, w)` grid.
+    Image {
+        pixels: &'a [f32],
+        grid: [usize; 3],
+        hash: &'a str,
+    },
+    Video {
+        pixels: &'a [f32],
+        grid: [usize; 3],
+        hash: &'a str,
+    },
+    /// A log-mel window (`[mel bins][frames]`) of which `valid_frames` are the clip.
+    Audio {
+        features: &'a [f32],
+        valid_frames: usize,
+        hash: &'a str,
+    },
+}
+
+impl MediaInput<'_> {
+    fn modality(&self) -> &'static str {
+        match self {
+            MediaInput::Image { .. } => "image",
+            MediaInput::Video { .. } => "video",
+            MediaInput::Audio { .. } => "audio",
+        }
+    }
+}
+
+/// A checkpoint's media encoders and placeholder tokens.
+#[derive(Debug)]
+pub struct MediaEncoders {
+    vision: Option<(VisionTower, u32, u32)>,
+    audio: Option<(AudioTower, u32)>,
+}
+
+fn token_id(config: &Value, keys: &[&str]) -> Result<u32> {
+    keys.iter()
+        .find_map(|k| config.get(*k).and_then(Value::as_u64))
+        .map(|n| n as u32)
+        .ok_or_else(|| EngineError::load("config.json", format!("`{}` is missing", keys[0])))
+}
+
+impl MediaEncoders {
+    /// The encoders of a checkpoint folder's architecture, if it has any.
+    pub fn load(dir: &Path, config: &Value, weights: &SafetensorsWeights) -> Result<Option<Self>> {
+        let arch = config
+            .get("architectures")
+            .and_then(|a| a.get(0))
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        let encoders = match arch {
+            "Qwen2VLForConditionalGeneration" => {
+                let vcfg =
+                    VisionConfig::from_json(config.get("vision_config").ok_or_else(|| {
+                        EngineError::load("config.json", "`vision_config` is missing")
+                    })?)?;
+                MediaEncoders {
+                    vision: Some((
+                        VisionTower::load(&vcfg, weights)?,
+                        token_id(config, &["image_token_id"])?,
+                        token_id(config, &["video_token_id"])?,
+                    )),
+                    audio: None,
+                }
+            }
+            "Qwen2AudioForConditionalGeneration" => MediaEncoders {
+                vision: None,
+                audio: Some((
+                    AudioTower::load(&AudioConfig::from_json(config)?, weights)?,
+                    token_id(config, &["audio_token_index", "audio_token_id"])?,
+                )),
+            },
+            _ => return Ok(None),
+        };
+        tracing::info!(dir = %dir.display(), modalities = ?encoders.modalities(), "loaded media encoders");
+        Ok(Some(encoders))
+    }
+
+    /// The input modalities besides text.
+    pub fn modalities(&self) -> Vec<&'static str> {
+        let mut m = Vec::new();
+        if self.vision.is_some() {
+            m.extend(["image", "video"]);
+        }
+        if self.audio.is_some() {
+            m.push("audio");
+        }
+        m
+    }
+
+    /// Placeholder tokens an item will take (the gateway's count must agree).
+    pub fn num_tokens(&self, item: &MediaInput<'_>) -> Result<usize> {
+        match (item, &self.vision, &self.audio) {
+            (
+                MediaInput::Image { grid, .. } | MediaInput::Video { grid, .. },
+                Some((t, _, _)),
+                _,
+            ) => {
+                let m = t.config().spatial_merge_size;
+                Ok(grid[0] * grid[1] * grid[2] / (m * m))
+            }
+            (MediaInput::Audio { valid_frames, .. }, _, Some(_)) => {
+                Ok(AudioConfig::num_tokens(*valid_frames))
+            }
+            _ => Err(self.refused(item)),
+        }
+    }
+
+    fn refused(&self, item: &MediaInput<'_>) -> EngineError {
+        EngineError::invalid(
+            format!(
+                "this model does not accept {} input (it accepts: text, {})",
+                item.modality(),
+                self.modalities().join(", ")
+            ),
+            Some("messages"),
+        )
+    }
+
+    fn placeholder(&self, item: &MediaInput<'_>) -> Result<u32> {
+        match (item, &self.vision, &self.audio) {
+            (MediaInput::Image { .. }, Some((_, image, _)), _) => Ok(*image),
+            (MediaInput::Video { .. }, Some((_, _, video)), _) => Ok(*video),
+            (MediaInput::Audio { .. }, _, Some((_, audio))) => Ok(*audio),
+            _ => Err(self.refused(item)),
+        }
+    }
+
+    /// Expands the prompt's placeholders and encodes the media. `ids` holds one placeholder
+    /// token per item (as the chat template renders them); the k-th placeholder of a modality
+    /// takes the k-th item of that modality. Returns the expanded ids and the prompt media.
+    pub fn prepare(
+        &self,
+        ids: &[u32],
+        items: &[MediaInput<'_>],
+    ) -> Result<(Vec<u32>, PromptMedia)> {
+        let placeholders: Vec<u32> = items
+            .iter()
+            .map(|i| self.placeholder(i))
+            .collect::<Result<_>>()?;
+        let mut out = Vec::with_capacity(ids.len());
+        let mut media = PromptMedia::default();
+        let mut used = vec![false; items.len()];
+        let (mut image_grids, mut video_grids) = (Vec::new(), Vec::new());
+        for &tok in ids {
+            let Some(k) = (0..items.len()).find(|&k| !used[k] && placeholders[k] == tok) else {
+                if placeholders.contains(&tok) {
+                    return Err(EngineError::invalid(
+                        "the prompt has more media placeholders than media items",
+                        Some("messages"),
+                    ));
+                }
+                out.push(tok);
+                continue;
+            };
+            used[k] = true;
+            let item = &items[k];
+            let n = self.num_tokens(item)?;
+            if n == 0 {
+                return Err(EngineError::invalid(
+                    format!(
+                        "the {} item {} is too short to give any token",
+                        item.modality(),
+                        k + 1
+                    ),
+                    Some("messages"),
+                ));
+            }
+            let start = out.len();
+            out.extend(std::iter::repeat_n(tok, n));
+            let (embeds, hash) = match (item, &self.vision, &self.audio) {
+                (MediaInput::Image { pixels, grid, hash }, Some((t, _, _)), _) => {
+                    image_grids.push(*grid);
+                    (t.encode(pixels, &[*grid])?, *hash)
+                }
+                (MediaInput::Video { pixels, grid, hash }, Some((t, _, _)), _) => {
+                    video_grids.push(*grid);
+                    (t.encode(pixels, &[*grid])?, *hash)
+                }
+                (
+                    MediaInput::Audio {
+                        features,
+                        valid_frames,
+                        hash,
+                    },
+                    _,
+                    Some((a, _)),
+                ) => (a.encode(features, *valid_frames)?, *hash),
+                _ => return Err(self.refused(item)),
+            };
+            media.rows.extend((start..start + n).map(|r| r as u32));
+            media.embeds.extend(embeds);
+            media.items.push(MediaSpan {
+                hash: hash.to_string(),
+                start,
+                len: n,
+            });
+        }
+        if used.iter().any(|u| !u) {
+            return Err(EngineError::invalid(
+                "the prompt has fewer media placeholders than media items",
+                Some("messages"),
+            ));
+        }
+        if let Some((tower, image, video)) = &self.vision {
+            let kinds: Vec<TokenKind> = out
+                .iter()
+                .map(|&t| match t {
+                    t if t == *image => TokenKind::Image,
+                    t if t == *video => TokenKind::Video,
+                    _ => TokenKind::Text,
+                })
+                .collect();
+            media.mrope = Some(mrope_positions(
+                &kinds,
+                &image_grids,
+                &video_grids,
+                tower.config().spatial_merge_size,
+            )?);
+        }
+        Ok((out, media))
+    }
+}
