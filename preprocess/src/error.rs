@@ -43,6 +43,9 @@ pub enum PreprocessError {
     WrongPayload { modality: Modality },
     #[error("Decoding the {modality} took longer than {seconds} s.")]
     DecodeTimeout { modality: Modality, seconds: f64 },
+    /// A model's processor files are unreadable or invalid (a start-up error).
+    #[error("{0}")]
+    Config(String),
 }
 
 impl PreprocessError {

@@ -536,6 +536,55 @@ impl Default for Qwen2VlConfig {
 }
 
 impl Qwen2VlConfig {
+    /// From a checkpoint's `preprocessor_config.json` (or `video_preprocessor_config.json`):
+    /// `patch_size`, `merge_size`, `temporal_patch_size`, `min_pixels` / `max_pixels` (or
+    /// `size`), `image_mean`, `image_std`; missing keys keep the reference's defaults.
+    pub fn from_preprocessor_config(cfg: &Value) -> Result<Self, ImageError> {
+        let map = cfg.as_object().ok_or_else(|| ImageError::InvalidConfig {
+            key: "preprocessor_config".to_owned(),
+            reason: "must be a JSON object".to_owned(),
+        })?;
+        let mut out = Qwen2VlConfig::default();
+        for (key, slot) in [
+            ("patch_size", &mut out.patch_size),
+            ("merge_size", &mut out.merge_size),
+            ("temporal_patch_size", &mut out.temporal_patch_size),
+        ] {
+            if let Some(v) = map.get(key).filter(|v| !v.is_null()) {
+                *slot = v
+                    .as_u64()
+                    .filter(|n| (1..=1024).contains(n))
+                    .ok_or_else(|| ImageError::InvalidConfig {
+                        key: key.to_owned(),
+                        reason: "must be an integer from 1 to 1024".to_owned(),
+                    })? as usize;
+            }
+        }
+        for (key, slot) in [
+            ("image_mean", &mut out.image_mean),
+            ("image_std", &mut out.image_std),
+        ] {
+            if let Some(v) = map.get(key).filter(|v| !v.is_null()) {
+                let values: Option<Vec<f32>> = v
+                    .as_array()
+                    .map(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
+                    .unwrap_or(None);
+                match values.as_deref() {
+                    Some(&[a, b, c]) if key == "image_mean" || (a > 0.0 && b > 0.0 && c > 0.0) => {
+                        *slot = [a, b, c]
+                    }
+                    _ => {
+                        return Err(ImageError::InvalidConfig {
+                            key: key.to_owned(),
+                            reason: "must be three numbers (std positive)".to_owned(),
+                        })
+                    }
+                }
+            }
+        }
+        out.with_kwargs(Some(cfg))
+    }
+
     /// Applies `min_pixels` / `max_pixels` (or HF's `size: {shortest_edge, longest_edge}`)
     /// from merged mm_processor_kwargs.
     pub fn with_kwargs(mut self, kwargs: Option<&Value>) -> Result<Self, ImageError> {
