@@ -325,7 +325,10 @@ fn start_decoder(
                 root: spec.path.clone(),
                 max_model_len,
                 tasks: vec![Task::Generate],
-                input_modalities: vec!["text".into()],
+                input_modalities: std::iter::once("text")
+                    .chain(d.media.as_ref().map(|m| m.modalities()).unwrap_or_default())
+                    .map(str::to_string)
+                    .collect(),
             },
             tokenizer: Arc::new(d.tokenizer),
             template,

@@ -252,6 +252,27 @@ impl From<PolicyError> for ApiError {
     }
 }
 
+impl From<preprocess::PreprocessError> for ApiError {
+    fn from(e: preprocess::PreprocessError) -> Self {
+        use preprocess::error::ErrorKind;
+        if let preprocess::PreprocessError::Policy(p) = e {
+            return p.into();
+        }
+        let message = e.to_string();
+        match e.kind() {
+            ErrorKind::BadRequest => ApiError::BadRequest {
+                message,
+                param: Some("messages".into()),
+            },
+            ErrorKind::Unprocessable => ApiError::Unprocessable {
+                message,
+                param: Some("messages".into()),
+            },
+            ErrorKind::Overloaded => ApiError::Overloaded(message),
+        }
+    }
+}
+
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
         match e {

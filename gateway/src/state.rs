@@ -2,6 +2,7 @@
 //! shared state every handler sees.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use engine::handle::{EngineConfig, EngineHandle, ModelSpec};
 use metrics_exporter_prometheus::PrometheusHandle;
@@ -36,6 +37,10 @@ pub struct AppState {
     /// `--max-request-body-bytes`.
     pub max_body_bytes: usize,
     pub metrics: Option<PrometheusHandle>,
+    /// Fetching and decoding of media parts, for models that take media.
+    pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
+    /// Per served model that takes media: how its processor turns media into tensors.
+    pub media_specs: std::collections::HashMap<String, preprocess::pipeline::ModelMediaSpec>,
 }
 
 impl AppState {

@@ -114,6 +114,22 @@ pub fn check_template_options(
     Ok(())
 }
 
+/// Routes other than chat completions take text only: their media parts are refused here
+/// (chat completions is the route that fetches, decodes and encodes media).
+pub fn check_text_only(model: &ModelHandle, parsed: &ParsedMessages, route: &str) -> ApiResult<()> {
+    check_modalities(model, parsed)?;
+    match parsed.media.first() {
+        None => Ok(()),
+        Some(item) => Err(ApiError::bad_request(
+            format!(
+                "{route} takes text only; send {} input to /v1/chat/completions.",
+                item.modality
+            ),
+            Some("messages"),
+        )),
+    }
+}
+
 /// Refuse media the model cannot take, naming the model and the modality.
 pub fn check_modalities(model: &ModelHandle, parsed: &ParsedMessages) -> ApiResult<()> {
     for item in &parsed.media {
@@ -185,13 +201,25 @@ pub async fn handler(
     require_task(&model, Task::Generate, "Chat Completions")?;
     // (3) policy layers
     let policed = run_policies(&state, ChatPolicyInput { req, parsed }, key).await?;
+    let (merged, trusted) = (policed.merged, policed.trusted);
     let ChatPolicyInput { req, parsed } = policed.req;
     check_modalities(&model, &parsed)?;
+    if !parsed.media.is_empty() && req.sampling.truncate_prompt_tokens.is_some() {
+        return Err(ApiError::bad_request(
+            "`truncate_prompt_tokens` cannot be combined with media parts (it would cut through them).",
+            Some("truncate_prompt_tokens"),
+        ));
+    }
     // (4) render and tokenize
+    let template_messages = if parsed.media.is_empty() {
+        parsed.template_messages(&req.messages)
+    } else {
+        parsed.template_messages_with_media(&req.messages)
+    };
     let prompt = render(
         &state,
         &model,
-        &parsed.template_messages(&req.messages),
+        &template_messages,
         &RenderOptions {
             add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
             continue_final_message: req.continue_final_message.unwrap_or(false),
@@ -201,6 +229,16 @@ pub async fn handler(
         },
     )?;
     let mut ids = model.encode(&prompt, req.add_special_tokens.unwrap_or(false))?;
+    // (5) media: fetched and decoded under the merged kwargs, then the placeholders expanded
+    // and the encoders run (both off the async reactor).
+    let media = if parsed.media.is_empty() {
+        None
+    } else {
+        let (expanded, media) =
+            prepare_media(&state, &model, &parsed, &merged, trusted, ids).await?;
+        ids = expanded;
+        Some(media)
+    };
     let max_len = model.card().max_model_len;
     generate::truncate_prompt(&mut ids, req.sampling.truncate_prompt_tokens, max_len)?;
     let field = if req.max_completion_tokens.is_some() {
@@ -227,6 +265,7 @@ pub async fn handler(
         &[params],
         n,
         req.sampling.cache_salt.as_deref(),
+        media.as_ref(),
     )?;
     let served = model.card().name.clone();
     if req.sampling.stream == Some(true) {
@@ -272,6 +311,72 @@ pub async fn handler(
         usage,
     })
     .into_response())
+}
+
+/// Fetches and decodes the request's media with the model's processors, then expands the
+/// prompt's placeholders and runs the model's encoders on the blocking pool.
+async fn prepare_media(
+    state: &AppState,
+    model: &ModelHandle,
+    parsed: &ParsedMessages,
+    merged: &policies::MergedKwargs,
+    trusted: bool,
+    ids: Vec<u32>,
+) -> ApiResult<(Vec<u32>, Arc<engine::api::PromptMedia>)> {
+    use engine::models::media::MediaInput;
+    use preprocess::pipeline::{MediaRequestItem, MediaTensor};
+    let (Some(pipeline), Some(spec)) = (&state.media, state.media_specs.get(&model.card().name))
+    else {
+        return Err(ApiError::bad_request(
+            format!("The model `{}` accepts text input only.", model.card().name),
+            Some("messages"),
+        ));
+    };
+    let items: Vec<MediaRequestItem> = parsed
+        .media
+        .iter()
+        .map(|m| {
+            preprocess::Modality::parse(m.modality)
+                .map(|modality| MediaRequestItem {
+                    modality,
+                    url: m.url.clone(),
+                    uuid: m.uuid.clone(),
+                })
+                .ok_or_else(|| ApiError::Internal(format!("unknown modality {}", m.modality)))
+        })
+        .collect::<ApiResult<_>>()?;
+    let processed = pipeline.process(&items, merged, trusted, spec).await?;
+    let model = model.clone();
+    tokio::task::spawn_blocking(move || {
+        let hashes: Vec<String> = processed.iter().map(|p| p.hash.to_hex()).collect();
+        let inputs = processed
+            .iter()
+            .zip(&hashes)
+            .map(|(p, hash)| match &p.tensor {
+                MediaTensor::Image(img) => img.grid_thw.map(|grid| MediaInput::Image {
+                    pixels: &img.pixel_values.data,
+                    grid,
+                    hash,
+                }),
+                MediaTensor::Video { frames, .. } => {
+                    frames.grid_thw.map(|grid| MediaInput::Video {
+                        pixels: &frames.pixel_values.data,
+                        grid,
+                        hash,
+                    })
+                }
+                MediaTensor::Audio(a) => Some(MediaInput::Audio {
+                    features: &a.data,
+                    valid_frames: a.valid_frames,
+                    hash,
+                }),
+            })
+            .collect::<Option<Vec<_>>>()
+            .ok_or_else(|| ApiError::Internal("an image processed without a patch grid".into()))?;
+        Ok(model.prepare_media(&ids, &inputs)?)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(format!("media encoding stopped: {e}")))?
 }
 
 pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprobs {

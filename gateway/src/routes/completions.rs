@@ -152,6 +152,7 @@ pub async fn handler(
         &params,
         n,
         req.sampling.cache_salt.as_deref(),
+        None,
     )?;
     let served = model.card().name.clone();
     if req.sampling.stream == Some(true) {

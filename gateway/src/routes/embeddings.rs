@@ -33,7 +33,7 @@ pub fn inputs_of(
         (Some(input), None) => pooling_common::tokenize_input(model, input, fields),
         (None, Some(messages)) => {
             let parsed = super::messages::parse_messages(messages)?;
-            super::chat::check_modalities(model, &parsed)?;
+            super::chat::check_text_only(model, &parsed, "This route")?;
             let prompt = super::chat::render(
                 state,
                 model,

@@ -85,6 +85,7 @@ pub fn submit(
     params: &[SamplingParams],
     n: usize,
     cache_salt: Option<&str>,
+    media: Option<&std::sync::Arc<engine::api::PromptMedia>>,
 ) -> ApiResult<Vec<Choice>> {
     let mut out = Vec::with_capacity(prompts.len() * n);
     for (p, (ids, base)) in prompts.iter().zip(params).enumerate() {
@@ -97,7 +98,7 @@ pub fn submit(
                 prompt_ids: ids.clone(),
                 params,
                 cache_salt: cache_salt.map(str::to_string),
-                media: None,
+                media: media.cloned(),
             })?;
             out.push(Choice {
                 index: p * n + j,

@@ -35,6 +35,52 @@ impl ParsedMessages {
             .collect()
     }
 
+    /// The messages for a model that takes media: a message with media parts keeps its list
+    /// of parts, as `{"type": "text", "text": ...}` and `{"type": "image" | "video" |
+    /// "audio"}`, so the template places one placeholder per item where the client put it;
+    /// other messages as [`ParsedMessages::template_messages`] gives them.
+    pub fn template_messages_with_media(&self, messages: &[ChatMessage]) -> Vec<Value> {
+        messages
+            .iter()
+            .zip(self.template_messages(messages))
+            .map(|(msg, flat)| {
+                let Some(Value::Array(parts)) = msg.get("content") else {
+                    return flat;
+                };
+                let converted: Vec<Value> = parts
+                    .iter()
+                    .filter_map(|part| {
+                        let ty = part.get("type").and_then(Value::as_str)?;
+                        match ty {
+                            "text" | "input_text" => Some(serde_json::json!({
+                                "type": "text",
+                                "text": part.get("text").cloned().unwrap_or(Value::Null)
+                            })),
+                            "refusal" => Some(serde_json::json!({
+                                "type": "text",
+                                "text": part.get("refusal").cloned().unwrap_or(Value::Null)
+                            })),
+                            "image_url" => Some(serde_json::json!({"type": "image"})),
+                            "video_url" => Some(serde_json::json!({"type": "video"})),
+                            "audio_url" | "input_audio" => {
+                                Some(serde_json::json!({"type": "audio"}))
+                            }
+                            _ => None,
+                        }
+                    })
+                    .collect();
+                if converted.iter().all(|p| p["type"] == "text") {
+                    return flat;
+                }
+                let mut obj = flat;
+                if let Value::Object(map) = &mut obj {
+                    map.insert("content".into(), Value::Array(converted));
+                }
+                obj
+            })
+            .collect()
+    }
+
     pub fn counts(&self) -> MediaCounts {
         let mut c = MediaCounts::new();
         for m in &self.media {

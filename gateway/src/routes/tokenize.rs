@@ -8,7 +8,7 @@ use axum::Json;
 use engine::api::Task;
 use serde_json::Value;
 
-use super::chat::{check_modalities, check_template_options, render, RenderOptions};
+use super::chat::{check_template_options, render, RenderOptions};
 use super::messages::{parse_messages, ParsedMessages};
 use super::resolve_model;
 use crate::error::{ApiError, ApiResult};
@@ -80,7 +80,7 @@ pub async fn tokenize_handler(
             model.encode(prompt, req.add_special_tokens.unwrap_or(true))?
         }
         Some(parsed) => {
-            check_modalities(&model, &parsed)?;
+            super::chat::check_text_only(&model, &parsed, "/tokenize")?;
             let text = render(
                 &state,
                 &model,
