@@ -164,17 +164,37 @@ async fn images_videos_and_audio_through_http_on_the_tiny_models() {
     assert_eq!(status, 400, "{body}");
     assert_eq!(body["error"]["param"], "media_io_kwargs", "{body}");
     assert_eq!(media.hits(), 0);
-    // Without kwargs the default deployment serves the image too.
-    let (status, body) = chat(
-        &default.base_url,
-        "tiny-vl",
-        image,
-        "Describe this image.",
-        json!({}),
-    )
-    .await;
+    // Without kwargs the default deployment serves the image too; with a uuid, a later part
+    // with that uuid and no data is served from the cache, an unknown one is the contract's
+    // cache-miss 400.
+    let ask = |part: Value| {
+        chat(
+            &default.base_url,
+            "tiny-vl",
+            part,
+            "Describe this image.",
+            json!({}),
+        )
+    };
+    let mut with_uuid = image.clone();
+    with_uuid["uuid"] = json!("img-1");
+    let (status, body) = ask(with_uuid).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(prompt_tokens(&body), 35, "{body}");
+    let (status, again) = ask(json!({"type": "image_url", "uuid": "img-1"})).await;
+    assert_eq!(status, 200, "{again}");
+    assert_eq!(prompt_tokens(&again), 35, "{again}");
+    assert_eq!(
+        again["choices"][0]["message"],
+        body["choices"][0]["message"]
+    );
+    let (status, body) = ask(json!({"type": "image_url", "uuid": "never-sent"})).await;
+    assert_eq!(status, 400, "{body}");
+    let msg = body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(msg.starts_with("Cache miss for image at index 0"), "{msg}");
     drop(default);
 
     // Audio: a 2 s clip -> 50 tokens, 89 prompt tokens as the reference counts.
