@@ -23,7 +23,7 @@ test: deps models
 	$(CARGO) build -p gateway
 	$(CARGO) test --workspace --no-fail-fast
 
-lint:
+lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 

@@ -12,6 +12,7 @@ passes="${1:-2}"
 anchors="../shared/anchors"
 ANCHORS_VENV="${ANCHORS_VENV:-${TMPDIR:-/tmp}/anchors-venv}"
 TORCH_VENV="${TORCH_VENV:-${TMPDIR:-/tmp}/anchors-torch-venv}"
+scripts/install-deps.sh
 cargo build --release -q -p preprocess --example image_bench --example video_bench --example audio_bench
 t="${CARGO_TARGET_DIR:-target}/release/examples"
 data="$anchors/data"
