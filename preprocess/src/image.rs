@@ -285,28 +285,6 @@ impl NormTable {
     }
 }
 
-impl NormTable {
-    /// Normalises packed RGB into three planes (`[3, H, W]`, row-major).
-    fn planar(&self, image: &RgbImage) -> Vec<f32> {
-        let plane = image.width() as usize * image.height() as usize;
-        let mut out = vec![0f32; 3 * plane];
-        let (r, rest) = out.split_at_mut(plane);
-        let (g, b) = rest.split_at_mut(plane);
-        for (((px, r), g), b) in image
-            .as_raw()
-            .chunks_exact(3)
-            .zip(r.iter_mut())
-            .zip(g.iter_mut())
-            .zip(b.iter_mut())
-        {
-            *r = self.0[0][px[0] as usize];
-            *g = self.0[1][px[1] as usize];
-            *b = self.0[2][px[2] as usize];
-        }
-        out
-    }
-}
-
 fn bicubic_resize(src: &RgbImage, width: u32, height: u32) -> Result<RgbImage, ImageError> {
     if src.width() == width && src.height() == height {
         return Ok(src.clone());
@@ -706,33 +684,41 @@ impl Qwen2VlConfig {
                 ),
             });
         }
-        let (w, plane_len) = (rw as usize, rw as usize * rh as usize);
+        let stride = rw as usize * 3;
+        let pp = p * p;
+        // Filled in order by `extend`, so the buffer is never zeroed first.
         let mut data = Vec::with_capacity(values);
         // Patch order: t, block row, block column, row in block, column in block;
         // within a patch: channel, frame, y, x (the reference processor's transpose).
         for t in 0..grid_t {
-            // This temporal patch's frames, resized and normalised once into planar channels
-            // (CHW); the patches are then row copies out of the planes. The last frame repeats
-            // to fill the group.
+            // This temporal patch's frames, resized (packed RGB bytes); each patch's values are
+            // then normalised straight out of them into place, so no float copy of a whole frame
+            // exists. The last frame repeats to fill the group: its values are copied, not
+            // computed again.
             let last = ((t + 1) * tp).min(frames.len());
-            let planes: Vec<Vec<f32>> = frames[t * tp..last]
+            let resized: Vec<RgbImage> = frames[t * tp..last]
                 .iter()
-                .map(|f| bicubic_resize(f, rw, rh).map(|r| table.planar(&r)))
+                .map(|f| bicubic_resize(f, rw, rh))
                 .collect::<Result<_, _>>()?;
-            let group: Vec<&Vec<f32>> = (0..tp)
-                .filter_map(|ti| planes.get(ti.min(planes.len() - 1)))
-                .collect();
+            let kept = resized.len();
             for bh in 0..gh / m {
                 for bw in 0..gw / m {
                     for mh in 0..m {
                         for mw in 0..m {
                             let (py0, px0) = ((bh * m + mh) * p, (bw * m + mw) * p);
-                            for c in 0..3 {
-                                for plane in &group {
-                                    let plane = &plane[c * plane_len..][..plane_len];
+                            for (c, lut) in table.0.iter().enumerate() {
+                                for frame in &resized {
+                                    let raw = frame.as_raw();
                                     for y in 0..p {
-                                        data.extend_from_slice(&plane[(py0 + y) * w + px0..][..p]);
+                                        let row = &raw[(py0 + y) * stride + px0 * 3..][..p * 3];
+                                        data.extend(
+                                            row.chunks_exact(3).map(|px| lut[px[c] as usize]),
+                                        );
                                     }
+                                }
+                                let repeated = data.len() - pp;
+                                for _ in kept..tp {
+                                    data.extend_from_within(repeated..repeated + pp);
                                 }
                             }
                         }
@@ -865,6 +851,42 @@ mod tests {
         assert_eq!(v(4, 0, 0, 0, 0), 112.0);
         // Patch 8 is block (1,0): y from 28.
         assert_eq!(v(8, 1, 0, 0, 0), 112.0);
+    }
+
+    #[test]
+    fn video_patches_hold_each_frame_and_repeat_the_last() {
+        // Three 28x28 frames of constant colours: with temporal_patch_size 2 they make two
+        // temporal patches, the second holding frame 2 twice.
+        let frames: Vec<RgbImage> = (0..3u8)
+            .map(|i| RgbImage::from_pixel(28, 28, image::Rgb([10 + i, 20 + i, 30 + i])))
+            .collect();
+        let q = Qwen2VlConfig {
+            min_pixels: 28 * 28,
+            max_pixels: 28 * 28,
+            image_mean: [0.0; 3],
+            image_std: [1.0 / 255.0; 3],
+            ..Qwen2VlConfig::default()
+        };
+        let out = q.process_frames(&frames).unwrap();
+        assert_eq!(out.grid_thw, Some([2, 2, 2]));
+        assert_eq!(out.pixel_values.shape, vec![8, 1176]);
+        assert_eq!(out.num_tokens, 2);
+        let d = &out.pixel_values.data;
+        for patch in 0..8 {
+            let (first, second) = if patch < 4 { (0.0, 1.0) } else { (2.0, 2.0) };
+            for c in 0..3 {
+                let base = 10.0 * (c as f32 + 1.0);
+                let at = |t: usize| &d[patch * 1176 + (c * 2 + t) * 196..][..196];
+                assert!(
+                    at(0).iter().all(|v| (*v - base - first).abs() < 1e-3),
+                    "patch {patch} c {c} t 0"
+                );
+                assert!(
+                    at(1).iter().all(|v| (*v - base - second).abs() < 1e-3),
+                    "patch {patch} c {c} t 1"
+                );
+            }
+        }
     }
 
     #[test]
