@@ -3,7 +3,8 @@
 //! B is packed once (weights at load time, attention keys/values per head) into column panels
 //! of [`NR`] floats, row after row, so the micro-kernel reads it with aligned, sequential loads.
 //! A is read in place (row-major with a stride). The micro-kernel computes an [`MR`]×[`NR`]
-//! tile with AVX2+FMA where the CPU has it (run-time detection) and a portable loop elsewhere.
+//! tile with AVX2+FMA, or an [`MR`]×(up to [`NP_MAX`] panels) tile with AVX-512, where the CPU
+//! has it (run-time detection), and a portable loop elsewhere.
 //!
 //! Every element of C is accumulated over k in the same order whatever the other rows are, so
 //! a row of C does not depend on which batch it was computed in (batched and one-by-one
@@ -16,9 +17,12 @@ use crate::error::{EngineError, Result};
 
 /// Rows per micro-tile.
 pub(crate) const MR: usize = 6;
-/// Columns per micro-tile (and per packed panel).
+/// Columns per packed panel (and per AVX2 micro-tile).
 pub(crate) const NR: usize = 16;
-/// Depth of one k block: a B panel block (`KC * NR` floats, 24 KiB) stays in L1.
+/// Most panels one micro-tile covers (the AVX-512 kernel: 6 × 48, 18 accumulators).
+const NP_MAX: usize = 3;
+/// Depth of one k block: a B panel block (`KC * NR` floats, 24 KiB) stays in L1. (The
+/// AVX-512 tile's three panels, 72 KiB, do not; 96-256 measured no faster on Ice Lake.)
 const KC: usize = 384;
 /// Largest row block one task handles.
 const MC_MAX: usize = 96;
@@ -218,9 +222,12 @@ fn gemm_block(
             if pack {
                 pack_a(a, lda, r0, rows, k0, kc, &mut a_pack[..groups * MR * kc]);
             }
-            for p in 0..b.panels() {
-                let cols = NR.min(n - p * NR);
-                let panel = &data[(p * k + k0) * NR..(p * k + k0 + kc) * NR];
+            let panels = b.panels();
+            let mut p = 0;
+            while p < panels {
+                let np = kernel.panels_per_tile().min(panels - p);
+                let cols = (np * NR).min(n - p * NR);
+                let panel = &data[(p * k + k0) * NR..((p + np - 1) * k + k0 + kc) * NR];
                 let bias_tile = if last {
                     bias.map(|bs| &bs[p * NR..p * NR + cols])
                 } else {
@@ -253,6 +260,8 @@ fn gemm_block(
                         a_rows,
                         a_step,
                         panel,
+                        np,
+                        panel_stride: k * NR,
                         c_off: g * MR * ldc + p * NR,
                         ldc,
                         rows: tile_rows,
@@ -262,6 +271,7 @@ fn gemm_block(
                     };
                     kernel.run(&tile, c);
                 }
+                p += np;
             }
             k0 += kc;
             if k0 >= k {
@@ -312,8 +322,12 @@ struct Tile<'a> {
     a_rows: [usize; MR],
     /// Distance in `a` from one k to the next (MR when packed, 1 in place).
     a_step: usize,
-    /// `kc × NR` packed floats.
+    /// The tile's panels: `kc × NR` packed floats each, `panel_stride` apart.
     panel: &'a [f32],
+    /// Panels in the tile (1 ..= [`NP_MAX`]).
+    np: usize,
+    /// Distance in `panel` from one panel's first float to the next's.
+    panel_stride: usize,
     /// Offset into `c` of the tile's top-left element.
     c_off: usize,
     ldc: usize,
@@ -330,51 +344,103 @@ enum Kernel {
     Portable,
     #[cfg(target_arch = "x86_64")]
     Avx2Fma,
+    /// AVX-512F (with AVX2 and FMA, which every AVX-512 CPU has, for single panels).
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
 }
 
+/// An accumulator tile as wide as the widest micro-tile.
+type Acc = [[f32; NR * NP_MAX]; MR];
+
 impl Kernel {
+    /// The best kernel the CPU has, detected once; `ENGINE_F32_GEMM_LEVEL=portable|avx2` caps
+    /// it (for benchmarks and tests).
     fn detect() -> Self {
-        #[cfg(target_arch = "x86_64")]
-        {
-            if std::arch::is_x86_feature_detected!("avx2")
-                && std::arch::is_x86_feature_detected!("fma")
-            {
-                return Kernel::Avx2Fma;
+        static KERNEL: std::sync::OnceLock<Kernel> = std::sync::OnceLock::new();
+        *KERNEL.get_or_init(|| {
+            let cap = std::env::var("ENGINE_F32_GEMM_LEVEL").ok();
+            if cap.as_deref() == Some("portable") {
+                return Kernel::Portable;
             }
+            #[cfg(target_arch = "x86_64")]
+            {
+                if std::arch::is_x86_feature_detected!("avx2")
+                    && std::arch::is_x86_feature_detected!("fma")
+                {
+                    if std::arch::is_x86_feature_detected!("avx512f")
+                        && cap.as_deref() != Some("avx2")
+                    {
+                        return Kernel::Avx512;
+                    }
+                    return Kernel::Avx2Fma;
+                }
+            }
+            Kernel::Portable
+        })
+    }
+
+    /// Panels one micro-tile of this kernel covers.
+    fn panels_per_tile(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => NP_MAX,
+            _ => 1,
         }
-        Kernel::Portable
     }
 
     fn run(self, t: &Tile<'_>, c: &mut [f32]) {
+        // The kernels read a[a_rows[r] + p * a_step] for p < kc and kc * NR floats of each
+        // panel; checked here once so that they can use unchecked loads.
+        let last_step = t.kc.saturating_sub(1) * t.a_step;
+        let in_bounds = t.panel.len() >= (t.np - 1) * t.panel_stride + t.kc * NR
+            && t.a_rows.iter().all(|&off| off + last_step < t.a.len());
         #[cfg(target_arch = "x86_64")]
-        if let Kernel::Avx2Fma = self {
-            // The kernel reads a[a_rows[r] + p * a_step] for p < kc and kc * NR floats of the
-            // panel; checked here once so that it can use unchecked loads.
-            let last_step = t.kc.saturating_sub(1) * t.a_step;
-            let in_bounds = t.panel.len() >= t.kc * NR
-                && t.a_rows.iter().all(|&off| off + last_step < t.a.len());
-            if in_bounds {
-                if t.rows == MR && t.cols == NR && t.c_off + (MR - 1) * t.ldc + NR <= c.len() {
-                    // SAFETY: AVX2 and FMA were detected at run time; the bounds of A, the
-                    // panel and the full C tile were checked just above.
-                    unsafe { avx2::tile_store(t, c) };
-                } else {
-                    let mut acc = [[0.0f32; NR]; MR];
-                    // SAFETY: as above; the result goes to `acc`, not to C.
-                    unsafe { avx2::tile_acc(t, &mut acc) };
-                    store_partial(t, &acc, c);
+        if let (Kernel::Avx512, 2..=NP_MAX, true) = (self, t.np, in_bounds) {
+            let full = t.rows == MR
+                && t.cols == t.np * NR
+                && t.c_off + (MR - 1) * t.ldc + t.cols <= c.len();
+            // SAFETY: AVX-512F was detected at run time; the bounds of A, the panels and (for
+            // the direct stores) the full C tile were checked just above.
+            unsafe {
+                match (t.np, full) {
+                    (2, true) => avx512::tile_store::<2>(t, c),
+                    (2, false) => {
+                        let mut acc = [[0.0f32; NR * NP_MAX]; MR];
+                        avx512::tile_acc::<2>(t, &mut acc);
+                        store_partial(t, &acc, c);
+                    }
+                    (_, true) => avx512::tile_store::<NP_MAX>(t, c),
+                    (_, false) => {
+                        let mut acc = [[0.0f32; NR * NP_MAX]; MR];
+                        avx512::tile_acc::<NP_MAX>(t, &mut acc);
+                        store_partial(t, &acc, c);
+                    }
                 }
-                return;
             }
+            return;
         }
-        let mut acc = [[0.0f32; NR]; MR];
+        #[cfg(target_arch = "x86_64")]
+        if let (Kernel::Avx2Fma | Kernel::Avx512, 1, true) = (self, t.np, in_bounds) {
+            if t.rows == MR && t.cols == NR && t.c_off + (MR - 1) * t.ldc + NR <= c.len() {
+                // SAFETY: AVX2 and FMA were detected at run time; the bounds of A, the panel
+                // and the full C tile were checked just above.
+                unsafe { avx2::tile_store(t, c) };
+            } else {
+                let mut acc = [[0.0f32; NR * NP_MAX]; MR];
+                // SAFETY: as above; the result goes to `acc`, not to C.
+                unsafe { avx2::tile_acc(t, &mut acc) };
+                store_partial(t, &acc, c);
+            }
+            return;
+        }
+        let mut acc = [[0.0f32; NR * NP_MAX]; MR];
         portable_tile(t, &mut acc);
         store_partial(t, &acc, c);
     }
 }
 
 /// Merges an accumulator tile into C for the valid rows and columns.
-fn store_partial(t: &Tile<'_>, acc: &[[f32; NR]; MR], c: &mut [f32]) {
+fn store_partial(t: &Tile<'_>, acc: &Acc, c: &mut [f32]) {
     for (r, acc_row) in acc.iter().enumerate().take(t.rows) {
         let row = &mut c[t.c_off + r * t.ldc..t.c_off + r * t.ldc + t.cols];
         for (j, out) in row.iter_mut().enumerate() {
@@ -391,13 +457,15 @@ fn store_partial(t: &Tile<'_>, acc: &[[f32; NR]; MR], c: &mut [f32]) {
     }
 }
 
-fn portable_tile(t: &Tile<'_>, acc: &mut [[f32; NR]; MR]) {
+fn portable_tile(t: &Tile<'_>, acc: &mut Acc) {
     for p in 0..t.kc {
-        let brow = &t.panel[p * NR..p * NR + NR];
-        for (r, acc_row) in acc.iter_mut().enumerate() {
-            let x = t.a[t.a_rows[r] + p * t.a_step];
-            for (o, &bv) in acc_row.iter_mut().zip(brow) {
-                *o += x * bv;
+        for j in 0..t.np {
+            let brow = &t.panel[j * t.panel_stride + p * NR..][..NR];
+            for (r, acc_row) in acc.iter_mut().enumerate() {
+                let x = t.a[t.a_rows[r] + p * t.a_step];
+                for (o, &bv) in acc_row[j * NR..(j + 1) * NR].iter_mut().zip(brow) {
+                    *o += x * bv;
+                }
             }
         }
     }
@@ -405,7 +473,7 @@ fn portable_tile(t: &Tile<'_>, acc: &mut [[f32; NR]; MR]) {
 
 #[cfg(target_arch = "x86_64")]
 mod avx2 {
-    use super::{Tile, MR, NR};
+    use super::{Acc, Tile, MR, NR};
     use std::arch::x86_64::*;
 
     /// The accumulators of one tile, as (low 8, high 8) column halves per row.
@@ -506,13 +574,104 @@ mod avx2 {
     /// # Safety
     /// As [`tile_store`], without the condition on C.
     #[target_feature(enable = "avx2,fma")]
-    pub(super) unsafe fn tile_acc(t: &Tile<'_>, out: &mut [[f32; NR]; MR]) {
+    pub(super) unsafe fn tile_acc(t: &Tile<'_>, out: &mut Acc) {
         // SAFETY: bounds as documented above; `out` rows hold NR = 16 floats.
         unsafe {
             let acc = tile_compute(t);
             for (r, halves) in acc.iter().enumerate() {
                 _mm256_storeu_ps(out[r].as_mut_ptr(), halves[0]);
                 _mm256_storeu_ps(out[r].as_mut_ptr().add(8), halves[1]);
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{Acc, Tile, MR, NR};
+    use std::arch::x86_64::*;
+
+    /// The accumulators of one tile of `NP` panels, per row.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `a_rows[r] + (kc-1) * a_step < a.len()` for every row and the
+    /// panel slice holds `(NP-1) * panel_stride + kc * NR` floats.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn tile_compute<const NP: usize>(t: &Tile<'_>) -> [[__m512; NP]; MR] {
+        // SAFETY: every pointer below stays inside `a` or the panels, as documented above.
+        unsafe {
+            let a = t.a.as_ptr();
+            let rows: [*const f32; MR] = [
+                a.add(t.a_rows[0]),
+                a.add(t.a_rows[1]),
+                a.add(t.a_rows[2]),
+                a.add(t.a_rows[3]),
+                a.add(t.a_rows[4]),
+                a.add(t.a_rows[5]),
+            ];
+            let (step, stride) = (t.a_step, t.panel_stride);
+            let mut acc = [[_mm512_setzero_ps(); NP]; MR];
+            let mut bp = t.panel.as_ptr();
+            let mut idx = 0;
+            for _ in 0..t.kc {
+                let mut b = [_mm512_setzero_ps(); NP];
+                for j in 0..NP {
+                    b[j] = _mm512_loadu_ps(bp.add(j * stride));
+                }
+                for r in 0..MR {
+                    let x = _mm512_set1_ps(*rows[r].add(idx));
+                    for j in 0..NP {
+                        acc[r][j] = _mm512_fmadd_ps(x, b[j], acc[r][j]);
+                    }
+                }
+                bp = bp.add(NR);
+                idx += step;
+            }
+            acc
+        }
+    }
+
+    /// The full tile straight into C.
+    ///
+    /// # Safety
+    /// As [`tile_compute`], and `c_off + (MR-1)*ldc + NP*NR <= c.len()`.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_store<const NP: usize>(t: &Tile<'_>, c: &mut [f32]) {
+        // SAFETY: bounds as documented above; the bias holds `cols` = NP*NR values.
+        unsafe {
+            let acc = tile_compute::<NP>(t);
+            let cp = c.as_mut_ptr().add(t.c_off);
+            for (r, row) in acc.iter().enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    let dst = cp.add(r * t.ldc + j * NR);
+                    let mut out = if t.first {
+                        v
+                    } else {
+                        _mm512_add_ps(_mm512_loadu_ps(dst), v)
+                    };
+                    if let Some(bias) = t.bias {
+                        out = _mm512_add_ps(out, _mm512_loadu_ps(bias.as_ptr().add(j * NR)));
+                    }
+                    _mm512_storeu_ps(dst, out);
+                }
+            }
+        }
+    }
+
+    /// The tile into an accumulator array (for edge tiles).
+    ///
+    /// # Safety
+    /// As [`tile_compute`].
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_acc<const NP: usize>(t: &Tile<'_>, out: &mut Acc) {
+        // SAFETY: bounds as documented above; `out` rows hold NP_MAX * NR >= NP * NR floats.
+        unsafe {
+            let acc = tile_compute::<NP>(t);
+            for (r, row) in acc.iter().enumerate() {
+                for (j, &v) in row.iter().enumerate() {
+                    _mm512_storeu_ps(out[r].as_mut_ptr().add(j * NR), v);
+                }
             }
         }
     }
@@ -590,6 +749,55 @@ mod tests {
         let want = naive(m, k, n, &a, &w, Some(&bias));
         for (x, y) in c.iter().zip(&want) {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
+        }
+    }
+
+    #[test]
+    fn every_kernel_the_cpu_has_matches_naive_and_the_simd_ones_agree_exactly() {
+        let mut kernels = vec![Kernel::Portable];
+        #[cfg(target_arch = "x86_64")]
+        {
+            if std::arch::is_x86_feature_detected!("avx2")
+                && std::arch::is_x86_feature_detected!("fma")
+            {
+                kernels.push(Kernel::Avx2Fma);
+                if std::arch::is_x86_feature_detected!("avx512f") {
+                    kernels.push(Kernel::Avx512);
+                }
+            }
+        }
+        // Panel counts 1, 2, 3, 19 (three-panel tiles, then one) and 96; partial last panels
+        // and partial row groups; two k blocks.
+        for &(m, k, n) in &[
+            (5, 7, 16),
+            (13, 32, 40),
+            (20, 64, 32),
+            (97, 700, 300),
+            (12, 384, 1536),
+        ] {
+            let a = values(m * k, 11);
+            let w = values(n * k, 12);
+            let bias = values(n, 13);
+            let b = PackedB::from_linear(&w, n, k);
+            let want = naive(m, k, n, &a, &w, Some(&bias));
+            let mut simd: Option<Vec<f32>> = None;
+            for &kernel in &kernels {
+                let mut c = vec![f32::NAN; m * n];
+                gemm_rows(kernel, 0, m, &a, k, &b, &mut c, n, Some(&bias));
+                for (x, y) in c.iter().zip(&want) {
+                    assert!(
+                        (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
+                        "{kernel:?} m={m} k={k} n={n}: {x} vs {y}"
+                    );
+                }
+                if !matches!(kernel, Kernel::Portable) {
+                    // Both SIMD kernels fuse each multiply-add in the same k order.
+                    match &simd {
+                        Some(first) => assert_eq!(first, &c, "{kernel:?} m={m} k={k} n={n}"),
+                        None => simd = Some(c),
+                    }
+                }
+            }
         }
     }
 
