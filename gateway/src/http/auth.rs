@@ -50,12 +50,13 @@ pub fn key_matches(keys: &[Vec<u8>], presented: &[u8]) -> bool {
 }
 
 impl AuthConfig {
-    /// Whether a request for `path` with this presented key may go on.
-    pub fn allows(&self, path: &str, presented: Option<&str>) -> bool {
+    /// Whether a request for `path` with these headers may go on. The `Authorization` header
+    /// is read only when keys are configured.
+    pub fn allows(&self, path: &str, headers: &HeaderMap) -> bool {
         if self.keys.is_empty() || is_open_path(path) {
             return true;
         }
-        presented.is_some_and(|p| {
+        bearer(headers).is_some_and(|p| {
             key_matches(&self.keys, p.as_bytes()) | self.also_accept.as_ref().is_some_and(|f| f(p))
         })
     }

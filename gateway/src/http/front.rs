@@ -117,8 +117,7 @@ where
             request_id: request_id.to_str().unwrap_or("").to_string(),
             start: std::time::Instant::now(),
         });
-        let presented = super::auth::bearer(req.headers());
-        if !self.cfg.auth.allows(req.uri().path(), presented) {
+        if !self.cfg.auth.allows(req.uri().path(), req.headers()) {
             return FrontFuture::done(ApiError::Unauthorized.into_response(), request_id, log);
         }
         let Ok(permit) = self.cfg.slots.clone().try_acquire_owned() else {
