@@ -50,7 +50,12 @@ fn model_dir() -> PathBuf {
 }
 
 fn reference() -> Reference {
-    let path = repo_root().join("../shared/reference/minilm_embeddings.json");
+    // `REFERENCE_DIR` first, as the other reference tests, then the shared folder beside the
+    // checkout.
+    let dir = std::env::var_os("REFERENCE_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| repo_root().join("../shared/reference"));
+    let path = dir.join("minilm_embeddings.json");
     let text = std::fs::read_to_string(&path)
         .unwrap_or_else(|e| panic!("cannot read the reference {}: {e}", path.display()));
     serde_json::from_str(&text).expect("reference JSON")
