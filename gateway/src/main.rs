@@ -18,8 +18,8 @@ const MI_MIN_ALIGN: usize = 16;
 
 impl MiMalloc {
     /// Whether `mi_malloc`'s guarantee covers the layout: blocks of 16 bytes or more are
-    /// 16-aligned, smaller ones aligned to their size class (8), never less than the size
-    /// rounded up to a power of two would need.
+    /// 16-aligned and smaller ones 8-aligned, so an alignment of at most 16 and at most the
+    /// size is always met (the rule Rust's own `System` allocator uses).
     fn plain(layout: std::alloc::Layout) -> bool {
         layout.align() <= MI_MIN_ALIGN && layout.align() <= layout.size()
     }
