@@ -7,7 +7,7 @@ use engine::handle::EngineHandle;
 use metrics_exporter_prometheus::PrometheusBuilder;
 
 use crate::cli::ServeArgs;
-use crate::server::{router, HttpLimits};
+use crate::server::{app, HttpLimits};
 use crate::state::{AppState, Settings, StartupError};
 
 pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
@@ -77,7 +77,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         media_specs,
         metrics: Some(metrics),
     });
-    let app = router(
+    let app = app(
         state,
         HttpLimits {
             max_concurrent: args.max_concurrent_requests,
@@ -91,7 +91,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         .map_err(|e| StartupError(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
     tracing::info!(address = %local, "listening");
-    axum::serve(listener, app)
+    axum::serve(listener, axum::ServiceExt::into_make_service(app))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .map_err(|e| StartupError(format!("server error: {e}")))

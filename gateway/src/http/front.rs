@@ -65,11 +65,15 @@ pub struct Front<S> {
 
 /// A fresh request id: a UUID v4 (random, so ids from different replicas do not collide),
 /// written as 36 lowercase hex-and-hyphen bytes.
+/// The text lives in one reference-counted allocation (`Bytes::from_owner`), so the copies
+/// for the request and the response share it; `HeaderValue::from_str` would copy it into a
+/// vector-backed buffer that allocates again on its first clone.
 fn fresh_request_id() -> HeaderValue {
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    let text = uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
+    uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
     // Hex digits and hyphens are always a valid header value.
-    HeaderValue::from_str(text).unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf))
+        .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
 }
 
 /// The request's id: the client's `X-Request-Id` when it sent a usable one (visible ASCII,

@@ -20,10 +20,15 @@ pub struct StackConfig {
     pub timeout: Duration,
 }
 
-pub fn apply(router: Router, cfg: StackConfig) -> Router {
-    router.layer(FrontLayer(Arc::new(FrontConfig {
+pub fn front_layer(cfg: StackConfig) -> FrontLayer {
+    FrontLayer(Arc::new(FrontConfig {
         auth: cfg.auth,
         slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
         timeout: cfg.timeout,
-    })))
+    }))
+}
+
+/// The stack around a router (the server itself puts it around [`crate::server::Dispatch`]).
+pub fn apply(router: Router, cfg: StackConfig) -> Router {
+    router.layer(front_layer(cfg))
 }

@@ -10,7 +10,7 @@
 mod layers;
 mod media;
 
-pub use layers::{run_policies, Policed, PolicyRequest};
+pub use layers::{run_policies, Policed, PolicyRequest, RequestKwargs};
 pub use media::{count_media_parts, MediaCounts};
 
 /// The pooling-family requests carry the kwargs in their flattened `pooling` fields.
@@ -18,11 +18,17 @@ pub use media::{count_media_parts, MediaCounts};
 macro_rules! pooling_policy_request {
     ($ty:ty) => {
         impl $crate::policy::PolicyRequest for $ty {
-            fn mm_processor_kwargs(&self) -> Option<&serde_json::Value> {
-                self.pooling.mm_processor_kwargs.as_ref()
+            fn mm_processor_kwargs(&self) -> Option<$crate::policy::RequestKwargs<'_>> {
+                self.pooling
+                    .mm_processor_kwargs
+                    .as_ref()
+                    .map($crate::policy::RequestKwargs::Value)
             }
-            fn media_io_kwargs(&self) -> Option<&serde_json::Value> {
-                self.pooling.media_io_kwargs.as_ref()
+            fn media_io_kwargs(&self) -> Option<$crate::policy::RequestKwargs<'_>> {
+                self.pooling
+                    .media_io_kwargs
+                    .as_ref()
+                    .map($crate::policy::RequestKwargs::Value)
             }
         }
     };

@@ -109,8 +109,8 @@ pub struct ChatRequest via ChatRequestWire {
     pub continue_final_message: Option<bool>,
     pub echo: Option<bool>,
     pub add_special_tokens: Option<bool>,
-    pub mm_processor_kwargs: Option<Value>,
-    pub media_io_kwargs: Option<Value>,
+    pub mm_processor_kwargs: Option<super::RawKwargs>,
+    pub media_io_kwargs: Option<super::RawKwargs>,
 }
 }
 

@@ -26,8 +26,8 @@ pub struct CompletionRequest via CompletionRequestWire {
     pub add_special_tokens: Option<bool>,
     /// Not a declared field of vLLM's completion request, but a client-sent one is still seen
     /// and gated (CONTRACT section 2).
-    pub mm_processor_kwargs: Option<Value>,
-    pub media_io_kwargs: Option<Value>,
+    pub mm_processor_kwargs: Option<super::RawKwargs>,
+    pub media_io_kwargs: Option<super::RawKwargs>,
 }
 }
 

@@ -8,6 +8,20 @@ pub mod sampling;
 pub mod tokenize;
 
 use serde::Serialize;
+use serde_json::value::RawValue;
+
+/// `mm_processor_kwargs` / `media_io_kwargs` as the client sent them: the JSON text, checked
+/// for syntax by the parse but not built into a value. The gate refuses most requests that
+/// carry one from its text alone ([`RawKwargs::is_non_empty_object`]); a value is built only
+/// for the requests that go on (see [`crate::policy::RequestKwargs`]).
+pub type RawKwargs = Box<RawValue>;
+
+/// True when the JSON text is an object with at least one key.
+pub fn is_non_empty_object(raw: &RawValue) -> bool {
+    let text = raw.get().trim_ascii_start();
+    text.strip_prefix('{')
+        .is_some_and(|rest| !rest.trim_ascii_start().starts_with('}'))
+}
 
 #[derive(Debug, Clone, Serialize, Default, PartialEq)]
 pub struct Usage {

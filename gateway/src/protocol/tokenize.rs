@@ -15,8 +15,8 @@ pub struct TokenizeRequest {
     pub chat_template: Option<String>,
     pub chat_template_kwargs: Option<Map<String, Value>>,
     pub tools: Option<Value>,
-    pub mm_processor_kwargs: Option<Value>,
-    pub media_io_kwargs: Option<Value>,
+    pub mm_processor_kwargs: Option<super::RawKwargs>,
+    pub media_io_kwargs: Option<super::RawKwargs>,
 }
 
 #[derive(Debug, Serialize)]

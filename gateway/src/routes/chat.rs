@@ -19,7 +19,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::http::sse;
-use crate::policy::{run_policies, MediaCounts, PolicyRequest};
+use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::chat::*;
 use crate::protocol::{now_secs, PromptTokensDetails, Usage};
 use crate::state::AppState;
@@ -31,11 +31,14 @@ struct ChatPolicyInput {
 }
 
 impl PolicyRequest for ChatPolicyInput {
-    fn mm_processor_kwargs(&self) -> Option<&Value> {
-        self.req.mm_processor_kwargs.as_ref()
+    fn mm_processor_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.req
+            .mm_processor_kwargs
+            .as_deref()
+            .map(RequestKwargs::Raw)
     }
-    fn media_io_kwargs(&self) -> Option<&Value> {
-        self.req.media_io_kwargs.as_ref()
+    fn media_io_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.req.media_io_kwargs.as_deref().map(RequestKwargs::Raw)
     }
     fn media_counts(&self) -> MediaCounts {
         self.parsed.counts()

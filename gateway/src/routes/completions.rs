@@ -18,17 +18,17 @@ use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::http::sse;
-use crate::policy::{run_policies, PolicyRequest};
+use crate::policy::{run_policies, PolicyRequest, RequestKwargs};
 use crate::protocol::completion::*;
 use crate::protocol::{now_secs, Usage};
 use crate::state::AppState;
 
 impl PolicyRequest for CompletionRequest {
-    fn mm_processor_kwargs(&self) -> Option<&Value> {
-        self.mm_processor_kwargs.as_ref()
+    fn mm_processor_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.mm_processor_kwargs.as_deref().map(RequestKwargs::Raw)
     }
-    fn media_io_kwargs(&self) -> Option<&Value> {
-        self.media_io_kwargs.as_ref()
+    fn media_io_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.media_io_kwargs.as_deref().map(RequestKwargs::Raw)
     }
 }
 

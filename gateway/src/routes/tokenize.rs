@@ -6,7 +6,6 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::api::Task;
-use serde_json::Value;
 
 use super::chat::{check_template_options, render, RenderOptions};
 use super::messages::{parse_messages, ParsedMessages};
@@ -14,7 +13,7 @@ use super::resolve_model;
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
-use crate::policy::{run_policies, MediaCounts, PolicyRequest};
+use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::tokenize::*;
 use crate::state::AppState;
 
@@ -24,11 +23,14 @@ struct TokenizeInput {
 }
 
 impl PolicyRequest for TokenizeInput {
-    fn mm_processor_kwargs(&self) -> Option<&Value> {
-        self.req.mm_processor_kwargs.as_ref()
+    fn mm_processor_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.req
+            .mm_processor_kwargs
+            .as_deref()
+            .map(RequestKwargs::Raw)
     }
-    fn media_io_kwargs(&self) -> Option<&Value> {
-        self.req.media_io_kwargs.as_ref()
+    fn media_io_kwargs(&self) -> Option<RequestKwargs<'_>> {
+        self.req.media_io_kwargs.as_deref().map(RequestKwargs::Raw)
     }
     fn media_counts(&self) -> MediaCounts {
         self.parsed
