@@ -21,7 +21,12 @@ pub enum RequestKwargs<'a> {
     Value(&'a Value),
 }
 
-impl RequestKwargs<'_> {
+impl<'a> RequestKwargs<'a> {
+    /// A raw field of a request, as the policy layers see it.
+    pub fn raw(field: &'a Option<crate::protocol::RawKwargs>) -> Option<Self> {
+        field.as_deref().map(RequestKwargs::Raw)
+    }
+
     fn is_non_empty_object(self) -> bool {
         match self {
             RequestKwargs::Raw(raw) => crate::protocol::is_non_empty_object(raw),

@@ -32,13 +32,10 @@ struct ChatPolicyInput {
 
 impl PolicyRequest for ChatPolicyInput {
     fn mm_processor_kwargs(&self) -> Option<RequestKwargs<'_>> {
-        self.req
-            .mm_processor_kwargs
-            .as_deref()
-            .map(RequestKwargs::Raw)
+        RequestKwargs::raw(&self.req.mm_processor_kwargs)
     }
     fn media_io_kwargs(&self) -> Option<RequestKwargs<'_>> {
-        self.req.media_io_kwargs.as_deref().map(RequestKwargs::Raw)
+        RequestKwargs::raw(&self.req.media_io_kwargs)
     }
     fn media_counts(&self) -> MediaCounts {
         self.parsed.counts()

@@ -25,10 +25,10 @@ use crate::state::AppState;
 
 impl PolicyRequest for CompletionRequest {
     fn mm_processor_kwargs(&self) -> Option<RequestKwargs<'_>> {
-        self.mm_processor_kwargs.as_deref().map(RequestKwargs::Raw)
+        RequestKwargs::raw(&self.mm_processor_kwargs)
     }
     fn media_io_kwargs(&self) -> Option<RequestKwargs<'_>> {
-        self.media_io_kwargs.as_deref().map(RequestKwargs::Raw)
+        RequestKwargs::raw(&self.media_io_kwargs)
     }
 }
 
