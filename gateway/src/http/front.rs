@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::Request;
+use axum::http::header::Entry;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
@@ -65,28 +66,38 @@ pub struct Front<S> {
 
 /// A fresh request id: a UUID v4 (random, so ids from different replicas do not collide),
 /// written as 36 lowercase hex-and-hyphen bytes.
+///
 /// The text lives in one reference-counted allocation (`Bytes::from_owner`), so the copies
 /// for the request and the response share it; `HeaderValue::from_str` would copy it into a
 /// vector-backed buffer that allocates again on its first clone.
 fn fresh_request_id() -> HeaderValue {
     let mut buf = [0u8; uuid::fmt::Hyphenated::LENGTH];
     uuid::Uuid::new_v4().hyphenated().encode_lower(&mut buf);
-    // Hex digits and hyphens are always a valid header value.
-    HeaderValue::from_maybe_shared(bytes::Bytes::from_owner(buf))
-        .unwrap_or_else(|_| HeaderValue::from_static("invalid"))
+    // SAFETY: a hyphenated UUID is lowercase hex digits and hyphens, all visible ASCII, which
+    // is what a header value may hold.
+    unsafe { HeaderValue::from_maybe_shared_unchecked(bytes::Bytes::from_owner(buf)) }
 }
 
 /// The request's id: the client's `X-Request-Id` when it sent a usable one (visible ASCII,
-/// 1 to 256 bytes), else a fresh one, written into the request for the handlers.
+/// 1 to 256 bytes), else a fresh one, written into the request for the handlers. One lookup
+/// of the header either way.
 fn ensure_request_id(req: &mut Request) -> HeaderValue {
-    if let Some(v) = req.headers().get(X_REQUEST_ID) {
-        if !v.is_empty() && v.len() <= 256 && v.to_str().is_ok() {
-            return v.clone();
+    match req.headers_mut().entry(X_REQUEST_ID) {
+        Entry::Occupied(mut sent) => {
+            let v = sent.get();
+            if !v.is_empty() && v.len() <= 256 && v.to_str().is_ok() {
+                return v.clone();
+            }
+            let id = fresh_request_id();
+            sent.insert(id.clone());
+            id
+        }
+        Entry::Vacant(slot) => {
+            let id = fresh_request_id();
+            slot.insert(id.clone());
+            id
         }
     }
-    let id = fresh_request_id();
-    req.headers_mut().insert(X_REQUEST_ID, id.clone());
-    id
 }
 
 fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {

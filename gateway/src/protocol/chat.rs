@@ -15,16 +15,67 @@ use super::Usage;
 /// message checks refuse it with their own message.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ChatMessage {
-    Object(Vec<(String, Value)>),
+    Object(Vec<(MessageKey, Value)>),
     NotAnObject,
+}
+
+/// A key of a message object: the two every message has are kept without an allocation.
+#[derive(Debug, Clone, PartialEq)]
+pub enum MessageKey {
+    Role,
+    Content,
+    Other(String),
+}
+
+impl MessageKey {
+    pub fn as_str(&self) -> &str {
+        match self {
+            MessageKey::Role => "role",
+            MessageKey::Content => "content",
+            MessageKey::Other(key) => key,
+        }
+    }
+
+    fn from_str(key: &str) -> Self {
+        match key {
+            "role" => MessageKey::Role,
+            "content" => MessageKey::Content,
+            other => MessageKey::Other(other.to_owned()),
+        }
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MessageKey {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl serde::de::Visitor<'_> for V {
+            type Value = MessageKey;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a message key")
+            }
+            fn visit_str<E>(self, key: &str) -> Result<MessageKey, E> {
+                Ok(MessageKey::from_str(key))
+            }
+            fn visit_string<E>(self, key: String) -> Result<MessageKey, E> {
+                Ok(match key.as_str() {
+                    "role" => MessageKey::Role,
+                    "content" => MessageKey::Content,
+                    _ => MessageKey::Other(key),
+                })
+            }
+        }
+        d.deserialize_string(V)
+    }
 }
 
 impl ChatMessage {
     pub fn get(&self, key: &str) -> Option<&Value> {
         match self {
-            ChatMessage::Object(fields) => {
-                fields.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v)
-            }
+            ChatMessage::Object(fields) => fields
+                .iter()
+                .rev()
+                .find(|(k, _)| k.as_str() == key)
+                .map(|(_, v)| v),
             ChatMessage::NotAnObject => None,
         }
     }
@@ -36,7 +87,7 @@ impl ChatMessage {
         };
         let mut map = Map::with_capacity(fields.len());
         for (k, v) in fields {
-            map.insert(k.clone(), v.clone());
+            map.insert(k.as_str().to_owned(), v.clone());
         }
         if let Some(text) = content {
             map.insert("content".into(), Value::String(text.to_string()));
@@ -58,7 +109,7 @@ impl<'de> serde::Deserialize<'de> for ChatMessage {
                 mut m: A,
             ) -> Result<ChatMessage, A::Error> {
                 let mut fields = Vec::with_capacity(m.size_hint().unwrap_or(2).min(16));
-                while let Some(entry) = m.next_entry::<String, Value>()? {
+                while let Some(entry) = m.next_entry::<MessageKey, Value>()? {
                     fields.push(entry);
                 }
                 Ok(ChatMessage::Object(fields))
@@ -187,4 +238,39 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Known keys are kept as tags, other keys as text; lookups take the last value of a key
+    /// and the template sees every key in the order sent, escaped keys included.
+    #[test]
+    fn message_keys() {
+        let msg: ChatMessage = serde_json::from_str(
+            r#"{"role":"user","name":"a","content":"hi","ro\u006ce":"tool","x":[1]}"#,
+        )
+        .unwrap();
+        let ChatMessage::Object(fields) = &msg else {
+            panic!("not an object")
+        };
+        let keys: Vec<&str> = fields.iter().map(|(k, _)| k.as_str()).collect();
+        assert_eq!(keys, ["role", "name", "content", "role", "x"]);
+        assert_eq!(fields[0].0, MessageKey::Role);
+        assert_eq!(fields[3].0, MessageKey::Role);
+        assert_eq!(fields[1].0, MessageKey::Other("name".into()));
+        assert_eq!(msg.get("role"), Some(&Value::from("tool")));
+        assert_eq!(msg.get("content"), Some(&Value::from("hi")));
+        assert_eq!(msg.get("missing"), None);
+        let value = msg.to_value(Some("joined"));
+        assert_eq!(
+            value,
+            serde_json::json!({"role": "tool", "name": "a", "content": "joined", "x": [1]})
+        );
+        let order: Vec<&String> = value.as_object().unwrap().keys().collect();
+        assert_eq!(order, ["role", "name", "content", "x"]);
+        let not: ChatMessage = serde_json::from_str("[1, 2]").unwrap();
+        assert_eq!(not, ChatMessage::NotAnObject);
+    }
 }
