@@ -150,12 +150,14 @@ pub struct ChatRequest via ChatRequestWire {
     pub messages: Vec<ChatMessage>,
     pub max_completion_tokens: Option<i64>,
     pub logprobs: Option<bool>,
-    /// Kept raw so a non-integer gets the contract's exact message.
-    pub top_logprobs: Option<Value>,
-    pub tools: Option<Value>,
-    pub tool_choice: Option<Value>,
+    /// Kept raw so a non-integer gets the contract's exact message. (This and the other
+    /// rarely sent object fields are boxed: a JSON value is 80 bytes with ordered maps, and the
+    /// request is moved a few times while it is parsed.)
+    pub top_logprobs: Option<Box<Value>>,
+    pub tools: Option<Box<Value>>,
+    pub tool_choice: Option<Box<Value>>,
     pub chat_template: Option<String>,
-    pub chat_template_kwargs: Option<Map<String, Value>>,
+    pub chat_template_kwargs: Option<Box<Map<String, Value>>>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub echo: Option<bool>,

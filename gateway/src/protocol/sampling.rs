@@ -47,7 +47,7 @@ pub struct SamplingFields {
     pub stream_options: Option<StreamOptions>,
     pub cache_salt: Option<String>,
     pub truncate_prompt_tokens: Option<i64>,
-    pub response_format: Option<Value>,
+    pub response_format: Option<Box<Value>>,
     pub user: Option<String>,
 }
 
@@ -94,7 +94,7 @@ macro_rules! request_with_sampling {
             stream_options: Option<$crate::protocol::sampling::StreamOptions>,
             cache_salt: Option<String>,
             truncate_prompt_tokens: Option<i64>,
-            response_format: Option<serde_json::Value>,
+            response_format: Option<Box<serde_json::Value>>,
             user: Option<String>,
         }
 

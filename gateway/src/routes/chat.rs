@@ -51,7 +51,7 @@ pub fn validate_chat(req: &ChatRequest, state: &AppState) -> ApiResult<Option<us
         "max_tokens"
     };
     req.sampling.validate(max_tokens, field)?;
-    let top = match &req.top_logprobs {
+    let top = match req.top_logprobs.as_deref() {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
         Some(_) => {
@@ -224,8 +224,8 @@ pub async fn handler(
             add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
             continue_final_message: req.continue_final_message.unwrap_or(false),
             chat_template: req.chat_template.as_deref(),
-            kwargs: req.chat_template_kwargs.as_ref(),
-            tools: req.tools.as_ref(),
+            kwargs: req.chat_template_kwargs.as_deref(),
+            tools: req.tools.as_deref(),
         },
     )?;
     let mut ids = model.encode(&prompt, req.add_special_tokens.unwrap_or(false))?;
