@@ -1,4 +1,4 @@
-//! The body wrapper that keeps a streamed response's concurrency slot (see [`super::guard`])
+//! The body wrapper that keeps a streamed response's concurrency slot (see [`super::front`])
 //! until the stream has been sent.
 
 use std::pin::Pin;

@@ -1,9 +1,8 @@
-//! The stack around the router: one composed layer, [`super::front::FrontLayer`] (request id,
-//! catch-panic to a JSON 500, auth, the concurrency limit, the request timeout, the debug
-//! access log). The body-size limit is applied where bodies are read
-//! ([`super::extract::ValidJson`]).
-//! `Router::layer` boxes its layer once per route, so a request pays one boxed service and one
-//! boxed future for the whole stack.
+//! The stack: one composed layer, [`super::front::FrontLayer`] (request id, catch-panic to a
+//! JSON 500, auth, the concurrency limit, the request timeout, the debug access log). The
+//! server puts it once around its dispatcher ([`crate::server::app`]), so a request pays one
+//! future for the whole stack; [`apply`] puts it around a bare router (the stack's tests). The
+//! body-size limit is applied where bodies are read ([`super::extract::ValidJson`]).
 
 use std::sync::Arc;
 use std::time::Duration;

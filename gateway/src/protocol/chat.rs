@@ -36,11 +36,12 @@ impl MessageKey {
         }
     }
 
-    fn from_str(key: &str) -> Self {
+    /// The tag for `key`, or `None` for a key kept as text.
+    fn known(key: &str) -> Option<Self> {
         match key {
-            "role" => MessageKey::Role,
-            "content" => MessageKey::Content,
-            other => MessageKey::Other(other.to_owned()),
+            "role" => Some(MessageKey::Role),
+            "content" => Some(MessageKey::Content),
+            _ => None,
         }
     }
 }
@@ -54,14 +55,10 @@ impl<'de> serde::Deserialize<'de> for MessageKey {
                 f.write_str("a message key")
             }
             fn visit_str<E>(self, key: &str) -> Result<MessageKey, E> {
-                Ok(MessageKey::from_str(key))
+                Ok(MessageKey::known(key).unwrap_or_else(|| MessageKey::Other(key.to_owned())))
             }
             fn visit_string<E>(self, key: String) -> Result<MessageKey, E> {
-                Ok(match key.as_str() {
-                    "role" => MessageKey::Role,
-                    "content" => MessageKey::Content,
-                    _ => MessageKey::Other(key),
-                })
+                Ok(MessageKey::known(&key).unwrap_or(MessageKey::Other(key)))
             }
         }
         d.deserialize_string(V)

@@ -12,8 +12,8 @@ use serde_json::value::RawValue;
 
 /// `mm_processor_kwargs` / `media_io_kwargs` as the client sent them: the JSON text, checked
 /// for syntax by the parse but not built into a value. The gate refuses most requests that
-/// carry one from its text alone ([`RawKwargs::is_non_empty_object`]); a value is built only
-/// for the requests that go on (see [`crate::policy::RequestKwargs`]).
+/// carry one from its text alone ([`is_non_empty_object`]); a value is built only for the
+/// requests that go on (see [`crate::policy::RequestKwargs`]).
 pub type RawKwargs = Box<RawValue>;
 
 /// True when the JSON text is an object with at least one key.
