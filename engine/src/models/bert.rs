@@ -352,10 +352,7 @@ impl BertEncoder {
             layer.attn_out.forward(total, ctx, tmp)?;
             self.residual_norm(tmp, x, &layer.ln1_g, &layer.ln1_b);
             std::mem::swap(&mut x, &mut tmp);
-            layer.up.forward(total, x, ffn)?;
-            let act = d.act;
-            ffn.par_chunks_mut(ROWS_PER_TASK * d.intermediate)
-                .for_each(|c| act.apply(c));
+            layer.up.forward_act(total, x, ffn, Some(d.act))?;
             layer.down.forward(total, ffn, tmp)?;
             self.residual_norm(tmp, x, &layer.ln2_g, &layer.ln2_b);
             std::mem::swap(&mut x, &mut tmp);

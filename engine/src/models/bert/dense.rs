@@ -3,7 +3,8 @@
 //! weights), and a row's result does not depend on the batch it was computed in. Large
 //! products are split over the current rayon pool.
 
-use super::gemm::{gemm, PackedB};
+use super::gemm::{gemm_post, Epilogue, PackedB};
+use super::ops::Activation;
 use crate::error::{EngineError, Result};
 
 /// One `Linear` layer's weight (`n` outputs × `k` inputs), packed, and bias.
@@ -27,6 +28,18 @@ impl Dense {
 
     /// `out[m × n] = x[m × k] · Wᵀ + b` (both row-major, contiguous).
     pub(crate) fn forward(&self, m: usize, x: &[f32], out: &mut [f32]) -> Result<()> {
+        self.forward_act(m, x, out, None)
+    }
+
+    /// `out = act(x · Wᵀ + b)`, the activation applied to each tile of the product as it is
+    /// finished (no second pass over `out`).
+    pub(crate) fn forward_act(
+        &self,
+        m: usize,
+        x: &[f32],
+        out: &mut [f32],
+        act: Option<Activation>,
+    ) -> Result<()> {
         let (n, k) = (self.n, self.k);
         if x.len() < m * k || out.len() < m * n || self.bias.len() != n {
             return Err(EngineError::Internal(format!(
@@ -35,7 +48,11 @@ impl Dense {
                 out.len()
             )));
         }
-        gemm(m, x, k, &self.weight, out, n, Some(&self.bias), true)
+        let post = Epilogue {
+            bias: Some(&self.bias),
+            act,
+        };
+        gemm_post(m, x, k, &self.weight, out, n, post, true)
     }
 }
 
@@ -68,6 +85,32 @@ mod tests {
                     "({i}, {j}): {got} vs {want}"
                 );
             }
+        }
+    }
+
+    #[test]
+    fn fused_activation_equals_a_second_pass() {
+        // Enough rows for several row blocks, and columns for whole and partial tiles.
+        let (m, k, n) = (200, 384, 1552);
+        let x: Vec<f32> = (0..m * k)
+            .map(|i| ((i * 37) % 101) as f32 / 50.0 - 1.0)
+            .collect();
+        let w: Vec<f32> = (0..n * k)
+            .map(|i| ((i * 13) % 89) as f32 / 440.0 - 0.1)
+            .collect();
+        let b: Vec<f32> = (0..n).map(|i| (i % 7) as f32 * 0.1 - 0.3).collect();
+        let layer = Dense::new(&w, b, n, k);
+        for act in [Activation::GeluErf, Activation::GeluTanh, Activation::Relu] {
+            let mut want = vec![f32::NAN; m * n];
+            layer.forward(m, &x, &mut want).unwrap();
+            assert!(
+                want.iter().any(|&v| v < -0.5),
+                "some inputs to the activation are negative"
+            );
+            act.apply(&mut want);
+            let mut got = vec![f32::NAN; m * n];
+            layer.forward_act(m, &x, &mut got, Some(act)).unwrap();
+            assert_eq!(got, want, "{act:?}");
         }
     }
 

@@ -13,6 +13,7 @@
 
 use rayon::prelude::*;
 
+use super::ops::Activation;
 use crate::error::{EngineError, Result};
 
 /// Rows per micro-tile.
@@ -21,9 +22,9 @@ pub(crate) const MR: usize = 6;
 pub(crate) const NR: usize = 16;
 /// Most panels one micro-tile covers (the AVX-512 kernel: 6 × 48, 18 accumulators).
 const NP_MAX: usize = 3;
-/// Depth of one k block: a B panel block (`KC * NR` floats, 24 KiB) stays in L1. (The
-/// AVX-512 tile's three panels, 72 KiB, do not; 96-256 measured no faster on Ice Lake.)
-const KC: usize = 384;
+/// Most depth of one k block: the AVX-512 tile's three panels (`KC * 3 * NR` floats, 36 KiB)
+/// stay in a 48 KiB L1 while every row group of the block meets them.
+const KC: usize = 192;
 /// Largest row block one task handles.
 const MC_MAX: usize = 96;
 /// Pack A when the product has at least this many column panels.
@@ -114,6 +115,14 @@ impl PackedB {
     }
 }
 
+/// What is done to each finished element of C: `act(acc + bias)`.
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Epilogue<'a> {
+    pub(crate) bias: Option<&'a [f32]>,
+    /// Applied to each tile as it is finished, while it is still in L1.
+    pub(crate) act: Option<Activation>,
+}
+
 /// `C[m × n] = A[m × k] · B (+ bias)`, where `A` has row stride `lda` and `C` row stride `ldc`
 /// (`ldc >= n`; only the first `n` columns of each C row are written). Splits large products
 /// over the current rayon pool when `parallel` is set.
@@ -128,6 +137,23 @@ pub(crate) fn gemm(
     bias: Option<&[f32]>,
     parallel: bool,
 ) -> Result<()> {
+    let post = Epilogue { bias, act: None };
+    gemm_post(m, a, lda, b, c, ldc, post, parallel)
+}
+
+/// [`gemm`] with an activation applied to every element of the result.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn gemm_post(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: &PackedB,
+    c: &mut [f32],
+    ldc: usize,
+    post: Epilogue<'_>,
+    parallel: bool,
+) -> Result<()> {
+    let bias = post.bias;
     let (k, n) = (b.k, b.n);
     if m == 0 || n == 0 {
         return Ok(());
@@ -149,7 +175,7 @@ pub(crate) fn gemm(
     let kernel = Kernel::detect();
     let threads = rayon::current_num_threads();
     if !parallel || threads < 2 || m * n * k < PAR_MIN_FLOPS || m <= MR {
-        gemm_rows(kernel, 0, m, a, lda, b, c, ldc, bias);
+        gemm_rows(kernel, 0, m, a, lda, b, c, ldc, post);
         return Ok(());
     }
     // Enough row blocks to balance the threads, each a whole number of micro-tiles.
@@ -162,7 +188,7 @@ pub(crate) fn gemm(
         .for_each(|(blk, c_blk)| {
             let r0 = blk * mc;
             let rows = mc.min(m - r0);
-            gemm_rows(kernel, r0, rows, a, lda, b, c_blk, ldc, bias);
+            gemm_rows(kernel, r0, rows, a, lda, b, c_blk, ldc, post);
         });
     Ok(())
 }
@@ -179,17 +205,20 @@ fn gemm_rows(
     b: &PackedB,
     c: &mut [f32],
     ldc: usize,
-    bias: Option<&[f32]>,
+    post: Epilogue<'_>,
 ) {
     let mut done = 0;
     while done < rows {
         let block = MC_MAX.min(rows - done);
         let c_blk = &mut c[done * ldc..];
-        gemm_block(kernel, r0 + done, block, a, lda, b, c_blk, ldc, bias);
+        gemm_block(kernel, r0 + done, block, a, lda, b, c_blk, ldc, post);
         done += block;
     }
 }
 
+/// One row block: for each tile of panels, every k block, every row group. The tile's panels
+/// for one k block stay in L1 while the row groups pass over them; the block of A (packed
+/// once for all k) stays in L2.
 #[allow(clippy::too_many_arguments)]
 fn gemm_block(
     kernel: Kernel,
@@ -200,45 +229,44 @@ fn gemm_block(
     b: &PackedB,
     c: &mut [f32],
     ldc: usize,
-    bias: Option<&[f32]>,
+    post: Epilogue<'_>,
 ) {
     let (k, n) = (b.k, b.n);
     let data = b.data();
     let blocks = k.div_ceil(KC).max(1);
     let kc_even = k.div_ceil(blocks);
     let groups = rows.div_ceil(MR);
+    let panels = b.panels();
     // Packing A costs about one pass over the block; it pays when many panels reuse it.
-    let pack = b.panels() >= PACK_A_MIN_PANELS;
+    let pack = panels >= PACK_A_MIN_PANELS;
     A_PACK.with(|cell| {
         let mut a_pack = cell.borrow_mut();
-        if pack && a_pack.len() < groups * MR * kc_even {
-            a_pack.resize(groups * MR * kc_even, 0.0);
-        }
-        let mut k0 = 0;
-        loop {
-            let kc = kc_even.min(k - k0);
-            let first = k0 == 0;
-            let last = k0 + kc >= k;
-            if pack {
-                pack_a(a, lda, r0, rows, k0, kc, &mut a_pack[..groups * MR * kc]);
+        if pack {
+            if a_pack.len() < groups * MR * k {
+                a_pack.resize(groups * MR * k, 0.0);
             }
-            let panels = b.panels();
-            let mut p = 0;
-            while p < panels {
-                let np = kernel.panels_per_tile().min(panels - p);
-                let cols = (np * NR).min(n - p * NR);
+            pack_a(a, lda, r0, rows, k, &mut a_pack[..groups * MR * k]);
+        }
+        let mut p = 0;
+        while p < panels {
+            let np = kernel.panels_per_tile().min(panels - p);
+            let cols = (np * NR).min(n - p * NR);
+            let mut k0 = 0;
+            loop {
+                let kc = kc_even.min(k - k0);
+                let first = k0 == 0;
+                let last = k0 + kc >= k;
                 let panel = &data[(p * k + k0) * NR..((p + np - 1) * k + k0 + kc) * NR];
-                let bias_tile = if last {
-                    bias.map(|bs| &bs[p * NR..p * NR + cols])
-                } else {
-                    None
+                let bias_tile = match (last, post.bias) {
+                    (true, Some(bias)) => Some(&bias[p * NR..p * NR + cols]),
+                    _ => None,
                 };
                 for g in 0..groups {
                     let tile_rows = MR.min(rows - g * MR);
                     let (a_src, a_rows, a_step): (&[f32], [usize; MR], usize) = if pack {
                         (
-                            &a_pack[g * MR * kc..(g + 1) * MR * kc],
-                            std::array::from_fn(|r| r),
+                            &a_pack[g * MR * k..(g + 1) * MR * k],
+                            std::array::from_fn(|r| k0 * MR + r),
                             MR,
                         )
                     } else {
@@ -270,13 +298,19 @@ fn gemm_block(
                         bias: bias_tile,
                     };
                     kernel.run(&tile, c);
+                    if let (true, Some(act)) = (last, post.act) {
+                        for r in 0..tile_rows {
+                            let off = tile.c_off + r * ldc;
+                            act.apply(&mut c[off..off + cols]);
+                        }
+                    }
                 }
-                p += np;
+                k0 += kc;
+                if k0 >= k {
+                    break;
+                }
             }
-            k0 += kc;
-            if k0 >= k {
-                break;
-            }
+            p += np;
         }
     });
 }
@@ -286,15 +320,15 @@ thread_local! {
     static A_PACK: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
-/// Packs rows `r0..r0+rows`, columns `k0..k0+kc` of A into groups of [`MR`] rows laid out
+/// Packs rows `r0..r0+rows`, columns `0..kc` of A into groups of [`MR`] rows laid out
 /// `[group][k][row]`, so the micro-kernel reads A as one sequential stream. Rows past the end
 /// of the last group are zero.
-fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, k0: usize, kc: usize, out: &mut [f32]) {
+fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, kc: usize, out: &mut [f32]) {
     for (g, group) in out.chunks_exact_mut(MR * kc).enumerate() {
         let valid = MR.min(rows - g * MR);
         if valid == MR {
             let row = |r: usize| {
-                let start = (r0 + g * MR + r) * lda + k0;
+                let start = (r0 + g * MR + r) * lda;
                 &a[start..start + kc]
             };
             let (a0, a1, a2, a3, a4, a5) = (row(0), row(1), row(2), row(3), row(4), row(5));
@@ -304,7 +338,7 @@ fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, k0: usize, kc: usize, o
         } else {
             group.fill(0.0);
             for r in 0..valid {
-                let start = (r0 + g * MR + r) * lda + k0;
+                let start = (r0 + g * MR + r) * lda;
                 for (p, &v) in a[start..start + kc].iter().enumerate() {
                     group[p * MR + r] = v;
                 }
@@ -640,8 +674,16 @@ mod avx512 {
     pub(super) unsafe fn tile_store<const NP: usize>(t: &Tile<'_>, c: &mut [f32]) {
         // SAFETY: bounds as documented above; the bias holds `cols` = NP*NR values.
         unsafe {
-            let acc = tile_compute::<NP>(t);
             let cp = c.as_mut_ptr().add(t.c_off);
+            // Ask for the tile's lines of C (for writing) before the k loop, so that their
+            // misses overlap the multiply-adds instead of stalling the stores at the end.
+            for r in 0..MR {
+                for j in 0..NP {
+                    _mm_prefetch::<_MM_HINT_ET0>(cp.add(r * t.ldc + j * NR) as *const i8);
+                }
+                _mm_prefetch::<_MM_HINT_ET0>(cp.add(r * t.ldc + NP * NR - 1) as *const i8);
+            }
+            let acc = tile_compute::<NP>(t);
             for (r, row) in acc.iter().enumerate() {
                 for (j, &v) in row.iter().enumerate() {
                     let dst = cp.add(r * t.ldc + j * NR);
@@ -695,6 +737,13 @@ mod tests {
         c
     }
 
+    fn with_bias(bias: &[f32]) -> Epilogue<'_> {
+        Epilogue {
+            bias: Some(bias),
+            act: None,
+        }
+    }
+
     fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
         (0..len)
@@ -745,7 +794,17 @@ mod tests {
         let bias = values(n, 10);
         let b = PackedB::from_linear(&w, n, k);
         let mut c = vec![f32::NAN; m * n];
-        gemm_rows(Kernel::Portable, 0, m, &a, k, &b, &mut c, n, Some(&bias));
+        gemm_rows(
+            Kernel::Portable,
+            0,
+            m,
+            &a,
+            k,
+            &b,
+            &mut c,
+            n,
+            with_bias(&bias),
+        );
         let want = naive(m, k, n, &a, &w, Some(&bias));
         for (x, y) in c.iter().zip(&want) {
             assert!((x - y).abs() <= 1e-4 * (1.0 + y.abs()), "{x} vs {y}");
@@ -783,7 +842,7 @@ mod tests {
             let mut simd: Option<Vec<f32>> = None;
             for &kernel in &kernels {
                 let mut c = vec![f32::NAN; m * n];
-                gemm_rows(kernel, 0, m, &a, k, &b, &mut c, n, Some(&bias));
+                gemm_rows(kernel, 0, m, &a, k, &b, &mut c, n, with_bias(&bias));
                 for (x, y) in c.iter().zip(&want) {
                     assert!(
                         (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
