@@ -83,12 +83,22 @@ impl PackedB {
 
     /// Packs `B[kk][nn] = src[nn * ld + kk]` (B given column by column, e.g. keys for Q·Kᵀ).
     pub(crate) fn pack_transposed(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
+        let gather = Kernel::detect().gathers() && ld <= i32::MAX as usize / NR;
         let dst = self.reshape(k, n);
         for (p, panel) in dst
             .chunks_exact_mut(NR * k.max(1))
             .enumerate()
             .take(n.div_ceil(NR))
         {
+            let base = p * NR * ld;
+            #[cfg(target_arch = "x86_64")]
+            if gather && n - p * NR >= NR && k > 0 && base + (NR - 1) * ld + k <= src.len() {
+                // SAFETY: AVX-512F was detected (`gathers`); the panel's 16 columns of `k`
+                // floats, `ld` apart, lie inside `src` (checked just above) and the panel
+                // holds `k * NR` floats; the offsets `j * ld` fit in an i32.
+                unsafe { avx512::gather_panel(&src[base..], ld, k, panel) };
+                continue;
+            }
             for j in 0..NR.min(n - p * NR) {
                 let col = &src[(p * NR + j) * ld..(p * NR + j) * ld + k];
                 for (kk, &v) in col.iter().enumerate() {
@@ -413,6 +423,15 @@ impl Kernel {
         })
     }
 
+    /// Whether [`PackedB::pack_transposed`] can gather a panel's rows with AVX-512.
+    fn gathers(self) -> bool {
+        #[cfg(target_arch = "x86_64")]
+        if let Kernel::Avx512 = self {
+            return true;
+        }
+        false
+    }
+
     /// Panels one micro-tile of this kernel covers.
     fn panels_per_tile(self) -> usize {
         match self {
@@ -697,6 +716,29 @@ mod avx512 {
                     }
                     _mm512_storeu_ps(dst, out);
                 }
+            }
+        }
+    }
+
+    /// One panel of a transposed pack: `panel[kk * NR + j] = src[j * ld + kk]` for `j < NR`,
+    /// `kk < k`, one 16-lane gather per `kk`.
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `(NR - 1) * ld + k <= src.len()`, `(NR - 1) * ld` fits in an
+    /// i32 and `panel` holds `k * NR` floats.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn gather_panel(src: &[f32], ld: usize, k: usize, panel: &mut [f32]) {
+        let ld = ld as i32;
+        let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+        let offsets = _mm512_mullo_epi32(lanes, _mm512_set1_epi32(ld));
+        // SAFETY: every address read is src[j * ld + kk] with j < 16 and kk < k, inside `src`;
+        // every store writes panel[kk * NR .. kk * NR + 16], inside `panel`.
+        unsafe {
+            let base = src.as_ptr();
+            let out = panel.as_mut_ptr();
+            for kk in 0..k {
+                let v = _mm512_i32gather_ps::<4>(offsets, base.add(kk).cast());
+                _mm512_storeu_ps(out.add(kk * NR), v);
             }
         }
     }
