@@ -22,8 +22,9 @@ pub(crate) const MR: usize = 6;
 pub(crate) const NR: usize = 16;
 /// Most panels one micro-tile covers (the AVX-512 kernel: 6 × 48, 18 accumulators).
 const NP_MAX: usize = 3;
-/// Most depth of one k block: the AVX-512 tile's three panels (`KC * 3 * NR` floats, 36 KiB)
-/// stay in a 48 KiB L1 while every row group of the block meets them.
+/// Most depth of one k block for a tile of [`NP_MAX`] panels: the AVX-512 tile's three panels
+/// (`KC * 3 * NR` floats, 36 KiB) stay in a 48 KiB L1 while every row group of the block meets
+/// them. Narrower tiles go proportionally deeper.
 const KC: usize = 192;
 /// Largest row block one task handles.
 const MC_MAX: usize = 96;
@@ -243,10 +244,14 @@ fn gemm_block(
 ) {
     let (k, n) = (b.k, b.n);
     let data = b.data();
-    let blocks = k.div_ceil(KC).max(1);
+    let panels = b.panels();
+    // A product of fewer panels than a wide tile can go deeper for the same L1 footprint (e.g.
+    // P·V's 32 columns). The depth depends on the shape only, not on the kernel, so that every
+    // SIMD kernel sums in the same order.
+    let tile_panels = NP_MAX.min(panels).max(1);
+    let blocks = k.div_ceil(KC * NP_MAX / tile_panels).max(1);
     let kc_even = k.div_ceil(blocks);
     let groups = rows.div_ceil(MR);
-    let panels = b.panels();
     // Packing A costs about one pass over the block; it pays when many panels reuse it.
     let pack = panels >= PACK_A_MIN_PANELS;
     A_PACK.with(|cell| {
