@@ -942,6 +942,30 @@ mod tests {
     }
 
     #[test]
+    fn transposed_packing_lays_out_every_panel() {
+        // Strided columns (as keys inside the fused QKV rows), whole panels (gathered where
+        // the CPU has AVX-512) and a partial last one (zero-padded).
+        let (k, n, ld) = (32, 37, 1152);
+        let src = values((n - 1) * ld + k, 14);
+        let mut b = PackedB::default();
+        b.pack_transposed(&src, ld, k, n);
+        let data = b.data();
+        for p in 0..n.div_ceil(NR) {
+            for kk in 0..k {
+                for j in 0..NR {
+                    let col = p * NR + j;
+                    let want = if col < n { src[col * ld + kk] } else { 0.0 };
+                    assert_eq!(
+                        data[(p * k + kk) * NR + j],
+                        want,
+                        "panel {p} k {kk} col {j}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
     fn bad_shapes_are_errors() {
         let b = PackedB::from_linear(&[1.0; 6], 2, 3);
         let mut c = vec![0.0; 2];
