@@ -84,6 +84,7 @@ impl PackedB {
 
     /// Packs `B[kk][nn] = src[nn * ld + kk]` (B given column by column, e.g. keys for Q·Kᵀ).
     pub(crate) fn pack_transposed(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
+        #[cfg(target_arch = "x86_64")]
         let gather = Kernel::detect().gathers() && ld <= i32::MAX as usize / NR;
         let dst = self.reshape(k, n);
         for (p, panel) in dst
@@ -91,14 +92,16 @@ impl PackedB {
             .enumerate()
             .take(n.div_ceil(NR))
         {
-            let base = p * NR * ld;
             #[cfg(target_arch = "x86_64")]
-            if gather && n - p * NR >= NR && k > 0 && base + (NR - 1) * ld + k <= src.len() {
-                // SAFETY: AVX-512F was detected (`gathers`); the panel's 16 columns of `k`
-                // floats, `ld` apart, lie inside `src` (checked just above) and the panel
-                // holds `k * NR` floats; the offsets `j * ld` fit in an i32.
-                unsafe { avx512::gather_panel(&src[base..], ld, k, panel) };
-                continue;
+            {
+                let base = p * NR * ld;
+                if gather && n - p * NR >= NR && k > 0 && base + (NR - 1) * ld + k <= src.len() {
+                    // SAFETY: AVX-512F was detected (`gathers`); the panel's 16 columns of `k`
+                    // floats, `ld` apart, lie inside `src` (checked just above) and the panel
+                    // holds `k * NR` floats; the offsets `j * ld` fit in an i32.
+                    unsafe { avx512::gather_panel(&src[base..], ld, k, panel) };
+                    continue;
+                }
             }
             for j in 0..NR.min(n - p * NR) {
                 let col = &src[(p * NR + j) * ld..(p * NR + j) * ld + k];
@@ -429,12 +432,9 @@ impl Kernel {
     }
 
     /// Whether [`PackedB::pack_transposed`] can gather a panel's rows with AVX-512.
+    #[cfg(target_arch = "x86_64")]
     fn gathers(self) -> bool {
-        #[cfg(target_arch = "x86_64")]
-        if let Kernel::Avx512 = self {
-            return true;
-        }
-        false
+        matches!(self, Kernel::Avx512)
     }
 
     /// Panels one micro-tile of this kernel covers.
