@@ -5,7 +5,7 @@
 //! warm-up. Prints one JSON line.
 //!
 //! Run: `cargo run --release -p engine --example embed_bench -- [--model-dir DIR] [--threads N]
-//! [--runs N] [--batch-size N]`
+//! [--runs N] [--batch-size N] [--workload short|long]`
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -152,6 +152,8 @@ struct Args {
     threads: usize,
     runs: usize,
     batch_size: usize,
+    /// Only the workloads whose name starts with this (`short`, `long`); all when empty.
+    workload: String,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -161,6 +163,7 @@ fn parse_args() -> Result<Args, String> {
         threads: 2,
         runs: 3,
         batch_size: 32,
+        workload: String::new(),
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -171,6 +174,7 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => args.threads = number()?.max(1),
             "--runs" => args.runs = number()?.max(1),
             "--batch-size" => args.batch_size = number()?.max(1),
+            "--workload" => args.workload = value,
             other => return Err(format!("unknown flag {other}")),
         }
     }
@@ -183,12 +187,14 @@ fn pass(enc: &LoadedEncoder, texts: &[String], batch_size: usize) -> Result<usiz
     let max = enc.model.info().max_seq_len;
     let mut tokens = 0;
     for chunk in texts.chunks(batch_size) {
+        // A batch is tokenised at once, on the pool's threads, as the peer's tokenizer call
+        // encodes its batch.
+        let encodings = enc
+            .tokenizer
+            .encode_batch(chunk.iter().map(String::as_str).collect::<Vec<_>>(), true)
+            .map_err(|e| e.to_string())?;
         let mut batch = Vec::with_capacity(chunk.len());
-        for text in chunk {
-            let encoding = enc
-                .tokenizer
-                .encode(text.as_str(), true)
-                .map_err(|e| e.to_string())?;
+        for encoding in encodings {
             let mut ids = encoding.get_ids().to_vec();
             if ids.len() > max {
                 let sep = ids[ids.len() - 1];
@@ -221,6 +227,9 @@ fn main() -> Result<(), String> {
     ];
     let mut results = serde_json::Map::new();
     for (name, texts) in &workloads {
+        if !name.starts_with(args.workload.as_str()) {
+            continue;
+        }
         let tokens = pool.install(|| pass(&enc, texts, args.batch_size))?;
         let mut times = Vec::with_capacity(args.runs);
         let mut cpu = Vec::with_capacity(args.runs);
