@@ -453,24 +453,33 @@ impl Kernel {
         let in_bounds = t.panel.len() >= (t.np - 1) * t.panel_stride + t.kc * NR
             && t.a_rows.iter().all(|&off| off + last_step < t.a.len());
         #[cfg(target_arch = "x86_64")]
-        if let (Kernel::Avx512, 2..=NP_MAX, true) = (self, t.np, in_bounds) {
+        if let (Kernel::Avx512, 1..=NP_MAX, true) = (self, t.np, in_bounds) {
             let full = t.rows == MR
                 && t.cols == t.np * NR
                 && t.c_off + (MR - 1) * t.ldc + t.cols <= c.len();
-            // SAFETY: AVX-512F was detected at run time; the bounds of A, the panels and (for
-            // the direct stores) the full C tile were checked just above.
+            let partial_fits = t.rows >= 1
+                && t.rows <= MR
+                && t.cols > (t.np - 1) * NR
+                && t.cols <= t.np * NR
+                && t.c_off + (t.rows - 1) * t.ldc + t.cols <= c.len();
+            // SAFETY: AVX-512F was detected at run time; the bounds of A, the panels and of the
+            // C tile (whole, or its valid rows and columns for the masked stores) were checked
+            // just above.
             unsafe {
-                match (t.np, full) {
-                    (2, true) => avx512::tile_store::<2>(t, c),
-                    (2, false) => {
+                match (t.np, full, partial_fits) {
+                    (1, true, _) => avx512::tile_store::<1>(t, c),
+                    (2, true, _) => avx512::tile_store::<2>(t, c),
+                    (_, true, _) => avx512::tile_store::<NP_MAX>(t, c),
+                    (1, false, true) => avx512::tile_store_masked::<1>(t, c),
+                    (2, false, true) => avx512::tile_store_masked::<2>(t, c),
+                    (_, false, true) => avx512::tile_store_masked::<NP_MAX>(t, c),
+                    (_, false, false) => {
                         let mut acc = [[0.0f32; NR * NP_MAX]; MR];
-                        avx512::tile_acc::<2>(t, &mut acc);
-                        store_partial(t, &acc, c);
-                    }
-                    (_, true) => avx512::tile_store::<NP_MAX>(t, c),
-                    (_, false) => {
-                        let mut acc = [[0.0f32; NR * NP_MAX]; MR];
-                        avx512::tile_acc::<NP_MAX>(t, &mut acc);
+                        match t.np {
+                            1 => avx512::tile_acc::<1>(t, &mut acc),
+                            2 => avx512::tile_acc::<2>(t, &mut acc),
+                            _ => avx512::tile_acc::<NP_MAX>(t, &mut acc),
+                        }
                         store_partial(t, &acc, c);
                     }
                 }
@@ -720,6 +729,40 @@ mod avx512 {
                         out = _mm512_add_ps(out, _mm512_loadu_ps(bias.as_ptr().add(j * NR)));
                     }
                     _mm512_storeu_ps(dst, out);
+                }
+            }
+        }
+    }
+
+    /// An edge tile (fewer rows, or a last panel with fewer columns) straight into C: only
+    /// its `rows` rows are stored, and the last panel's columns past `cols` are masked off.
+    ///
+    /// # Safety
+    /// As [`tile_compute`], and `(NP-1)*NR < cols <= NP*NR`, `1 <= rows <= MR`,
+    /// `c_off + (rows-1)*ldc + cols <= c.len()`; the bias (if any) holds `cols` values.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn tile_store_masked<const NP: usize>(t: &Tile<'_>, c: &mut [f32]) {
+        // SAFETY: bounds as documented above. Masked-off lanes are neither read nor written,
+        // so every access stays inside the tile's valid rows and columns.
+        unsafe {
+            let acc = tile_compute::<NP>(t);
+            let last = t.cols - (NP - 1) * NR;
+            let last_mask = (u32::MAX >> (32 - last)) as __mmask16;
+            let cp = c.as_mut_ptr().add(t.c_off);
+            for (r, row) in acc.iter().enumerate().take(t.rows) {
+                for (j, &v) in row.iter().enumerate() {
+                    let m = if j + 1 == NP { last_mask } else { !0 };
+                    let dst = cp.add(r * t.ldc + j * NR);
+                    let mut out = if t.first {
+                        v
+                    } else {
+                        _mm512_add_ps(_mm512_maskz_loadu_ps(m, dst), v)
+                    };
+                    if let Some(bias) = t.bias {
+                        out =
+                            _mm512_add_ps(out, _mm512_maskz_loadu_ps(m, bias.as_ptr().add(j * NR)));
+                    }
+                    _mm512_mask_storeu_ps(dst, m, out);
                 }
             }
         }
