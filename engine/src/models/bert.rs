@@ -13,6 +13,7 @@
 //! bound it), each forward pass mostly on one thread; a batch too small to cut runs its layers'
 //! loops in parallel instead.
 
+mod attention;
 mod dense;
 mod gemm;
 pub(crate) mod ops;
@@ -402,12 +403,15 @@ impl BertEncoder {
     }
 
     /// Self-attention of every sequence, every head, into `out` laid out head-major:
-    /// `[head][token][head_dim]`, so each (head, sequence) task owns one contiguous slice.
+    /// `[head][token][head_dim]`, so each (head, sequence) task owns one contiguous slice. A
+    /// task runs the fused kernel of [`attention`] where the CPU and head size allow, and
+    /// otherwise two products through the GEMM with a row softmax between them.
     fn attention(&self, qkv: &[f32], spans: &[(usize, usize)], out: &mut [f32]) -> Result<()> {
         let d = &self.dims;
         let (h, hd) = (d.hidden, d.head_dim);
         let ld = 3 * h;
         let scale = 1.0 / (hd as f32).sqrt();
+        let fused = attention::fused_available(hd);
         let mut tasks = Vec::with_capacity(d.heads * spans.len());
         let mut rest = out;
         for head in 0..d.heads {
@@ -421,6 +425,13 @@ impl BertEncoder {
             || (PackedB::default(), PackedB::default(), Vec::<f32>::new()),
             |(keys, values, scores), (head, t0, len, mine)| {
                 let q = &qkv[t0 * ld + head * hd..];
+                if fused {
+                    let k = &qkv[t0 * ld + h + head * hd..];
+                    let v = &qkv[t0 * ld + 2 * h + head * hd..];
+                    return attention::attend(
+                        q, k, v, ld, len, hd, scale, keys, values, scores, mine,
+                    );
+                }
                 keys.pack_transposed(&qkv[t0 * ld + h + head * hd..], ld, hd, len);
                 if scores.len() < len * len {
                     scores.resize(len * len, 0.0);

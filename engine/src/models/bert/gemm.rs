@@ -55,6 +55,12 @@ impl PackedB {
         &self.buf[self.start..]
     }
 
+    /// The packed panels, one after the other (see the layouts of the packers).
+    pub(super) fn packed(&self) -> &[f32] {
+        let len = self.panels() * NR * self.k;
+        &self.data()[..len]
+    }
+
     /// Sizes the store for a k × n matrix and returns the panel area. Only the padding
     /// columns of the last panel are zeroed: the packers write every other element.
     fn reshape(&mut self, k: usize, n: usize) -> &mut [f32] {
@@ -126,6 +132,19 @@ impl PackedB {
                 panel[kk * NR..kk * NR + width].copy_from_slice(row);
             }
         }
+    }
+}
+
+/// Whether the products run on the AVX-512 kernel (the CPU has it and
+/// `ENGINE_F32_GEMM_LEVEL` does not cap it).
+pub(crate) fn avx512_enabled() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        matches!(Kernel::detect(), Kernel::Avx512)
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
     }
 }
 
@@ -810,7 +829,7 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use super::*;
 
     fn naive(m: usize, k: usize, n: usize, a: &[f32], w: &[f32], bias: Option<&[f32]>) -> Vec<f32> {
@@ -834,7 +853,8 @@ mod tests {
         }
     }
 
-    fn values(len: usize, seed: u32) -> Vec<f32> {
+    /// Deterministic test values in [-1, 1).
+    pub(in crate::models::bert) fn values(len: usize, seed: u32) -> Vec<f32> {
         let mut s = seed.wrapping_mul(2654435761).wrapping_add(1);
         (0..len)
             .map(|_| {

@@ -218,6 +218,9 @@ fn softmax_generic(x: &mut [f32], width: usize, scale: f32) {
 /// with fused multiply-adds. A row's tail goes through the same code with masked loads and
 /// stores, so an element's result does not depend on where it sits in the row.
 #[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::exp as exp512;
+
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
@@ -231,7 +234,7 @@ mod avx512 {
 
     /// `e^x` lane-wise: [`super::exp`]'s reduction and polynomial.
     #[target_feature(enable = "avx512f")]
-    pub(super) fn exp(x: __m512) -> __m512 {
+    pub(crate) fn exp(x: __m512) -> __m512 {
         const LOG2E: f32 = std::f32::consts::LOG2_E;
         const LN2_HI: f32 = 0.693_145_75;
         const LN2_LO: f32 = 1.428_606_8e-6;

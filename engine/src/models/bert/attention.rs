@@ -1,0 +1,329 @@
+//! Self-attention of one head of one sequence, `softmax(scale · Q Kᵀ) V`, fused on AVX-512
+//! for head sizes of 32 and 64: for each block of six queries, the scores of the block against
+//! every key, their softmax and the product with the values run back to back on a few KiB that
+//! stay in L1, and the normalisation is applied once to the block's six output rows instead of
+//! to every probability. Elsewhere (other CPUs, other head sizes) the caller runs the generic
+//! path: two products through [`super::gemm`] with a row softmax between them.
+
+use super::gemm::PackedB;
+use crate::error::{EngineError, Result};
+
+/// Queries per block (the rows of one micro-tile).
+const QB: usize = 6;
+/// Keys per packed panel.
+const NR: usize = 16;
+
+/// Whether [`attend`] serves this head size on this CPU (AVX-512F, and the encoder's products
+/// not capped below it by `ENGINE_F32_GEMM_LEVEL`).
+pub(crate) fn fused_available(head_dim: usize) -> bool {
+    matches!(head_dim, 32 | 64) && super::gemm::avx512_enabled()
+}
+
+/// `out[len × hd] = softmax(scale · Q Kᵀ) V` for one head of one sequence. Row `i` of Q, K and
+/// V starts at `i * ld` in `q`, `k` and `v` (the head's `hd` values). `keys`, `values` and
+/// `scores` are scratch space kept by the caller between calls.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    ld: usize,
+    len: usize,
+    hd: usize,
+    scale: f32,
+    keys: &mut PackedB,
+    values: &mut PackedB,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) -> Result<()> {
+    if len == 0 {
+        return Ok(());
+    }
+    let rows_end = (len - 1) * ld + hd;
+    if !fused_available(hd)
+        || ld < hd
+        || q.len() < rows_end
+        || k.len() < rows_end
+        || v.len() < rows_end
+        || out.len() < len * hd
+    {
+        return Err(EngineError::Internal(format!(
+            "fused attention: len={len} hd={hd} ld={ld} q={} k={} v={} out={}",
+            q.len(),
+            k.len(),
+            v.len(),
+            out.len()
+        )));
+    }
+    keys.pack_transposed(k, ld, hd, len);
+    values.pack_rows(v, ld, len, hd);
+    let width = len.next_multiple_of(NR);
+    if scores.len() < QB * width {
+        scores.resize(QB * width, 0.0);
+    }
+    let (kp, vp) = (keys.packed(), values.packed());
+    if kp.len() < width * hd || vp.len() < len * hd {
+        return Err(EngineError::Internal(
+            "fused attention: short packing".into(),
+        ));
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        let s = &mut scores[..QB * width];
+        // SAFETY: AVX-512F is available (`fused_available`); the lengths of Q, K, V, the
+        // packings, the scores block and `out` were checked above, as `avx512::attend` needs.
+        unsafe {
+            match hd {
+                32 => avx512::attend::<2>(q, ld, len, kp, vp, scale, s, out),
+                _ => avx512::attend::<4>(q, ld, len, kp, vp, scale, s, out),
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use super::{NR, QB};
+    use crate::models::bert::ops::exp512;
+    use std::arch::x86_64::*;
+
+    /// One head of one sequence, `D` vectors of 16 per row (`hd = 16 * D`).
+    ///
+    /// # Safety
+    /// The CPU has AVX-512F; `q` holds `(len-1) * ld + hd` floats; `kp` the keys packed
+    /// transposed (`len.next_multiple_of(16) * hd` floats, panels of 16 keys); `vp` the
+    /// values packed by rows (`len * hd` floats, `D` panels of 16 columns); `s` holds
+    /// `QB * len.next_multiple_of(16)` floats; `out` holds `len * hd`.
+    #[target_feature(enable = "avx512f")]
+    #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
+    pub(super) unsafe fn attend<const D: usize>(
+        q: &[f32],
+        ld: usize,
+        len: usize,
+        kp: &[f32],
+        vp: &[f32],
+        scale: f32,
+        s: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let hd = D * NR;
+        let panels = len.div_ceil(NR);
+        let width = panels * NR;
+        let tail = len - (panels - 1) * NR;
+        let tail_mask = (u32::MAX >> (32 - tail)) as __mmask16;
+        // SAFETY: every pointer below stays inside the slices, as documented above: query rows
+        // below `len`, `hd` values each; key panels `p < panels`, depth below `hd`; value rows
+        // below `len`; score rows below QB, `width` each; output rows below `len`.
+        unsafe {
+            let (q, kp, vp, s, out) = (
+                q.as_ptr(),
+                kp.as_ptr(),
+                vp.as_ptr(),
+                s.as_mut_ptr(),
+                out.as_mut_ptr(),
+            );
+            let sc = _mm512_set1_ps(scale);
+            let mut i0 = 0;
+            while i0 < len {
+                let rows = QB.min(len - i0);
+                // Rows past the end repeat the block's last query; never stored.
+                let qr: [*const f32; QB] =
+                    std::array::from_fn(|r| q.add((i0 + r.min(rows - 1)) * ld));
+                let mut p = 0;
+                while p < panels {
+                    match panels - p {
+                        1 => scores_tile::<1>(&qr, hd, kp, p, sc, s, width),
+                        2 => scores_tile::<2>(&qr, hd, kp, p, sc, s, width),
+                        _ => scores_tile::<3>(&qr, hd, kp, p, sc, s, width),
+                    }
+                    p += 3;
+                }
+                // Softmax of each row without the division; keys past `len` are masked off.
+                let mut inv = [0.0f32; QB];
+                for (r, inv_r) in inv.iter_mut().enumerate() {
+                    let row = s.add(r * width);
+                    let mut mx = _mm512_set1_ps(f32::NEG_INFINITY);
+                    for c in 0..panels - 1 {
+                        mx = _mm512_max_ps(mx, _mm512_loadu_ps(row.add(c * NR)));
+                    }
+                    let last = row.add((panels - 1) * NR);
+                    mx = _mm512_max_ps(
+                        mx,
+                        _mm512_mask_loadu_ps(_mm512_set1_ps(f32::NEG_INFINITY), tail_mask, last),
+                    );
+                    let max = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+                    let mut sum = _mm512_setzero_ps();
+                    for c in 0..panels - 1 {
+                        let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(row.add(c * NR)), max));
+                        sum = _mm512_add_ps(sum, e);
+                        _mm512_storeu_ps(row.add(c * NR), e);
+                    }
+                    let e = _mm512_maskz_mov_ps(
+                        tail_mask,
+                        exp512(_mm512_sub_ps(_mm512_loadu_ps(last), max)),
+                    );
+                    sum = _mm512_add_ps(sum, e);
+                    _mm512_storeu_ps(last, e);
+                    *inv_r = 1.0 / _mm512_reduce_add_ps(sum);
+                }
+                // The block's outputs: probabilities times values, then the normalisation.
+                let mut acc = [[_mm512_setzero_ps(); D]; QB];
+                for j in 0..len {
+                    let vr: [__m512; D] =
+                        std::array::from_fn(|d| _mm512_loadu_ps(vp.add(d * NR * len + j * NR)));
+                    for r in 0..QB {
+                        let x = _mm512_set1_ps(*s.add(r * width + j));
+                        for d in 0..D {
+                            acc[r][d] = _mm512_fmadd_ps(x, vr[d], acc[r][d]);
+                        }
+                    }
+                }
+                for r in 0..rows {
+                    let iv = _mm512_set1_ps(inv[r]);
+                    for d in 0..D {
+                        _mm512_storeu_ps(
+                            out.add((i0 + r) * hd + d * NR),
+                            _mm512_mul_ps(acc[r][d], iv),
+                        );
+                    }
+                }
+                i0 += rows;
+            }
+        }
+    }
+
+    /// `scale · Q Kᵀ` of the block's QB queries against the keys of panels `p .. p + NP`, into
+    /// the score rows (`width` apart).
+    ///
+    /// # Safety
+    /// As [`attend`]: the query rows hold `hd` floats, panels `p .. p + NP` exist.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    #[allow(clippy::needless_range_loop)]
+    unsafe fn scores_tile<const NP: usize>(
+        qr: &[*const f32; QB],
+        hd: usize,
+        kp: *const f32,
+        p: usize,
+        sc: __m512,
+        s: *mut f32,
+        width: usize,
+    ) {
+        // SAFETY: as documented above.
+        unsafe {
+            let mut acc = [[_mm512_setzero_ps(); NP]; QB];
+            let base = kp.add(p * hd * NR);
+            for d in 0..hd {
+                let b: [__m512; NP] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(base.add(j * hd * NR + d * NR)));
+                for r in 0..QB {
+                    let x = _mm512_set1_ps(*qr[r].add(d));
+                    for j in 0..NP {
+                        acc[r][j] = _mm512_fmadd_ps(x, b[j], acc[r][j]);
+                    }
+                }
+            }
+            for r in 0..QB {
+                for j in 0..NP {
+                    _mm512_storeu_ps(
+                        s.add(r * width + (p + j) * NR),
+                        _mm512_mul_ps(acc[r][j], sc),
+                    );
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::bert::gemm::gemm;
+    use crate::models::bert::gemm::tests::values;
+    use crate::models::bert::ops::softmax_rows;
+
+    /// The generic path: two products and a row softmax.
+    fn reference(q: &[f32], k: &[f32], v: &[f32], ld: usize, len: usize, hd: usize) -> Vec<f32> {
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut keys = PackedB::default();
+        keys.pack_transposed(k, ld, hd, len);
+        let mut s = vec![0.0; len * len];
+        gemm(len, q, ld, &keys, &mut s, len, None, false).unwrap();
+        softmax_rows(&mut s, len, scale);
+        let mut vals = PackedB::default();
+        vals.pack_rows(v, ld, len, hd);
+        let mut out = vec![0.0; len * hd];
+        gemm(len, &s, len, &vals, &mut out, hd, None, false).unwrap();
+        out
+    }
+
+    #[test]
+    fn fused_matches_the_two_products() {
+        if !fused_available(32) {
+            eprintln!("no AVX-512 on this CPU: the fused path is not used here");
+            assert!(!fused_available(64));
+            return;
+        }
+        for hd in [32, 64] {
+            // Every shape of the last panel and of the last query block.
+            for len in [1, 2, 5, 6, 7, 15, 16, 17, 33, 47, 48, 49, 100, 204, 256] {
+                let ld = 3 * 12 * hd + 5;
+                // Spread the scores: the test values are in [-1, 1).
+                let qkv: Vec<f32> = values(len * ld, (len * hd) as u32)
+                    .iter()
+                    .map(|x| 2.0 * x)
+                    .collect();
+                let (q, k, v) = (&qkv[..], &qkv[hd..], &qkv[2 * hd..]);
+                let want = reference(q, k, v, ld, len, hd);
+                let (mut keys, mut vals, mut scores) =
+                    (PackedB::default(), PackedB::default(), Vec::new());
+                let mut got = vec![f32::NAN; len * hd];
+                let scale = 1.0 / (hd as f32).sqrt();
+                attend(
+                    q,
+                    k,
+                    v,
+                    ld,
+                    len,
+                    hd,
+                    scale,
+                    &mut keys,
+                    &mut vals,
+                    &mut scores,
+                    &mut got,
+                )
+                .unwrap();
+                for (i, (x, y)) in got.iter().zip(&want).enumerate() {
+                    assert!(
+                        (x - y).abs() <= 2e-6 * (1.0 + y.abs()),
+                        "hd={hd} len={len} [{i}]: {x} vs {y}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let (mut keys, mut vals, mut scores) = (PackedB::default(), PackedB::default(), Vec::new());
+        let mut out = vec![0.0; 32];
+        let short = vec![0.0; 40];
+        let r = attend(
+            &short,
+            &short,
+            &short,
+            96,
+            2,
+            32,
+            0.2,
+            &mut keys,
+            &mut vals,
+            &mut scores,
+            &mut out,
+        );
+        assert!(r.is_err());
+        // Other head sizes are never fused.
+        assert!(!fused_available(48));
+    }
+}
