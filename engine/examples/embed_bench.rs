@@ -174,7 +174,12 @@ fn parse_args() -> Result<Args, String> {
             "--threads" => args.threads = number()?.max(1),
             "--runs" => args.runs = number()?.max(1),
             "--batch-size" => args.batch_size = number()?.max(1),
-            "--workload" => args.workload = value,
+            "--workload" => {
+                if !matches!(value.as_str(), "short" | "long") {
+                    return Err(format!("--workload: expected short or long, got {value}"));
+                }
+                args.workload = value;
+            }
             other => return Err(format!("unknown flag {other}")),
         }
     }

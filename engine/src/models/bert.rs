@@ -525,10 +525,10 @@ impl EmbeddingModel for BertEncoder {
 /// that each thread runs whole forward passes of its own, and it cuts where the running token
 /// count comes closest to an even share.
 fn plan_chunks(lens: &[usize], threads: usize) -> Vec<std::ops::Range<usize>> {
-    let total: usize = lens.iter().sum();
     if lens.is_empty() {
         return Vec::new();
     }
+    let total: usize = lens.iter().sum();
     let parallel = threads.min(total / MIN_CHUNK_TOKENS).min(lens.len()).max(1);
     let count = total
         .div_ceil(CHUNK_TOKENS)

@@ -476,34 +476,26 @@ impl Kernel {
             let full = t.rows == MR
                 && t.cols == t.np * NR
                 && t.c_off + (MR - 1) * t.ldc + t.cols <= c.len();
-            let partial_fits = t.rows >= 1
-                && t.rows <= MR
+            let edge = (1..=MR).contains(&t.rows)
                 && t.cols > (t.np - 1) * NR
                 && t.cols <= t.np * NR
                 && t.c_off + (t.rows - 1) * t.ldc + t.cols <= c.len();
-            // SAFETY: AVX-512F was detected at run time; the bounds of A, the panels and of the
-            // C tile (whole, or its valid rows and columns for the masked stores) were checked
-            // just above.
-            unsafe {
-                match (t.np, full, partial_fits) {
-                    (1, true, _) => avx512::tile_store::<1>(t, c),
-                    (2, true, _) => avx512::tile_store::<2>(t, c),
-                    (_, true, _) => avx512::tile_store::<NP_MAX>(t, c),
-                    (1, false, true) => avx512::tile_store_masked::<1>(t, c),
-                    (2, false, true) => avx512::tile_store_masked::<2>(t, c),
-                    (_, false, true) => avx512::tile_store_masked::<NP_MAX>(t, c),
-                    (_, false, false) => {
-                        let mut acc = [[0.0f32; NR * NP_MAX]; MR];
-                        match t.np {
-                            1 => avx512::tile_acc::<1>(t, &mut acc),
-                            2 => avx512::tile_acc::<2>(t, &mut acc),
-                            _ => avx512::tile_acc::<NP_MAX>(t, &mut acc),
-                        }
-                        store_partial(t, &acc, c);
+            if full || edge {
+                // SAFETY: AVX-512F was detected at run time; the bounds of A, the panels and
+                // of the C tile (whole, or its valid rows and columns for the masked stores)
+                // were checked just above.
+                unsafe {
+                    match (t.np, full) {
+                        (1, true) => avx512::tile_store::<1>(t, c),
+                        (2, true) => avx512::tile_store::<2>(t, c),
+                        (_, true) => avx512::tile_store::<NP_MAX>(t, c),
+                        (1, false) => avx512::tile_store_masked::<1>(t, c),
+                        (2, false) => avx512::tile_store_masked::<2>(t, c),
+                        (_, false) => avx512::tile_store_masked::<NP_MAX>(t, c),
                     }
                 }
+                return;
             }
-            return;
         }
         #[cfg(target_arch = "x86_64")]
         if let (Kernel::Avx2Fma | Kernel::Avx512, 1, true) = (self, t.np, in_bounds) {
@@ -674,7 +666,7 @@ mod avx2 {
 
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
-    use super::{Acc, Tile, MR, NR};
+    use super::{Tile, MR, NR};
     use std::arch::x86_64::*;
 
     /// The accumulators of one tile of `NP` panels, per row.
@@ -806,23 +798,6 @@ mod avx512 {
             for kk in 0..k {
                 let v = _mm512_i32gather_ps::<4>(offsets, base.add(kk).cast());
                 _mm512_storeu_ps(out.add(kk * NR), v);
-            }
-        }
-    }
-
-    /// The tile into an accumulator array (for edge tiles).
-    ///
-    /// # Safety
-    /// As [`tile_compute`].
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn tile_acc<const NP: usize>(t: &Tile<'_>, out: &mut Acc) {
-        // SAFETY: bounds as documented above; `out` rows hold NP_MAX * NR >= NP * NR floats.
-        unsafe {
-            let acc = tile_compute::<NP>(t);
-            for (r, row) in acc.iter().enumerate() {
-                for (j, &v) in row.iter().enumerate() {
-                    _mm512_storeu_ps(out[r].as_mut_ptr().add(j * NR), v);
-                }
             }
         }
     }

@@ -214,12 +214,13 @@ fn softmax_generic(x: &mut [f32], width: usize, scale: f32) {
     }
 }
 
-/// AVX-512 versions of [`exp`], the erf GELU and the softmax: the same formulas on 16 lanes
-/// with fused multiply-adds. A row's tail goes through the same code with masked loads and
-/// stores, so an element's result does not depend on where it sits in the row.
+/// [`exp`] on 16 lanes, for the fused attention.
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::exp as exp512;
 
+/// AVX-512 versions of [`exp`], the erf GELU and the softmax: the same formulas on 16 lanes
+/// with fused multiply-adds. A row's tail goes through the same code with masked loads and
+/// stores, so an element's result does not depend on where it sits in the row.
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
