@@ -1,4 +1,5 @@
-//! CPU compute kernels for the engine's models.
+//! Compute kernels for the engine's models: CPU kernels, and the CUDA kernels with the device
+//! layer that runs them ([`gpu`]).
 //!
 //! - [`DType`] and [`QMatrix`]: weight storage types (F32, F16, BF16, Q8_0, Q4_0, Q4_1) viewed
 //!   in place (a memory-mapped checkpoint is used as is; nothing is dequantised at load).
@@ -20,6 +21,7 @@ mod dense;
 mod dequant;
 mod dot;
 mod dtype;
+pub mod gpu;
 mod matmul;
 pub mod ops;
 mod q8;

@@ -1,0 +1,45 @@
+// RMSNorm fused with the residual add: `x += delta` (when delta is given), then
+// `out = x / sqrt(mean(x^2) + eps) * weight`, in the storage type of the next GEMM's input.
+// One block per row; the residual stream `x` stays f32.
+#include "common.cuh"
+
+// rows: when given, block b handles row rows[b] of x (and delta) and writes row b of out, so
+// the final norm can pick the rows whose logits are wanted.
+template <typename T>
+DEV void add_rmsnorm(float* __restrict__ x, const float* __restrict__ delta,
+                     const float* __restrict__ weight, T* __restrict__ out,
+                     const int* __restrict__ rows, int hidden, float eps) {
+  __shared__ float scratch[32];
+  const int b = blockIdx.x;
+  const long r = rows ? rows[b] : b;
+  float* xr = x + r * (long)hidden;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float v = xr[i];
+    if (delta) {
+      v += delta[r * (long)hidden + i];
+      xr[i] = v;
+    }
+    ss += v * v;
+  }
+  const float inv = rsqrtf(block_sum(ss, scratch) / (float)hidden + eps);
+  T* o = out + (long)b * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = from_f32<T>(xr[i] * inv * weight[i]);
+}
+
+KERNEL void add_rmsnorm_f32(float* x, const float* delta, const float* weight, float* out,
+                            const int* rows, int hidden, float eps) {
+  add_rmsnorm<float>(x, delta, weight, out, rows, hidden, eps);
+}
+KERNEL void add_rmsnorm_bf16(float* x, const float* delta, const float* weight, bf16* out,
+                             const int* rows, int hidden, float eps) {
+  add_rmsnorm<bf16>(x, delta, weight, out, rows, hidden, eps);
+}
+KERNEL void add_rmsnorm_f16(float* x, const float* delta, const float* weight, f16* out,
+                            const int* rows, int hidden, float eps) {
+  add_rmsnorm<f16>(x, delta, weight, out, rows, hidden, eps);
+}
+
+EMU_KERNEL(add_rmsnorm_f32)
+EMU_KERNEL(add_rmsnorm_bf16)
+EMU_KERNEL(add_rmsnorm_f16)

@@ -1,0 +1,438 @@
+//! The CUDA backend: the driver API through cudarc's loaders (no toolkit at build time), one
+//! non-blocking stream, the kernels compiled by NVRTC for the device's architecture and loaded
+//! as modules, and cuBLAS for GEMMs.
+//!
+//! Errors of asynchronous work surface at the next call that waits (a download or
+//! `synchronize`). `GATEWAY_CUDA_SYNC=1` synchronises after every launch, so a failing kernel
+//! is named by its own launch (for debugging and the GPU check script).
+
+use std::collections::HashMap;
+use std::ffi::{c_void, CString};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use cudarc::cublas::result as blas;
+use cudarc::cublas::sys as blas_sys;
+use cudarc::driver::{result, sys};
+
+use super::sources::SOURCES;
+use super::{
+    nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuDType, GpuError, Launch, Result,
+    UPLOAD_CHUNK,
+};
+
+fn driver(call: &'static str) -> impl Fn(result::DriverError) -> GpuError {
+    move |e| GpuError::Driver {
+        call,
+        message: format!("{e:?}"),
+    }
+}
+
+pub(crate) struct CudaBackend {
+    info: DeviceInfo,
+    ctx: sys::CUcontext,
+    stream: sys::CUstream,
+    blas: Mutex<blas_sys::cublasHandle_t>,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    modules: Vec<sys::CUmodule>,
+    sync_each_launch: bool,
+    /// Kernels whose dynamic shared-memory limit was raised, and to what.
+    raised: Mutex<HashMap<&'static str, u32>>,
+}
+
+// SAFETY: driver handles may be used from any thread once the context is current, which every
+// call makes it; the cuBLAS handle, which is not thread-safe, is behind a mutex; the function
+// table is read-only after construction.
+unsafe impl Send for CudaBackend {}
+unsafe impl Sync for CudaBackend {}
+
+impl CudaBackend {
+    pub(crate) fn open(ordinal: usize) -> Result<Self> {
+        let info = match probe::probe(ordinal) {
+            probe::Availability::Ready(info) => info,
+            probe::Availability::Missing(why) => return Err(GpuError::Unavailable(why)),
+        };
+        let dev = result::device::get(ordinal as i32).map_err(driver("cuDeviceGet"))?;
+        // SAFETY: `dev` is valid; the primary context is retained for the backend's life and
+        // released in Drop.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        // SAFETY: `ctx` was just retained.
+        unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(driver("cuStreamCreate"))?;
+        let handle = blas::create_handle().map_err(|e| GpuError::Blas {
+            call: "cublasCreate",
+            message: format!("{e:?}"),
+        })?;
+        // SAFETY: both handles are valid.
+        unsafe { blas::set_stream(handle, stream as blas_sys::cudaStream_t) }.map_err(|e| {
+            GpuError::Blas {
+                call: "cublasSetStream",
+                message: format!("{e:?}"),
+            }
+        })?;
+        let mut backend = CudaBackend {
+            info,
+            ctx,
+            stream,
+            blas: Mutex::new(handle),
+            functions: HashMap::new(),
+            modules: Vec::new(),
+            sync_each_launch: std::env::var("GATEWAY_CUDA_SYNC").is_ok_and(|v| v == "1"),
+            raised: Mutex::new(HashMap::new()),
+        };
+        backend.load_kernels()?;
+        Ok(backend)
+    }
+
+    fn load_kernels(&mut self) -> Result<()> {
+        let arch = self.info.arch();
+        let t0 = Instant::now();
+        let mut cached = 0;
+        for src in SOURCES {
+            let (image, hit) = nvrtc::compile_cached(src, &arch)?;
+            cached += usize::from(hit);
+            // SAFETY: `image` is a cubin for this device's architecture; the driver copies it.
+            let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
+                .map_err(driver("cuModuleLoadData"))?;
+            self.modules.push(module);
+            for name in src.kernels() {
+                let cname = CString::new(name).map_err(|e| GpuError::Invalid(e.to_string()))?;
+                // SAFETY: the module is loaded and outlives the function handle.
+                let f = unsafe { result::module::get_function(module, cname) }
+                    .map_err(driver("cuModuleGetFunction"))?;
+                self.functions.insert(name, f);
+            }
+        }
+        tracing::info!(
+            device = %self.info.label(),
+            arch,
+            sources = SOURCES.len(),
+            from_cache = cached,
+            kernels = self.functions.len(),
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "CUDA kernels ready"
+        );
+        Ok(())
+    }
+
+    fn bind(&self) -> Result<()> {
+        // SAFETY: the context is retained for the backend's life.
+        unsafe { result::ctx::set_current(self.ctx) }.map_err(driver("cuCtxSetCurrent"))
+    }
+
+    fn stream_sync(&self) -> Result<()> {
+        // SAFETY: the stream lives as long as the backend.
+        unsafe { result::stream::synchronize(self.stream) }.map_err(driver("cuStreamSynchronize"))
+    }
+
+    fn raise_shared_limit(&self, name: &'static str, f: sys::CUfunction, bytes: u32) -> Result<()> {
+        let mut raised = self.raised.lock().unwrap_or_else(|e| e.into_inner());
+        if raised.get(name).is_some_and(|&b| b >= bytes) {
+            return Ok(());
+        }
+        // SAFETY: `f` is a loaded function.
+        unsafe {
+            result::function::set_function_attribute(
+                f,
+                sys::CUfunction_attribute::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                bytes as i32,
+            )
+        }
+        .map_err(driver("cuFuncSetAttribute"))?;
+        raised.insert(name, bytes);
+        Ok(())
+    }
+}
+
+impl Backend for CudaBackend {
+    fn info(&self) -> &DeviceInfo {
+        &self.info
+    }
+
+    fn alloc(&self, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        // SAFETY: a plain device allocation, freed in `free`.
+        match unsafe { result::malloc_sync(bytes) } {
+            Ok(p) => Ok(DevicePtr(p)),
+            Err(e) if e.0 == sys::cudaError_enum::CUDA_ERROR_OUT_OF_MEMORY => {
+                let free = result::mem_get_info().map(|m| m.0).unwrap_or(0);
+                Err(GpuError::OutOfMemory {
+                    requested: bytes,
+                    free,
+                })
+            }
+            Err(e) => Err(driver("cuMemAlloc")(e)),
+        }
+    }
+
+    unsafe fn free(&self, ptr: DevicePtr) {
+        if self.bind().is_ok() {
+            // SAFETY: the caller passes a pointer from `alloc`, used no more.
+            if let Err(e) = unsafe { result::free_sync(ptr.0) } {
+                tracing::warn!("cuMemFree failed: {e:?}");
+            }
+        }
+    }
+
+    fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: from pageable memory the call returns once `src` has been staged, so the
+        // slice may be reused; the caller guarantees the destination range.
+        unsafe { result::memcpy_htod_async(dst.0, src, self.stream) }
+            .map_err(driver("cuMemcpyHtoDAsync"))
+    }
+
+    fn upload_with(
+        &self,
+        dst: DevicePtr,
+        bytes: usize,
+        fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
+    ) -> Result<()> {
+        self.bind()?;
+        let chunk = bytes.min(UPLOAD_CHUNK);
+        if chunk == 0 {
+            return Ok(());
+        }
+        // Two pinned buffers: one fills on the host while the other is copied.
+        let staging = [PinnedBuffer::new(chunk)?, PinnedBuffer::new(chunk)?];
+        let events = [Event::new()?, Event::new()?];
+        let mut off = 0;
+        let mut i = 0;
+        while off < bytes {
+            let n = (bytes - off).min(chunk);
+            events[i].wait()?;
+            let buf = staging[i].slice(n);
+            fill(off, buf)?;
+            // SAFETY: the pinned buffer stays untouched until its event has passed.
+            unsafe { result::memcpy_htod_async(dst.offset(off).0, &*buf, self.stream) }
+                .map_err(driver("cuMemcpyHtoDAsync"))?;
+            events[i].record(self.stream)?;
+            off += n;
+            i ^= 1;
+        }
+        self.stream_sync()
+    }
+
+    fn download(&self, src: DevicePtr, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the source range; the stream is synchronised before
+        // the host reads `dst`.
+        unsafe { result::memcpy_dtoh_async(dst, src.0, self.stream) }
+            .map_err(driver("cuMemcpyDtoHAsync"))?;
+        self.stream_sync()
+    }
+
+    fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees both ranges.
+        unsafe { result::memcpy_dtod_async(dst.0, src.0, bytes, self.stream) }
+            .map_err(driver("cuMemcpyDtoDAsync"))
+    }
+
+    fn memset(&self, dst: DevicePtr, byte: u8, bytes: usize) -> Result<()> {
+        self.bind()?;
+        // SAFETY: the caller guarantees the range.
+        unsafe { result::memset_d8_async(dst.0, byte, bytes, self.stream) }
+            .map_err(driver("cuMemsetD8Async"))
+    }
+
+    fn launch(&self, kernel: &str, shape: Launch, args: &[Arg]) -> Result<()> {
+        let Some((&name, &f)) = self.functions.get_key_value(kernel) else {
+            return Err(GpuError::Launch {
+                kernel: kernel.to_string(),
+                message: "no such kernel in the compiled sources".into(),
+            });
+        };
+        self.bind()?;
+        if shape.shared_bytes > 48 * 1024 {
+            self.raise_shared_limit(name, f, shape.shared_bytes)?;
+        }
+        let mut slots: Vec<[u8; 8]> = args.iter().map(|a| a.bytes().0).collect();
+        let mut params: Vec<*mut c_void> = slots
+            .iter_mut()
+            .map(|s| s.as_mut_ptr().cast::<c_void>())
+            .collect();
+        // SAFETY: `params[i]` points at the i-th argument's bytes, which outlive the call (the
+        // driver copies them at launch). Argument types and counts are checked by the emulator
+        // tests, which launch through the same code.
+        unsafe {
+            result::launch_kernel(
+                f,
+                (shape.grid[0], shape.grid[1], shape.grid[2]),
+                (shape.block, 1, 1),
+                shape.shared_bytes,
+                self.stream,
+                &mut params,
+            )
+        }
+        .map_err(|e| GpuError::Launch {
+            kernel: kernel.to_string(),
+            message: format!("{e:?}"),
+        })?;
+        if self.sync_each_launch {
+            self.stream_sync().map_err(|e| GpuError::Launch {
+                kernel: kernel.to_string(),
+                message: e.to_string(),
+            })?;
+        }
+        Ok(())
+    }
+
+    fn gemm(&self, g: &Gemm) -> Result<()> {
+        if g.m == 0 || g.n == 0 {
+            return Ok(());
+        }
+        if g.lda < g.k || g.ldb < g.k || g.ldc < g.n {
+            return Err(GpuError::Invalid(format!("gemm strides too small: {g:?}")));
+        }
+        let int = |v: usize| {
+            i32::try_from(v).map_err(|_| GpuError::Invalid(format!("gemm dimension {v} too big")))
+        };
+        let ty = match g.dtype {
+            GpuDType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
+            GpuDType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
+            GpuDType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        };
+        self.bind()?;
+        let handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
+        // Row-major C = A·Bᵀ is column-major Cᵀ = B·Aᵀ: B (n×k row-major) read transposed,
+        // A (m×k row-major) read as is.
+        // SAFETY: the caller guarantees the pointers and strides; alpha and beta are host
+        // scalars (the handle's default pointer mode).
+        unsafe {
+            blas::gemm_ex(
+                *handle,
+                blas_sys::cublasOperation_t::CUBLAS_OP_T,
+                blas_sys::cublasOperation_t::CUBLAS_OP_N,
+                int(g.n)?,
+                int(g.m)?,
+                int(g.k)?,
+                (&g.alpha as *const f32).cast(),
+                g.b.0 as *const c_void,
+                ty,
+                int(g.ldb)?,
+                g.a.0 as *const c_void,
+                ty,
+                int(g.lda)?,
+                (&g.beta as *const f32).cast(),
+                g.c.0 as *mut c_void,
+                blas_sys::cudaDataType::CUDA_R_32F,
+                int(g.ldc)?,
+                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+            )
+        }
+        .map_err(|e| GpuError::Blas {
+            call: "cublasGemmEx",
+            message: format!("{e:?} for {g:?}"),
+        })
+    }
+
+    fn synchronize(&self) -> Result<()> {
+        self.bind()?;
+        self.stream_sync()
+    }
+
+    fn memory(&self) -> Result<(usize, usize)> {
+        self.bind()?;
+        result::mem_get_info().map_err(driver("cuMemGetInfo"))
+    }
+}
+
+impl Drop for CudaBackend {
+    fn drop(&mut self) {
+        if self.bind().is_err() {
+            return;
+        }
+        let _ = self.stream_sync();
+        // SAFETY: each handle was created by this backend and is released once, after the
+        // stream's work has finished.
+        unsafe {
+            let handle = *self.blas.lock().unwrap_or_else(|e| e.into_inner());
+            let _ = blas::destroy_handle(handle);
+            for m in self.modules.drain(..) {
+                let _ = result::module::unload(m);
+            }
+            let _ = result::stream::destroy(self.stream);
+            if let Ok(dev) = result::device::get(self.info.ordinal as i32) {
+                let _ = result::primary_ctx::release(dev);
+            }
+        }
+    }
+}
+
+/// Page-locked host memory for staged uploads.
+struct PinnedBuffer {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl PinnedBuffer {
+    fn new(len: usize) -> Result<Self> {
+        // SAFETY: a plain pinned allocation, freed in Drop.
+        let ptr = unsafe { result::malloc_host(len, 0) }.map_err(driver("cuMemHostAlloc"))?;
+        Ok(PinnedBuffer {
+            ptr: ptr.cast(),
+            len,
+        })
+    }
+
+    #[allow(clippy::mut_from_ref)]
+    fn slice(&self, n: usize) -> &mut [u8] {
+        // SAFETY: the buffer holds `len >= n` bytes; the caller uses one slice at a time, and
+        // only after the event guarding the buffer has passed.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr, n.min(self.len)) }
+    }
+}
+
+impl Drop for PinnedBuffer {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc; the stream was synchronised before drop.
+        unsafe {
+            let _ = result::free_host(self.ptr.cast());
+        }
+    }
+}
+
+/// An event that marks when a staging buffer is free again.
+struct Event {
+    event: sys::CUevent,
+    recorded: std::cell::Cell<bool>,
+}
+
+impl Event {
+    fn new() -> Result<Self> {
+        let event = result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
+            .map_err(driver("cuEventCreate"))?;
+        Ok(Event {
+            event,
+            recorded: std::cell::Cell::new(false),
+        })
+    }
+
+    fn record(&self, stream: sys::CUstream) -> Result<()> {
+        // SAFETY: both handles are valid.
+        unsafe { result::event::record(self.event, stream) }.map_err(driver("cuEventRecord"))?;
+        self.recorded.set(true);
+        Ok(())
+    }
+
+    fn wait(&self) -> Result<()> {
+        if !self.recorded.get() {
+            return Ok(());
+        }
+        // SAFETY: the event is valid and was recorded.
+        unsafe { result::event::synchronize(self.event) }.map_err(driver("cuEventSynchronize"))
+    }
+}
+
+impl Drop for Event {
+    fn drop(&mut self) {
+        // SAFETY: created by cuEventCreate, destroyed once.
+        unsafe {
+            let _ = result::event::destroy(self.event);
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Launchers for the attention kernels (being written).

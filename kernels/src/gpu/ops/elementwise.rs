@@ -1,0 +1,1 @@
+//! Launchers for the elementwise kernels (being written).

@@ -1,0 +1,42 @@
+//! `rmsnorm.cu`: RMSNorm fused with the residual add.
+
+use super::{grid_x, int, opt};
+use crate::gpu::{Arg, DevicePtr, Gpu, GpuDType, Launch, Result};
+
+/// For each of `n_rows` rows: `x += delta` (when `delta` is set), then
+/// `out = x · rsqrt(mean(x²) + eps) · weight`, stored as `dtype`.
+///
+/// With `rows` set, output row `b` is computed from row `rows[b]` of `x` (and `delta`), and
+/// only those rows of `x` are updated: the final norm uses it to take just the rows whose
+/// logits are wanted. `x`, `delta` and `weight` are f32; `out` is `n_rows × hidden` of `dtype`.
+#[derive(Debug, Clone, Copy)]
+pub struct AddRmsNorm {
+    pub dtype: GpuDType,
+    pub x: DevicePtr,
+    pub delta: Option<DevicePtr>,
+    pub weight: DevicePtr,
+    pub out: DevicePtr,
+    /// `n_rows` i32 row indices into `x`.
+    pub rows: Option<DevicePtr>,
+    pub n_rows: usize,
+    pub hidden: usize,
+    pub eps: f32,
+}
+
+impl AddRmsNorm {
+    pub fn launch(&self, gpu: &Gpu) -> Result<()> {
+        gpu.launch(
+            &format!("add_rmsnorm_{}", self.dtype.suffix()),
+            Launch::new([grid_x("rows", self.n_rows)?, 1, 1], 256),
+            &[
+                Arg::Ptr(self.x),
+                opt(self.delta),
+                Arg::Ptr(self.weight),
+                Arg::Ptr(self.out),
+                opt(self.rows),
+                Arg::I32(int("hidden", self.hidden)?),
+                Arg::F32(self.eps),
+            ],
+        )
+    }
+}

@@ -1,0 +1,1 @@
+//! Launchers for the sampling kernels (being written).
