@@ -5,7 +5,7 @@
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: serve test deps models build lint fmt bench-gate
+.PHONY: serve test deps models nvrtc build lint fmt bench-gate
 
 deps:
 	@scripts/install-deps.sh
@@ -13,19 +13,24 @@ deps:
 models:
 	@scripts/fetch-models.sh
 
+# NVRTC for the test that compiles every CUDA kernel for sm_90 (no GPU needed).
+nvrtc:
+	@scripts/fetch-nvrtc.sh >/dev/null
+
 build: deps
 	$(CARGO) build --release -p gateway
 
 serve: deps models
 	$(CARGO) run --release -p gateway -- serve $(ARGS)
 
-test: deps models
+test: deps models nvrtc
 	$(CARGO) build -p gateway
 	$(CARGO) test --workspace --no-fail-fast
 
 lint: deps
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+	$(CARGO) clippy -p kernels -p engine --all-targets -- -D warnings  # without the cuda feature
 
 fmt:
 	$(CARGO) fmt --all

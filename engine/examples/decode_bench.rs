@@ -1,9 +1,14 @@
-//! Prefill and decode throughput of a GGUF decoder on CPU. Prints one JSON line.
+//! Prefill and decode throughput of a decoder (a GGUF file or an HF folder), on the CPU or a
+//! CUDA GPU. Prints one JSON line.
 //!
 //! ```text
 //! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128] [--activations q8|f32]
-//!     [--batches 1,4,16] [--decode-only] [--outside-pool]
+//!     [--batches 1,4,16] [--prefill 128,512] [--decode-only] [--outside-pool]
+//!     [--device cpu|cuda[:N]] [--dtype auto|bfloat16|float16|float32]
 //! ```
+//!
+//! On a GPU (`--features cuda`), each step includes copying its logits back to the host, as
+//! `forward` does; the JSON line adds the step times in milliseconds.
 //!
 //! The steps run inside the rayon pool, as the server runs them with `--threads`.
 //! `--outside-pool` runs them from the main thread against the global pool instead (how this
@@ -19,8 +24,8 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use engine::gguf::load_decoder;
-use engine::model::{ActivationMode, CausalLm, PagedKvCache, SeqChunk};
+use engine::device::{DTypeRequest, Device, DeviceRequest};
+use engine::model::{ActivationMode, CausalLm, KvBudget, SeqChunk};
 
 const BLOCK: usize = 16;
 
@@ -32,6 +37,15 @@ struct Args {
     batches: Vec<usize>,
     decode_only: bool,
     outside_pool: bool,
+    prefill: Vec<usize>,
+    device: DeviceRequest,
+    dtype: DTypeRequest,
+}
+
+fn list(name: &str, v: String) -> Result<Vec<usize>, String> {
+    v.split(',')
+        .map(|b| b.trim().parse().map_err(|e| format!("{name}: {e}")))
+        .collect()
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -44,6 +58,9 @@ fn parse_args() -> Result<Args, String> {
         batches: vec![1, 4, 16],
         decode_only: false,
         outside_pool: false,
+        prefill: vec![128, 512],
+        device: DeviceRequest::Cpu,
+        dtype: DTypeRequest::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -65,12 +82,10 @@ fn parse_args() -> Result<Args, String> {
                     .parse()
                     .map_err(|e| format!("--activations: {e}"))?
             }
-            "--batches" => {
-                args.batches = value("--batches")?
-                    .split(',')
-                    .map(|b| b.trim().parse().map_err(|e| format!("--batches: {e}")))
-                    .collect::<Result<_, _>>()?
-            }
+            "--batches" => args.batches = list("--batches", value("--batches")?)?,
+            "--prefill" => args.prefill = list("--prefill", value("--prefill")?)?,
+            "--device" => args.device = value("--device")?.parse()?,
+            "--dtype" => args.dtype = value("--dtype")?.parse()?,
             "--decode-only" => args.decode_only = true,
             "--outside-pool" => args.outside_pool = true,
             other => return Err(format!("unknown argument {other}")),
@@ -96,34 +111,47 @@ fn argmax(v: &[f32]) -> u32 {
     best as u32
 }
 
-fn prefill_tok_s(model: &dyn CausalLm, len: usize) -> Result<f64, String> {
+fn prefill_tok_s(model: &mut dyn CausalLm, len: usize) -> Result<f64, String> {
     let mut best = f64::MAX;
+    model
+        .allocate_kv(BLOCK, &budget(len.div_ceil(BLOCK) * BLOCK, len, 1))
+        .map_err(|e| e.to_string())?;
     for rep in 0..2 {
-        let mut kv = PagedKvCache::new(model.info(), BLOCK, len.div_ceil(BLOCK));
         let table: Vec<u32> = (0..len.div_ceil(BLOCK) as u32).collect();
         let p = prompt(len, rep);
         let t0 = Instant::now();
         model
-            .forward(
-                &[SeqChunk {
-                    tokens: &p,
-                    start_pos: 0,
-                    block_table: &table,
-                    want_logits: true,
-                    media: None,
-                }],
-                &mut kv,
-            )
+            .forward(&[SeqChunk {
+                tokens: &p,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+                media: None,
+            }])
             .map_err(|e| e.to_string())?;
         best = best.min(t0.elapsed().as_secs_f64());
     }
     Ok(len as f64 / best)
 }
 
-fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64, String> {
+/// A cache of exactly `tokens`, with activations for `rows` tokens and `seqs` sequences.
+fn budget(tokens: usize, rows: usize, seqs: usize) -> KvBudget {
+    KvBudget {
+        max_batched_tokens: rows,
+        max_seqs: seqs,
+        ..KvBudget::tokens(tokens)
+    }
+}
+
+fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<f64, String> {
     let prompt_len = 32;
     let per_seq = (prompt_len + steps + 1).div_ceil(BLOCK);
-    let mut kv = PagedKvCache::new(model.info(), BLOCK, per_seq * batch);
+    model
+        .allocate_kv(
+            BLOCK,
+            &budget(per_seq * batch * BLOCK, prompt_len * batch, batch),
+        )
+        .map_err(|e| e.to_string())?;
     let tables: Vec<Vec<u32>> = (0..batch)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
@@ -137,7 +165,7 @@ fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64,
             media: None,
         })
         .collect();
-    let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;
+    let out = model.forward(&chunks).map_err(|e| e.to_string())?;
     let mut next: Vec<[u32; 1]> = out
         .iter()
         .map(|l| [l.as_deref().map_or(0, argmax)])
@@ -153,7 +181,7 @@ fn decode_tok_s(model: &dyn CausalLm, batch: usize, steps: usize) -> Result<f64,
                 media: None,
             })
             .collect();
-        let out = model.forward(&chunks, &mut kv).map_err(|e| e.to_string())?;
+        let out = model.forward(&chunks).map_err(|e| e.to_string())?;
         next = out
             .iter()
             .map(|l| [l.as_deref().map_or(0, argmax)])
@@ -179,29 +207,44 @@ fn run() -> Result<(), String> {
 
 fn measure(args: &Args) -> Result<(), String> {
     let t0 = Instant::now();
-    let mut loaded = load_decoder(&args.model).map_err(|e| e.to_string())?;
+    let mut loaded = if args.model.is_dir() {
+        engine::hf::load_decoder(&args.model)
+    } else {
+        engine::gguf::load_decoder(&args.model)
+    }
+    .map_err(|e| e.to_string())?;
     loaded.model.set_activation_mode(args.activations);
+    if let Device::Gpu(gpu) = engine::device::resolve(args.device).map_err(|e| e.to_string())? {
+        loaded.model = loaded
+            .model
+            .to_gpu(&gpu, args.dtype)
+            .map_err(|e| e.to_string())?;
+    }
     let load_s = t0.elapsed().as_secs_f64();
-    let model = loaded.model.as_ref();
-    // Warm up (page in the weights).
+    let model = loaded.model.as_mut();
+    // Warm up (page in the weights; on a GPU, the first launches).
     prefill_tok_s(model, 16)?;
     let mut line = serde_json::json!({
         "model": args.model.file_name().map(|f| f.to_string_lossy().into_owned()),
+        "device": model.device(),
         "threads": args.threads,
         "simd": format!("{:?}", kernels::simd_level()),
-        "activations": loaded.model.activation_mode().as_str(),
+        "activations": model.activation_mode().as_str(),
         "q8_level": format!("{:?}", kernels::q8_level()),
         "in_pool": !args.outside_pool,
         "load_s": (load_s * 1000.0).round() / 1000.0,
         "decode_tokens": args.decode_tokens,
     });
     if !args.decode_only {
-        line["prefill_128_tok_s"] = prefill_tok_s(model, 128)?.round().into();
-        line["prefill_512_tok_s"] = prefill_tok_s(model, 512)?.round().into();
+        for &len in &args.prefill {
+            line[format!("prefill_{len}_tok_s")] = prefill_tok_s(model, len)?.round().into();
+        }
     }
     for &b in &args.batches {
-        line[format!("decode_b{b}_tok_s")] =
-            decode_tok_s(model, b, args.decode_tokens)?.round().into();
+        let tok_s = decode_tok_s(model, b, args.decode_tokens)?;
+        line[format!("decode_b{b}_tok_s")] = tok_s.round().into();
+        line[format!("decode_b{b}_step_ms")] =
+            ((b as f64 / tok_s * 1e3 * 1000.0).round() / 1000.0).into();
     }
     println!("{line}");
     Ok(())

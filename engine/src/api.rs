@@ -21,6 +21,8 @@ pub struct ModelCard {
     /// The checkpoint the name points at.
     pub root: String,
     pub max_model_len: usize,
+    /// The device that runs the model: `cpu` or `cuda:N`.
+    pub device: String,
     pub tasks: Vec<Task>,
     /// e.g. `["text"]`, `["text", "image", "video"]`.
     pub input_modalities: Vec<String>,

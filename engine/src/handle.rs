@@ -22,9 +22,10 @@ use crate::api::{
 use crate::block_manager::HashContext;
 use crate::chat_template::{ChatTemplate, NO_TEMPLATE_MESSAGE};
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
+use crate::device::{DTypeRequest, Device, DeviceRequest};
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{ActivationMode, EmbeddingModel, LoadedDecoder, LoadedEncoder};
+use crate::model::{ActivationMode, EmbeddingModel, KvBudget, LoadedDecoder, LoadedEncoder};
 use crate::scheduler::{
     Command, Engine, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission,
 };
@@ -36,13 +37,21 @@ pub struct EngineConfig {
     pub max_num_seqs: usize,
     pub max_num_active_seqs: Option<usize>,
     pub max_num_batched_tokens: usize,
-    /// KV cache capacity in tokens (all sequences together).
-    pub kv_cache_tokens: usize,
+    /// KV cache capacity in tokens (all sequences together). `None`: the CPU default
+    /// ([`crate::model::DEFAULT_CPU_KV_TOKENS`]), or on a GPU what `gpu_memory_utilization`
+    /// leaves after weights and activations.
+    pub kv_cache_tokens: Option<usize>,
     pub block_size: usize,
     pub enable_prefix_caching: bool,
     pub threads: Option<usize>,
     /// Activation precision of the decoders' quantised matmuls.
     pub activation_mode: ActivationMode,
+    /// Where decoders run (`--device`).
+    pub device: DeviceRequest,
+    /// GPU models' type (`--dtype`); the CPU computes in f32 over the stored weights.
+    pub dtype: DTypeRequest,
+    /// Share of GPU memory for weights, activations and KV (`--gpu-memory-utilization`).
+    pub gpu_memory_utilization: f32,
 }
 
 impl Default for EngineConfig {
@@ -52,11 +61,14 @@ impl Default for EngineConfig {
             max_num_seqs: 256,
             max_num_active_seqs: None,
             max_num_batched_tokens: 2048,
-            kv_cache_tokens: 65536,
+            kv_cache_tokens: None,
             block_size: 16,
             enable_prefix_caching: true,
             threads: None,
             activation_mode: ActivationMode::default(),
+            device: DeviceRequest::Auto,
+            dtype: DTypeRequest::Auto,
+            gpu_memory_utilization: 0.9,
         }
     }
 }
@@ -145,12 +157,31 @@ fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
 }
 
 impl EngineHandle {
-    /// Load every model and start the engine threads. Errors name the file that failed.
+    /// Resolve the device, load every model (decoders onto the device) and start the engine
+    /// threads. Errors name the file or the device that failed.
     pub fn start(models: &[ModelSpec], config: &EngineConfig) -> Result<Self> {
+        let device = crate::device::resolve(config.device)?;
+        if matches!(device, Device::Cpu) && config.dtype != DTypeRequest::Auto {
+            return Err(EngineError::BackendUnavailable(format!(
+                "--dtype {} applies to GPU models; the CPU engine computes in f32 over the checkpoint's stored weights (use --dtype auto)",
+                config.dtype
+            )));
+        }
         let mut loaded = Vec::with_capacity(models.len());
         for spec in models {
-            tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
-            loaded.push((spec.clone(), load(&spec.path)?));
+            tracing::info!(path = %spec.path, name = %spec.served_name, device = %device.label(), "loading model");
+            let mut model = load(&spec.path)?;
+            if let (Device::Gpu(gpu), LoadedModel::Decoder(d)) = (&device, &mut model) {
+                d.model.set_activation_mode(config.activation_mode);
+                d.model = d.model.to_gpu(gpu, config.dtype).map_err(|e| match e {
+                    EngineError::BackendUnavailable(why) => EngineError::load(
+                        spec.path.clone(),
+                        format!("cannot run on {}: {why}", gpu.info().label()),
+                    ),
+                    other => other,
+                })?;
+            }
+            loaded.push((spec.clone(), model));
         }
         Self::from_loaded(loaded, config)
     }
@@ -281,14 +312,19 @@ fn start_decoder(
 ) -> Result<ModelHandle> {
     d.model.set_activation_mode(config.activation_mode);
     let info = d.model.info().clone();
+    let device = d.model.device();
     let max_model_len = resolve_max_len(config, info.max_position);
-    let num_blocks = config.kv_cache_tokens / config.block_size;
     let cfg = SchedulerConfig {
         max_num_seqs: config.max_num_seqs,
         max_num_active_seqs: active,
         max_num_batched_tokens: config.max_num_batched_tokens,
         block_size: config.block_size,
-        num_blocks,
+        kv_budget: KvBudget {
+            tokens: config.kv_cache_tokens,
+            gpu_memory_utilization: config.gpu_memory_utilization,
+            max_batched_tokens: config.max_num_batched_tokens,
+            max_seqs: active,
+        },
         max_model_len,
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,
@@ -296,13 +332,14 @@ fn start_decoder(
     let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
     let shared = Arc::new(Shared::default());
     let (tx, rx) = mpsc::channel();
-    let engine =
-        Engine::new(d.model, cfg, rx, shared.clone(), metrics.clone()).map_err(|e| match e {
+    let (engine, num_blocks) = Engine::new(d.model, cfg, rx, shared.clone(), metrics.clone())
+        .map_err(|e| match e {
             EngineError::InvalidRequest { message, .. } => {
                 EngineError::load(spec.path.clone(), message)
             }
             other => other,
         })?;
+    metrics.placed(&device, config.block_size, num_blocks);
     std::thread::Builder::new()
         .name(format!("engine-{}", spec.served_name))
         .spawn(move || engine.run())
@@ -312,6 +349,7 @@ fn start_decoder(
         model = %spec.served_name,
         architecture = %d.architecture,
         max_model_len,
+        device = %device,
         kv_blocks = num_blocks,
         block_size = config.block_size,
         activations = %config.activation_mode,
@@ -324,6 +362,7 @@ fn start_decoder(
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
                 max_model_len,
+                device,
                 tasks: vec![Task::Generate],
                 input_modalities: std::iter::once("text")
                     .chain(d.media.as_ref().map(|m| m.modalities()).unwrap_or_default())
@@ -377,6 +416,7 @@ fn start_encoder(
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
                 max_model_len,
+                device: "cpu".into(),
                 tasks: vec![Task::Embed, Task::Score],
                 input_modalities: vec!["text".into()],
             },

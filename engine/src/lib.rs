@@ -10,6 +10,7 @@
 //! - [`gguf`], [`hf`]: weight and metadata loading.
 //! - [`tokenizer`]: GGUF vocab conversion into a `tokenizers` tokenizer.
 //! - [`detok`]: incremental detokenisation and stop strings.
+//! - [`device`]: `--device` / `--dtype`, resolved into the CPU or an opened CUDA device.
 //! - [`metrics`]: engine metrics (vLLM names) through the `metrics` facade.
 //! - [`chat_template`]: HF chat templates with minijinja.
 //! - [`models`]: the model code (Llama-family decoder, BERT-family encoder).
@@ -21,6 +22,7 @@ pub mod api;
 pub mod block_manager;
 pub mod chat_template;
 pub mod detok;
+pub mod device;
 pub mod error;
 pub mod gguf;
 pub mod handle;

@@ -10,6 +10,10 @@ use crate::api::FinishReason;
 pub const NUM_REQUESTS_RUNNING: &str = "vllm:num_requests_running";
 pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
 pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
+/// The same usage under vLLM's older name, exported for models whose cache is on a GPU.
+pub const GPU_CACHE_USAGE_PERC: &str = "vllm:gpu_cache_usage_perc";
+/// An info series (value 1) whose labels say where each model runs and how its cache is cut.
+pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 pub const PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries_total";
 pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits_total";
 pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
@@ -34,6 +38,15 @@ pub fn describe() {
         KV_CACHE_USAGE_PERC,
         Unit::Percent,
         "KV-cache usage. 1 means 100 percent usage."
+    );
+    describe_gauge!(
+        GPU_CACHE_USAGE_PERC,
+        Unit::Percent,
+        "GPU KV-cache usage. 1 means 100 percent usage."
+    );
+    describe_gauge!(
+        CACHE_CONFIG_INFO,
+        "Information of the KV cache: the device that holds it, its block size and count."
     );
     describe_counter!(
         PREFIX_CACHE_QUERIES,
@@ -93,6 +106,8 @@ pub struct ModelMetrics {
     running: Gauge,
     waiting: Gauge,
     kv_usage: Gauge,
+    /// Set once the model's cache is placed on a GPU.
+    gpu_usage: std::sync::OnceLock<Gauge>,
     prefix_queries: Counter,
     prefix_hits: Counter,
     prompt_tokens: Counter,
@@ -109,6 +124,7 @@ impl ModelMetrics {
             running: metrics::gauge!(NUM_REQUESTS_RUNNING, "model_name" => name.clone()),
             waiting: metrics::gauge!(NUM_REQUESTS_WAITING, "model_name" => name.clone()),
             kv_usage: metrics::gauge!(KV_CACHE_USAGE_PERC, "model_name" => name.clone()),
+            gpu_usage: std::sync::OnceLock::new(),
             prefix_queries: metrics::counter!(PREFIX_CACHE_QUERIES, "model_name" => name.clone()),
             prefix_hits: metrics::counter!(PREFIX_CACHE_HITS, "model_name" => name.clone()),
             prompt_tokens: metrics::counter!(PROMPT_TOKENS, "model_name" => name.clone()),
@@ -124,11 +140,35 @@ impl ModelMetrics {
         &self.model_name
     }
 
+    /// Where the model's KV cache lives (`cpu`, `cuda:0`) and how it is cut: the
+    /// `vllm:cache_config_info` series, and `vllm:gpu_cache_usage_perc` from now on when the
+    /// cache is on a GPU.
+    pub fn placed(&self, device: &str, block_size: usize, num_blocks: usize) {
+        metrics::gauge!(
+            CACHE_CONFIG_INFO,
+            "model_name" => self.model_name.clone(),
+            "device" => device.to_string(),
+            "block_size" => block_size.to_string(),
+            "num_gpu_blocks" => if device.starts_with("cuda") { num_blocks.to_string() } else { "0".to_string() },
+            "num_cpu_blocks" => if device.starts_with("cuda") { "0".to_string() } else { num_blocks.to_string() }
+        )
+        .set(1.0);
+        if device.starts_with("cuda") {
+            let _ = self.gpu_usage.set(metrics::gauge!(
+                GPU_CACHE_USAGE_PERC,
+                "model_name" => self.model_name.clone()
+            ));
+        }
+    }
+
     /// Scheduler state after a step.
     pub fn queue(&self, running: usize, waiting: usize, kv_usage: f64) {
         self.running.set(running as f64);
         self.waiting.set(waiting as f64);
         self.kv_usage.set(kv_usage);
+        if let Some(g) = self.gpu_usage.get() {
+            g.set(kv_usage);
+        }
     }
 
     pub fn prefix_cache(&self, queried_tokens: usize, hit_tokens: usize) {

@@ -1,12 +1,19 @@
 //! The contract between model code and the serving machinery.
 //!
-//! A decoder ([`CausalLm`]) is stateless apart from its weights: all per-sequence state lives in
-//! the [`PagedKvCache`] that the scheduler owns and passes in. The scheduler decides which
-//! sequences run in a step and which cache blocks each one owns (its block table); the model
-//! writes the keys and values of the new tokens into those blocks and attends over everything
-//! the table covers.
+//! A decoder ([`CausalLm`]) owns its weights and its paged KV cache, both on the device that
+//! runs it (host memory for the CPU models, device memory for the CUDA one). The scheduler,
+//! block manager and prefix cache stay on the host and know nothing of the device: they decide
+//! which sequences run in a step and which cache blocks each one owns (its block table); the
+//! model writes the keys and values of the new tokens into those blocks and attends over
+//! everything the table covers. Sampling goes through the model too ([`CausalLm::step`]), so a
+//! device model can sample where its logits are.
 
-use crate::error::Result;
+use kernels::gpu::Gpu;
+use rand::rngs::StdRng;
+
+use crate::device::DTypeRequest;
+use crate::error::{EngineError, Result};
+use crate::sampling::{Sampled, SequenceSampler};
 
 /// Shape facts the scheduler and the KV cache need about a decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -21,7 +28,45 @@ pub struct DecoderInfo {
     pub eos_token_ids: Vec<u32>,
 }
 
-/// Paged key/value storage. For each layer, `k[layer]` and `v[layer]` hold
+/// What the KV cache may take: the operator's fixed size, or a share of device memory.
+#[derive(Debug, Clone, PartialEq)]
+pub struct KvBudget {
+    /// Tokens the cache holds (all sequences together) when the operator fixed it
+    /// (`--kv-cache-tokens`); `None` lets the device decide.
+    pub tokens: Option<usize>,
+    /// Fraction of device memory for weights, activations and KV (`--gpu-memory-utilization`);
+    /// the GPU's KV block count follows from it when `tokens` is `None`.
+    pub gpu_memory_utilization: f32,
+    /// The largest step, in tokens (`--max-num-batched-tokens`): activation buffers are sized
+    /// for it before the KV cache takes the rest.
+    pub max_batched_tokens: usize,
+    /// The most sequences in one step (`--max-num-active-seqs`).
+    pub max_seqs: usize,
+}
+
+/// KV tokens of a CPU model when the operator sets none.
+pub const DEFAULT_CPU_KV_TOKENS: usize = 65536;
+
+impl KvBudget {
+    /// A budget of exactly `tokens` tokens (tests, benchmarks).
+    pub fn tokens(tokens: usize) -> Self {
+        KvBudget {
+            tokens: Some(tokens),
+            gpu_memory_utilization: 0.9,
+            max_batched_tokens: 2048,
+            max_seqs: 256,
+        }
+    }
+}
+
+/// One sequence to sample in a step: which chunk of the batch it is, and its sampler.
+pub struct SampleRequest<'a> {
+    /// Index of the chunk in the step's batch (its `want_logits` is set).
+    pub chunk: usize,
+    pub sampler: &'a mut SequenceSampler,
+}
+
+/// Paged key/value storage in host memory (the CPU models' cache). For each layer, `k[layer]` and `v[layer]` hold
 /// `num_blocks * block_size * n_kv_heads * head_dim` floats laid out as
 /// `[block][slot in block][kv head][head_dim]`. Token at position `p` of a sequence lives in
 /// block `block_table[p / block_size]`, slot `p % block_size`.
@@ -147,6 +192,24 @@ impl std::str::FromStr for ActivationMode {
 pub trait CausalLm: Send {
     fn info(&self) -> &DecoderInfo;
 
+    /// The device that runs the model, as `cpu` or `cuda:N` (logs, model card, metrics).
+    fn device(&self) -> String {
+        "cpu".into()
+    }
+
+    /// This model on `gpu`, weights copied as the `dtype` request resolves for it. Models
+    /// without a GPU implementation say so.
+    fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
+        let _ = (gpu, dtype);
+        Err(EngineError::BackendUnavailable(
+            "this model has no GPU implementation".into(),
+        ))
+    }
+
+    /// Allocate the paged KV cache in blocks of `block_size` tokens within `budget`, replacing
+    /// any earlier one. Returns the number of blocks.
+    fn allocate_kv(&mut self, block_size: usize, budget: &KvBudget) -> Result<usize>;
+
     /// The activation precision of the quantised matmuls (models without a choice run f32).
     fn activation_mode(&self) -> ActivationMode {
         ActivationMode::F32
@@ -155,14 +218,51 @@ pub trait CausalLm: Send {
     /// Choose the activation precision; models without a choice ignore it.
     fn set_activation_mode(&mut self, _mode: ActivationMode) {}
 
-    /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into `kv`
-    /// and returns, per chunk, the logits (length `vocab_size`) of its last token when
+    /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into the
+    /// cache and returns, per chunk, the logits (length `vocab_size`) of its last token when
     /// `want_logits` is set.
-    fn forward(
-        &self,
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>>;
+
+    /// Run one step and sample the next token of each request (in the order given). `rng` is
+    /// the engine's generator, for requests without a seed. A request's error fails that
+    /// sequence only; an `Err` of the whole call fails the step. This default samples the
+    /// host logits of [`CausalLm::forward`]; a device model may sample on the device.
+    fn step(
+        &mut self,
         batch: &[SeqChunk<'_>],
-        kv: &mut PagedKvCache,
-    ) -> Result<Vec<Option<Vec<f32>>>>;
+        requests: &mut [SampleRequest<'_>],
+        eos: &[u32],
+        rng: &mut StdRng,
+    ) -> Result<Vec<Result<Sampled>>> {
+        let logits = self.forward(batch)?;
+        Ok(sample_on_host(logits, requests, eos, rng))
+    }
+}
+
+/// Sample each request from its chunk's host logits (what [`CausalLm::step`] does by default).
+pub fn sample_on_host(
+    mut logits: Vec<Option<Vec<f32>>>,
+    requests: &mut [SampleRequest<'_>],
+    eos: &[u32],
+    rng: &mut StdRng,
+) -> Vec<Result<Sampled>> {
+    requests
+        .iter_mut()
+        .map(|r| {
+            let mut row = logits
+                .get_mut(r.chunk)
+                .and_then(Option::take)
+                .ok_or_else(|| {
+                    EngineError::Internal(format!("no logits for batch chunk {}", r.chunk))
+                })?;
+            r.sampler.sample(&mut row, eos, rng)
+        })
+        .collect()
+}
+
+/// Blocks of `block_size` tokens a host cache may take within `budget`.
+pub fn host_kv_blocks(block_size: usize, budget: &KvBudget) -> usize {
+    budget.tokens.unwrap_or(DEFAULT_CPU_KV_TOKENS) / block_size.max(1)
 }
 
 /// How an encoder turns token states into one vector.

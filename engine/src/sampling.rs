@@ -20,6 +20,8 @@ use std::collections::{HashMap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+use kernels::gpu::ops::{SampleParams, SampleRow, SampledRow};
+
 use crate::api::{SamplingParams, StepLogprobs, TokenLogprob};
 use crate::error::{EngineError, Result};
 
@@ -183,6 +185,78 @@ impl SequenceSampler {
             top,
         });
         Ok(Sampled { token, logprobs })
+    }
+
+    /// This step's draw as the device sampler takes it (`kernels::gpu::ops::Sampler`): the
+    /// parameters, the penalised tokens with their output counts, the ids `min_tokens` masks,
+    /// and the uniform, drawn from this sequence's RNG (or `global` when unseeded) exactly when
+    /// [`SequenceSampler::sample`] would draw it, so a seeded request gets the same stream on
+    /// either device.
+    pub fn device_row(&mut self, eos_ids: &[u32], global: &mut StdRng) -> SampleRow {
+        let p = &self.params;
+        let params = SampleParams {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            logprobs: p.logprobs,
+        };
+        let repetition = p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0;
+        let mut penalties = Vec::new();
+        if repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+            penalties.extend(self.output_counts.iter().map(|(&id, &c)| (id, c)));
+        }
+        if repetition {
+            penalties.extend(
+                self.prompt_set
+                    .iter()
+                    .filter(|id| !self.output_counts.contains_key(id))
+                    .map(|&id| (id, 0)),
+            );
+        }
+        let masked = if self.generated < p.min_tokens {
+            p.stop_token_ids
+                .iter()
+                .chain(eos_ids.iter().filter(|_| !p.ignore_eos))
+                .copied()
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let uniform = if self.is_greedy() {
+            0.0
+        } else {
+            match self.rng.as_mut() {
+                Some(r) => r.random::<f64>(),
+                None => global.random::<f64>(),
+            }
+        };
+        SampleRow {
+            params,
+            penalties,
+            masked,
+            uniform,
+        }
+    }
+
+    /// A device sampler's outcome as [`SequenceSampler::sample`] reports it.
+    pub fn from_device(&self, row: SampledRow) -> Sampled {
+        let logprobs = self.params.logprobs.map(|_| StepLogprobs {
+            token_id: row.token,
+            logprob: row.logprob.unwrap_or(f32::NEG_INFINITY),
+            top: row
+                .top
+                .iter()
+                .map(|&(id, logprob)| TokenLogprob { id, logprob })
+                .collect(),
+        });
+        Sampled {
+            token: row.token,
+            logprobs,
+        }
     }
 
     /// The raw distribution's logprob of every token (lazily: only the chosen one is read later)

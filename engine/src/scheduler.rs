@@ -1,6 +1,7 @@
 //! The engine thread: continuous batching with chunked prefill over a paged KV cache.
 //!
-//! One thread per decoder owns the model, the [`PagedKvCache`] and the [`BlockManager`]. Each
+//! One thread per decoder owns the model (with its KV cache, on the model's device) and the
+//! [`BlockManager`], which decides on the host which cache blocks each sequence owns. Each
 //! step it:
 //! 1. takes new commands (blocking only when it has nothing to do);
 //! 2. drops sequences whose client went away (their stream was dropped);
@@ -12,8 +13,9 @@
 //!    sequence needs a block and none is free, the youngest running sequence is preempted: its
 //!    blocks are freed and it goes back to the front of the queue, to be recomputed later with
 //!    its generated tokens as part of its prompt (its output then continues where it left off);
-//! 4. runs the model (a panic there fails the batch's sequences, not the thread);
-//! 5. registers newly filled blocks in the prefix cache, samples, and streams tokens out.
+//! 4. runs the model and samples the sequences whose prompt is complete, through
+//!    [`CausalLm::step`] (a panic there fails the batch's sequences, not the thread);
+//! 5. registers newly filled blocks in the prefix cache and streams tokens out.
 //!
 //! Stop strings are matched on the async side (see [`crate::handle`]), which cancels the
 //! sequence when one is found.
@@ -35,7 +37,7 @@ use crate::block_manager::{
 };
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{CausalLm, PagedKvCache, SeqChunk};
+use crate::model::{CausalLm, KvBudget, SampleRequest, SeqChunk};
 use crate::sampling::SequenceSampler;
 
 /// Limits the scheduler works within.
@@ -45,7 +47,8 @@ pub struct SchedulerConfig {
     pub max_num_active_seqs: usize,
     pub max_num_batched_tokens: usize,
     pub block_size: usize,
-    pub num_blocks: usize,
+    /// What the model's KV cache may take; the model turns it into a block count.
+    pub kv_budget: KvBudget,
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     /// Threads for the model's parallel work (`None`: rayon's global pool).
@@ -167,7 +170,6 @@ impl Sequence {
 /// The engine loop. Construct with [`Engine::new`] and run with [`Engine::run`] on its thread.
 pub struct Engine {
     model: Box<dyn CausalLm>,
-    kv: PagedKvCache,
     blocks: BlockManager,
     cfg: SchedulerConfig,
     waiting: VecDeque<Sequence>,
@@ -189,22 +191,15 @@ enum Exit {
 }
 
 impl Engine {
+    /// Allocates the model's KV cache within `cfg.kv_budget` and sets up the block manager
+    /// over it. Returns the engine and the number of KV blocks.
     pub fn new(
-        model: Box<dyn CausalLm>,
+        mut model: Box<dyn CausalLm>,
         cfg: SchedulerConfig,
         rx: Receiver<Command>,
         shared: Arc<Shared>,
         metrics: Arc<ModelMetrics>,
-    ) -> Result<Self> {
-        if cfg.num_blocks * cfg.block_size < cfg.max_model_len {
-            return Err(EngineError::invalid(
-                format!(
-                    "the KV cache ({} blocks of {} tokens) cannot hold one sequence of max_model_len {}; raise the KV cache size or lower max_model_len",
-                    cfg.num_blocks, cfg.block_size, cfg.max_model_len
-                ),
-                Some("kv_cache_tokens"),
-            ));
-        }
+    ) -> Result<(Self, usize)> {
         if cfg.max_num_batched_tokens == 0 || cfg.max_num_seqs == 0 || cfg.max_num_active_seqs == 0
         {
             return Err(EngineError::invalid(
@@ -212,9 +207,20 @@ impl Engine {
                 None,
             ));
         }
+        let num_blocks = model.allocate_kv(cfg.block_size, &cfg.kv_budget)?;
+        if num_blocks * cfg.block_size < cfg.max_model_len {
+            return Err(EngineError::invalid(
+                format!(
+                    "the KV cache ({num_blocks} blocks of {} tokens on {}) cannot hold one sequence of max_model_len {}; raise the KV cache size (--kv-cache-tokens, or --gpu-memory-utilization on a GPU) or lower --max-model-len",
+                    cfg.block_size,
+                    model.device(),
+                    cfg.max_model_len
+                ),
+                Some("kv_cache_tokens"),
+            ));
+        }
         let info = model.info().clone();
-        let kv = PagedKvCache::new(&info, cfg.block_size, cfg.num_blocks);
-        let blocks = BlockManager::new(cfg.num_blocks, cfg.block_size, cfg.enable_prefix_caching)?;
+        let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.enable_prefix_caching)?;
         let pool = match cfg.threads {
             Some(n) => Some(
                 rayon::ThreadPoolBuilder::new()
@@ -227,9 +233,8 @@ impl Engine {
             None => None,
         };
         shared.alive.store(true, Ordering::SeqCst);
-        Ok(Engine {
+        let engine = Engine {
             model,
-            kv,
             blocks,
             cfg,
             waiting: VecDeque::new(),
@@ -241,7 +246,8 @@ impl Engine {
             eos: info.eos_token_ids,
             stats: EngineStats::default(),
             pool,
-        })
+        };
+        Ok((engine, num_blocks))
     }
 
     /// Run until every sender is gone or a shutdown arrives. With a thread count configured,
@@ -515,38 +521,68 @@ impl Engine {
             }
             return;
         }
+        debug_assert!(plan.windows(2).all(|w| w[0].0 < w[1].0));
+        // Which plan entries sample this step, and what they got.
+        let mut sampled: Vec<Option<Result<crate::sampling::Sampled>>> =
+            (0..plan.len()).map(|_| None).collect();
         let result = {
             // Per chunk, the media rows and positions it covers (buffers outlive the step).
             let mut bufs: Vec<(Vec<u32>, Vec<[u32; 3]>)> = vec![Default::default(); plan.len()];
-            let chunks: Vec<SeqChunk<'_>> = plan
-                .iter()
-                .zip(bufs.iter_mut())
-                .map(|(&(i, n), (rows, pos))| {
-                    let s = &self.running[i];
-                    SeqChunk {
-                        tokens: &s.tokens[s.computed..s.computed + n],
-                        start_pos: s.computed,
-                        block_table: &s.table,
-                        want_logits: s.computed + n == s.tokens.len(),
-                        media: s
-                            .media
-                            .as_deref()
-                            .map(|m| m.chunk(s.computed, n, s.prompt_len, rows, pos)),
-                    }
-                })
-                .collect();
-            let model = &self.model;
-            let kv = &mut self.kv;
-            catch_unwind(AssertUnwindSafe(|| model.forward(&chunks, kv)))
+            let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
+            let mut requests: Vec<SampleRequest<'_>> = Vec::new();
+            let mut samplers: Vec<usize> = Vec::new();
+            let mut next = plan.iter().zip(bufs.iter_mut()).enumerate().peekable();
+            for (idx, seq) in self.running.iter_mut().enumerate() {
+                let Some((pi, (&(i, n), (rows, pos)))) = next.next_if(|(_, (p, _))| p.0 == idx)
+                else {
+                    continue;
+                };
+                debug_assert_eq!(i, idx);
+                let Sequence {
+                    tokens,
+                    computed,
+                    table,
+                    media,
+                    prompt_len,
+                    sampler,
+                    ..
+                } = seq;
+                let want = *computed + n == tokens.len();
+                chunks.push(SeqChunk {
+                    tokens: &tokens[*computed..*computed + n],
+                    start_pos: *computed,
+                    block_table: table,
+                    want_logits: want,
+                    media: media
+                        .as_deref()
+                        .map(|m| m.chunk(*computed, n, *prompt_len, rows, pos)),
+                });
+                if want {
+                    requests.push(SampleRequest { chunk: pi, sampler });
+                    samplers.push(pi);
+                }
+            }
+            let model = &mut self.model;
+            let eos = &self.eos;
+            let rng = &mut self.rng;
+            catch_unwind(AssertUnwindSafe(|| {
+                model
+                    .step(&chunks, &mut requests, eos, rng)
+                    .map(|out| (out, samplers))
+            }))
         };
         self.stats.steps += 1;
-        let outputs = match result {
-            Ok(Ok(out)) if out.len() == plan.len() => out,
-            Ok(Ok(out)) => {
+        match result {
+            Ok(Ok((out, samplers))) if out.len() == samplers.len() => {
+                for (pi, r) in samplers.into_iter().zip(out) {
+                    sampled[pi] = Some(r);
+                }
+            }
+            Ok(Ok((out, samplers))) => {
                 let msg = format!(
-                    "model returned {} outputs for {} sequences",
+                    "model returned {} samples for {} sequences",
                     out.len(),
-                    plan.len()
+                    samplers.len()
                 );
                 self.fail_plan(&plan, &msg);
                 return;
@@ -564,12 +600,12 @@ impl Engine {
                 self.fail_plan(&plan, &format!("model forward panicked: {what}"));
                 return;
             }
-        };
+        }
         let now = Instant::now();
         let mut finished: Vec<usize> = Vec::new();
         let mut failed: Vec<(usize, EngineError)> = Vec::new();
         let bs = self.cfg.block_size;
-        for (&(i, n), logits) in plan.iter().zip(outputs) {
+        for (pi, &(i, n)) in plan.iter().enumerate() {
             self.stats.computed_tokens += n as u64;
             let seq = &mut self.running[i];
             seq.computed += n;
@@ -591,14 +627,14 @@ impl Engine {
             if seq.computed < seq.tokens.len() {
                 continue;
             }
-            let Some(mut logits) = logits else {
-                failed.push((i, EngineError::Internal("model returned no logits".into())));
-                continue;
-            };
-            let sampled = match seq.sampler.sample(&mut logits, &self.eos, &mut self.rng) {
-                Ok(s) => s,
-                Err(e) => {
+            let sampled = match sampled[pi].take() {
+                Some(Ok(s)) => s,
+                Some(Err(e)) => {
                     failed.push((i, e));
+                    continue;
+                }
+                None => {
+                    failed.push((i, EngineError::Internal("the step sampled no token".into())));
                     continue;
                 }
             };

@@ -44,7 +44,7 @@ fn config() -> EngineConfig {
         max_num_seqs: 32,
         max_num_active_seqs: None,
         max_num_batched_tokens: 64,
-        kv_cache_tokens: 1024,
+        kv_cache_tokens: Some(1024),
         block_size: 4,
         enable_prefix_caching: true,
         threads: None,
@@ -265,7 +265,7 @@ async fn preemption_and_recompute_give_the_same_output() {
 
     // 16 blocks of 4 tokens; each sequence grows to 40 tokens (10 blocks).
     let tight = EngineConfig {
-        kv_cache_tokens: 64,
+        kv_cache_tokens: Some(64),
         max_model_len: Some(64),
         enable_prefix_caching: false,
         ..config()
@@ -595,7 +595,7 @@ async fn chat_template_and_tokenizer_access() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kv_cache_must_hold_one_max_len_sequence() {
     let cfg = EngineConfig {
-        kv_cache_tokens: 64,
+        kv_cache_tokens: Some(64),
         max_model_len: Some(128),
         ..config()
     };

@@ -59,7 +59,7 @@ async fn smollm2_serves_reference_prompts() {
     );
     let cfg = EngineConfig {
         max_model_len: Some(1024),
-        kv_cache_tokens: 8192,
+        kv_cache_tokens: Some(8192),
         max_num_batched_tokens: 256,
         ..Default::default()
     };

@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use engine::hf::SafetensorsWeights;
-use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
+use engine::model::{ActivationMode, ChunkMedia, SeqChunk};
 use engine::models::media::MediaInput;
 use engine::models::qwen2_audio::{AudioConfig, AudioTower};
 use serde::Deserialize;
@@ -116,10 +116,12 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         assert_eq!(media.rows, rows);
         assert_eq!(media.embeds, embeds);
         assert!(media.mrope.is_none());
-        let info = loaded.model.info().clone();
         let block = 16;
         let blocks = (ids.len() + case.greedy.new_tokens.len()).div_ceil(block);
-        let mut kv = PagedKvCache::new(&info, block, blocks);
+        loaded
+            .model
+            .allocate_kv(block, &engine::model::KvBudget::tokens(blocks * block))
+            .unwrap();
         let table: Vec<u32> = (0..blocks as u32).collect();
         let media = ChunkMedia {
             rows: &rows,
@@ -129,16 +131,13 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         };
         let out = loaded
             .model
-            .forward(
-                &[SeqChunk {
-                    tokens: ids,
-                    start_pos: 0,
-                    block_table: &table,
-                    want_logits: true,
-                    media: Some(media),
-                }],
-                &mut kv,
-            )
+            .forward(&[SeqChunk {
+                tokens: ids,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+                media: Some(media),
+            }])
             .unwrap();
         let logits = out.into_iter().next().unwrap().unwrap();
         let diff = max_diff(&logits, &case.logits_last);
@@ -149,8 +148,7 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         );
         worst = worst.max(diff);
         check_greedy(
-            loaded.model.as_ref(),
-            &mut kv,
+            loaded.model.as_mut(),
             &table,
             ids.len(),
             &logits,

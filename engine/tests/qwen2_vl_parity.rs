@@ -79,7 +79,7 @@ struct TextReference {
 /// the first 4 tokens, then one token per step through the paged cache.
 #[test]
 fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
-    use engine::model::{ActivationMode, PagedKvCache, SeqChunk};
+    use engine::model::{ActivationMode, SeqChunk};
     let dir = data_dir();
     assert_eq!(
         engine::hf::detect(&dir),
@@ -94,40 +94,36 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
     let encoded = loaded.tokenizer.encode("The river model", false).unwrap();
     assert_eq!(encoded.get_ids(), &ids[..encoded.get_ids().len()]);
 
-    let info = loaded.model.info().clone();
     let block = 16;
     let blocks = ids.len().div_ceil(block);
-    let mut kv = PagedKvCache::new(&info, block, blocks);
+    loaded
+        .model
+        .allocate_kv(block, &engine::model::KvBudget::tokens(blocks * block))
+        .unwrap();
     let table: Vec<u32> = (0..blocks as u32).collect();
     let mut got = std::collections::BTreeMap::new();
     let first = 4;
     let out = loaded
         .model
-        .forward(
-            &[SeqChunk {
-                tokens: &ids[..first],
-                start_pos: 0,
-                block_table: &table,
-                want_logits: true,
-                media: None,
-            }],
-            &mut kv,
-        )
+        .forward(&[SeqChunk {
+            tokens: &ids[..first],
+            start_pos: 0,
+            block_table: &table,
+            want_logits: true,
+            media: None,
+        }])
         .unwrap();
     got.insert(first - 1, out.into_iter().next().unwrap().unwrap());
     for pos in first..ids.len() {
         let out = loaded
             .model
-            .forward(
-                &[SeqChunk {
-                    tokens: &ids[pos..pos + 1],
-                    start_pos: pos,
-                    block_table: &table,
-                    want_logits: true,
-                    media: None,
-                }],
-                &mut kv,
-            )
+            .forward(&[SeqChunk {
+                tokens: &ids[pos..pos + 1],
+                start_pos: pos,
+                block_table: &table,
+                want_logits: true,
+                media: None,
+            }])
             .unwrap();
         got.insert(pos, out.into_iter().next().unwrap().unwrap());
     }
@@ -283,7 +279,7 @@ fn case_media(
 /// last logits, then greedy decode steps with the prompt's position offset.
 #[test]
 fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
-    use engine::model::{ActivationMode, ChunkMedia, PagedKvCache, SeqChunk};
+    use engine::model::{ActivationMode, ChunkMedia, SeqChunk};
     let dir = data_dir();
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
@@ -326,29 +322,28 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
             case.name
         );
 
-        let info = loaded.model.info().clone();
         let block = 16;
         let total = ids.len() + case.greedy.new_tokens.len();
         let blocks = total.div_ceil(block);
-        let mut kv = PagedKvCache::new(&info, block, blocks);
+        loaded
+            .model
+            .allocate_kv(block, &engine::model::KvBudget::tokens(blocks * block))
+            .unwrap();
         let table: Vec<u32> = (0..blocks as u32).collect();
         let out = loaded
             .model
-            .forward(
-                &[SeqChunk {
-                    tokens: ids,
-                    start_pos: 0,
-                    block_table: &table,
-                    want_logits: true,
-                    media: Some(ChunkMedia {
-                        rows: &rows,
-                        embeds: &embeds,
-                        positions: Some(&positions),
-                        position_delta: delta,
-                    }),
-                }],
-                &mut kv,
-            )
+            .forward(&[SeqChunk {
+                tokens: ids,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+                media: Some(ChunkMedia {
+                    rows: &rows,
+                    embeds: &embeds,
+                    positions: Some(&positions),
+                    position_delta: delta,
+                }),
+            }])
             .unwrap();
         let logits = out.into_iter().next().unwrap().unwrap();
         let want = case
@@ -373,8 +368,7 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
             position_delta: delta,
         };
         check_greedy(
-            loaded.model.as_ref(),
-            &mut kv,
+            loaded.model.as_mut(),
             &table,
             ids.len(),
             &logits,
@@ -416,7 +410,7 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
         &EngineConfig {
             max_model_len: Some(256),
             max_num_batched_tokens: 8,
-            kv_cache_tokens: 2048,
+            kv_cache_tokens: Some(2048),
             block_size: 4,
             activation_mode: engine::model::ActivationMode::F32,
             ..EngineConfig::default()

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use engine::gguf::load_decoder;
-use engine::model::{ActivationMode, LoadedDecoder, PagedKvCache, SeqChunk};
+use engine::model::{ActivationMode, KvBudget, LoadedDecoder, SeqChunk};
 use engine::EngineError;
 use serde_json::Value;
 
@@ -128,25 +128,25 @@ fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 /// A cache with room for `seqs` sequences of `max_len` tokens; sequence `i` owns a
 /// contiguous run of blocks (in reverse order, so tables are not the identity).
 struct Cache {
-    kv: PagedKvCache,
     tables: Vec<Vec<u32>>,
 }
 
-fn cache(m: &LoadedDecoder, seqs: usize, max_len: usize) -> Cache {
+/// Gives the model a fresh cache of exactly the blocks the tables use.
+fn cache(m: &mut LoadedDecoder, seqs: usize, max_len: usize) -> Cache {
     let per = max_len.div_ceil(BLOCK);
-    let kv = PagedKvCache::new(m.model.info(), BLOCK, per * seqs);
+    let blocks = m
+        .model
+        .allocate_kv(BLOCK, &KvBudget::tokens(per * seqs * BLOCK))
+        .unwrap();
+    assert_eq!(blocks, per * seqs);
     let tables = (0..seqs)
         .map(|s| (0..per).rev().map(|b| (s * per + b) as u32).collect())
         .collect();
-    Cache { kv, tables }
+    Cache { tables }
 }
 
-fn step(
-    m: &LoadedDecoder,
-    kv: &mut PagedKvCache,
-    chunks: &[SeqChunk<'_>],
-) -> Vec<Option<Vec<f32>>> {
-    m.model.forward(chunks, kv).unwrap()
+fn step(m: &mut LoadedDecoder, chunks: &[SeqChunk<'_>]) -> Vec<Option<Vec<f32>>> {
+    m.model.forward(chunks).unwrap()
 }
 
 #[test]
@@ -212,7 +212,7 @@ fn loaded_metadata() {
 /// at the recorded positions must be within `logprob_tol`. Returns the largest logprob
 /// difference seen.
 fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
-    let m = model_in(mode);
+    let mut m = model_in(mode);
     let mut worst_logprob = 0f64;
     let mut summary = Vec::new();
     for case in cases() {
@@ -229,15 +229,14 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
         // whose reference margin is clear must agree (a superset of "every step up to the
         // first low-margin one").
         let checked: Vec<usize> = (0..want.len()).filter(|&s| margins[s] >= MARGIN).collect();
-        let mut c = cache(&m, 1, prompt.len() + want.len());
+        let c = cache(&mut m, 1, prompt.len() + want.len());
         let table = c.tables[0].clone();
 
         // Teacher-forced: feed the reference tokens, so every step sees the reference prefix
         // (identical to free-running greedy up to the first disagreement).
         let mut all_logits = Vec::with_capacity(want.len());
         let out = step(
-            &m,
-            &mut c.kv,
+            &mut m,
             &[SeqChunk {
                 tokens: &prompt,
                 start_pos: 0,
@@ -250,8 +249,7 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
         for s in 1..want.len() {
             let tok = [want[s - 1]];
             let out = step(
-                &m,
-                &mut c.kv,
+                &mut m,
                 &[SeqChunk {
                     tokens: &tok,
                     start_pos: prompt.len() + s - 1,
@@ -328,14 +326,13 @@ fn greedy_q8_within_quantisation_tolerance() {
 
 #[test]
 fn chunked_prefill_matches_one_shot() {
-    let m = model();
+    let mut m = model();
     let case = cases()[0];
     let prompt = ids(&case["prompt_token_ids"]);
-    let mut a = cache(&m, 1, prompt.len() + 1);
-    let ta = a.tables[0].clone();
+    let both = cache(&mut m, 2, prompt.len() + 1);
+    let ta = both.tables[0].clone();
     let one = step(
-        &m,
-        &mut a.kv,
+        &mut m,
         &[SeqChunk {
             tokens: &prompt,
             start_pos: 0,
@@ -347,14 +344,12 @@ fn chunked_prefill_matches_one_shot() {
     .clone()
     .unwrap();
 
-    let mut b = cache(&m, 1, prompt.len() + 1);
-    let tb = b.tables[0].clone();
+    let tb = both.tables[1].clone();
     let mut last = None;
     for (i, chunk) in prompt.chunks(7).enumerate() {
         let is_last = (i + 1) * 7 >= prompt.len();
         let out = step(
-            &m,
-            &mut b.kv,
+            &mut m,
             &[SeqChunk {
                 tokens: chunk,
                 start_pos: i * 7,
@@ -374,8 +369,7 @@ fn chunked_prefill_matches_one_shot() {
     // And the next decode step agrees too.
     let next = [argmax(&one)];
     let da = step(
-        &m,
-        &mut a.kv,
+        &mut m,
         &[SeqChunk {
             tokens: &next,
             start_pos: prompt.len(),
@@ -385,8 +379,7 @@ fn chunked_prefill_matches_one_shot() {
         }],
     );
     let db = step(
-        &m,
-        &mut b.kv,
+        &mut m,
         &[SeqChunk {
             tokens: &next,
             start_pos: prompt.len(),
@@ -401,7 +394,7 @@ fn chunked_prefill_matches_one_shot() {
 
 #[test]
 fn mixed_batch_matches_each_alone() {
-    let m = model();
+    let mut m = model();
     let all = cases();
     let prompts: Vec<Vec<u32>> = [0usize, 3, 9]
         .iter()
@@ -414,11 +407,10 @@ fn mixed_batch_matches_each_alone() {
     let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
     let mut fed: Vec<Vec<u32>> = Vec::new();
     for p in &prompts {
-        let mut c = cache(&m, 1, max_len);
+        let c = cache(&mut m, 1, max_len);
         let t = c.tables[0].clone();
         let mut logits = vec![step(
-            &m,
-            &mut c.kv,
+            &mut m,
             &[SeqChunk {
                 tokens: p,
                 start_pos: 0,
@@ -434,8 +426,7 @@ fn mixed_batch_matches_each_alone() {
             let tok = [argmax(logits.last().unwrap())];
             toks.push(tok[0]);
             let out = step(
-                &m,
-                &mut c.kv,
+                &mut m,
                 &[SeqChunk {
                     tokens: &tok,
                     start_pos: p.len() + s,
@@ -452,14 +443,13 @@ fn mixed_batch_matches_each_alone() {
 
     // Together, staggered: A prefills with B's first half; then A decodes while B finishes
     // its prefill and C prefills; then all three decode together.
-    let mut c = cache(&m, 3, max_len);
+    let c = cache(&mut m, 3, max_len);
     let t = c.tables.clone();
     let (pa, pb, pc) = (&prompts[0], &prompts[1], &prompts[2]);
     let half = pb.len() / 2;
     let mut worst = 0f32;
     let out = step(
-        &m,
-        &mut c.kv,
+        &mut m,
         &[
             SeqChunk {
                 tokens: pa,
@@ -481,8 +471,7 @@ fn mixed_batch_matches_each_alone() {
     worst = worst.max(max_abs_diff(out[0].as_ref().unwrap(), &alone[0][0]));
     let a0 = [fed[0][0]];
     let out = step(
-        &m,
-        &mut c.kv,
+        &mut m,
         &[
             SeqChunk {
                 tokens: &a0,
@@ -513,8 +502,7 @@ fn mixed_batch_matches_each_alone() {
     // All three decode: A at its second token, B and C at their first.
     let (a1, b0, c0) = ([fed[0][1]], [fed[1][0]], [fed[2][0]]);
     let out = step(
-        &m,
-        &mut c.kv,
+        &mut m,
         &[
             SeqChunk {
                 tokens: &a1,
@@ -551,7 +539,7 @@ fn mixed_batch_matches_each_alone() {
 /// each sequence decoded alone.
 #[test]
 fn q8_decode_batch_equals_alone_exactly() {
-    let m = model_in(ActivationMode::Q8);
+    let mut m = model_in(ActivationMode::Q8);
     let all = cases();
     let prompts: Vec<Vec<u32>> = [1usize, 5]
         .iter()
@@ -563,11 +551,10 @@ fn q8_decode_batch_equals_alone_exactly() {
     let mut alone: Vec<Vec<Vec<f32>>> = Vec::new();
     let mut fed: Vec<Vec<u32>> = Vec::new();
     for p in &prompts {
-        let mut c = cache(&m, 1, max_len);
+        let c = cache(&mut m, 1, max_len);
         let t = c.tables[0].clone();
         let mut last = step(
-            &m,
-            &mut c.kv,
+            &mut m,
             &[SeqChunk {
                 tokens: p,
                 start_pos: 0,
@@ -583,8 +570,7 @@ fn q8_decode_batch_equals_alone_exactly() {
             let tok = [argmax(&last)];
             toks.push(tok[0]);
             last = step(
-                &m,
-                &mut c.kv,
+                &mut m,
                 &[SeqChunk {
                     tokens: &tok,
                     start_pos: p.len() + s,
@@ -601,12 +587,11 @@ fn q8_decode_batch_equals_alone_exactly() {
         fed.push(toks);
     }
     // Together: each prefilled alone into one cache, then every decode step batched.
-    let mut c = cache(&m, 2, max_len);
+    let c = cache(&mut m, 2, max_len);
     let t = c.tables.clone();
     for (i, p) in prompts.iter().enumerate() {
         step(
-            &m,
-            &mut c.kv,
+            &mut m,
             &[SeqChunk {
                 tokens: p,
                 start_pos: 0,
@@ -627,7 +612,7 @@ fn q8_decode_batch_equals_alone_exactly() {
                 media: None,
             })
             .collect();
-        let out = step(&m, &mut c.kv, &chunks);
+        let out = step(&mut m, &chunks);
         for i in 0..2 {
             assert_eq!(
                 out[i].as_ref().unwrap(),
@@ -640,47 +625,38 @@ fn q8_decode_batch_equals_alone_exactly() {
 
 #[test]
 fn bad_inputs_are_typed_errors() {
-    let m = model();
-    let mut c = cache(&m, 1, 32);
+    let mut m = model();
+    let c = cache(&mut m, 1, 32);
     let t = c.tables[0].clone();
     // Token outside the vocabulary.
-    let r = m.model.forward(
-        &[SeqChunk {
-            tokens: &[60_000],
-            start_pos: 0,
-            block_table: &t,
-            want_logits: true,
-            media: None,
-        }],
-        &mut c.kv,
-    );
+    let r = m.model.forward(&[SeqChunk {
+        tokens: &[60_000],
+        start_pos: 0,
+        block_table: &t,
+        want_logits: true,
+        media: None,
+    }]);
     assert!(
         matches!(r, Err(EngineError::InvalidRequest { .. })),
         "{r:?}"
     );
     // Block table too short for the positions.
-    let r = m.model.forward(
-        &[SeqChunk {
-            tokens: &[1; 20],
-            start_pos: 0,
-            block_table: &t[..1],
-            want_logits: true,
-            media: None,
-        }],
-        &mut c.kv,
-    );
+    let r = m.model.forward(&[SeqChunk {
+        tokens: &[1; 20],
+        start_pos: 0,
+        block_table: &t[..1],
+        want_logits: true,
+        media: None,
+    }]);
     assert!(r.is_err());
     // Block id outside the cache.
-    let r = m.model.forward(
-        &[SeqChunk {
-            tokens: &[1],
-            start_pos: 0,
-            block_table: &[999],
-            want_logits: true,
-            media: None,
-        }],
-        &mut c.kv,
-    );
+    let r = m.model.forward(&[SeqChunk {
+        tokens: &[1],
+        start_pos: 0,
+        block_table: &[999],
+        want_logits: true,
+        media: None,
+    }]);
     assert!(r.is_err());
 }
 

@@ -5,6 +5,7 @@
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
+use engine::device::{DTypeRequest, DeviceRequest};
 use engine::model::ActivationMode;
 
 #[derive(Debug, Parser)]
@@ -105,9 +106,29 @@ pub struct ServeArgs {
     /// Requests in flight at once; more get 503 with Retry-After instead of queueing.
     #[arg(long = "max-concurrent-requests", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
-    /// KV cache capacity in tokens, all sequences together.
-    #[arg(long = "kv-cache-tokens", default_value_t = 65536)]
-    pub kv_cache_tokens: usize,
+    /// KV cache capacity in tokens, all sequences together (default: 65536 on the CPU; on a
+    /// GPU, what --gpu-memory-utilization leaves after weights and activations).
+    #[arg(long = "kv-cache-tokens")]
+    pub kv_cache_tokens: Option<usize>,
+    /// Where decoders run: `auto` (CUDA device 0 when a driver, a device, NVRTC and cuBLAS are
+    /// present, else the CPU, with a log line saying why), `cpu`, `cuda` or `cuda:N`.
+    #[arg(
+        long = "device",
+        value_name = "auto|cpu|cuda[:N]",
+        default_value = "auto"
+    )]
+    pub device: DeviceRequest,
+    /// GPU models' weights, activations and KV cache: `auto` (bfloat16, or float16 for float16
+    /// checkpoints), `bfloat16`, `float16` (`half`), or `float32` (exact, for parity checks).
+    #[arg(
+        long = "dtype",
+        value_name = "auto|bfloat16|float16|float32",
+        default_value = "auto"
+    )]
+    pub dtype: DTypeRequest,
+    /// Share of GPU memory this server may use for weights, activations and the KV cache.
+    #[arg(long = "gpu-memory-utilization", default_value_t = 0.9)]
+    pub gpu_memory_utilization: f32,
     /// Compute threads (default: all cores).
     #[arg(long = "threads")]
     pub threads: Option<usize>,

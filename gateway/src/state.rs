@@ -198,8 +198,14 @@ impl Settings {
             Some(text) => parse_json_object("--default-chat-template-kwargs", text)?,
             None => Map::new(),
         };
-        if args.kv_cache_tokens == 0 {
+        if args.kv_cache_tokens == Some(0) {
             return Err(fail("--kv-cache-tokens must be at least 1"));
+        }
+        let util = args.gpu_memory_utilization;
+        if !(util > 0.0 && util <= 1.0) {
+            return Err(fail(format!(
+                "--gpu-memory-utilization must be in (0, 1], got {util}"
+            )));
         }
         let engine = EngineConfig {
             max_model_len: args.max_model_len,
@@ -209,6 +215,9 @@ impl Settings {
             kv_cache_tokens: args.kv_cache_tokens,
             threads: args.threads,
             activation_mode: args.activation_precision,
+            device: args.device,
+            dtype: args.dtype,
+            gpu_memory_utilization: util,
             ..EngineConfig::default()
         };
         Ok(Settings {

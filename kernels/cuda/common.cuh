@@ -14,12 +14,14 @@
 #if defined(__CUDACC__)
 #define KERNEL extern "C" __global__
 #define DEV __device__ __forceinline__
+#define UNROLL _Pragma("unroll")
 #define EMU_KERNEL(name)
 #define DYN_SHARED(T, name)                                              \
   extern __shared__ __align__(16) unsigned char name##_dyn_bytes[];      \
   T* name = reinterpret_cast<T*>(name##_dyn_bytes)
 #else
 #include "emu/shim.h"
+#define UNROLL
 #endif
 
 // bf16 and f16 as plain 16-bit storage: no toolkit header is needed, and the bits are the same
@@ -100,4 +102,42 @@ DEV float block_max(float v, float* scratch) {
   __syncthreads();
   v = lane < nw ? scratch[lane] : neg_inf();
   return warp_max(v);
+}
+
+// Sixteen bytes in one load (the address must be 16-byte aligned).
+struct __align__(16) Raw16 {
+  unsigned w[4];
+};
+
+DEV Raw16 load16(const void* p) {
+#if defined(__CUDACC__)
+  return *reinterpret_cast<const Raw16*>(p);
+#else
+  Raw16 r;
+  memcpy(&r, p, sizeof r);
+  return r;
+#endif
+}
+
+// Eight consecutive elements at a 16-byte aligned address, as f32.
+DEV void load8(const float* p, float (&v)[8]) {
+  const Raw16 a = load16(p), b = load16(p + 4);
+  UNROLL for (int i = 0; i < 4; ++i) {
+    v[i] = __uint_as_float(a.w[i]);
+    v[4 + i] = __uint_as_float(b.w[i]);
+  }
+}
+DEV void load8(const bf16* p, float (&v)[8]) {
+  const Raw16 a = load16(p);
+  UNROLL for (int i = 0; i < 4; ++i) {
+    v[2 * i] = __uint_as_float(a.w[i] << 16);
+    v[2 * i + 1] = __uint_as_float(a.w[i] & 0xffff0000u);
+  }
+}
+DEV void load8(const f16* p, float (&v)[8]) {
+  const Raw16 a = load16(p);
+  UNROLL for (int i = 0; i < 4; ++i) {
+    v[2 * i] = to_f32(f16{(unsigned short)(a.w[i] & 0xffffu)});
+    v[2 * i + 1] = to_f32(f16{(unsigned short)(a.w[i] >> 16)});
+  }
 }

@@ -30,6 +30,70 @@ async fn default_deployment_meets_the_contract() {
     );
     assert_report(&report, "default");
     routes_outside_the_post_table(&gateway.base_url).await;
+    placement_is_visible(&gateway).await;
+}
+
+/// With `--device auto` (the default) each decoder runs where the machine allows, and the
+/// server says where: the model card's `device`, the `vllm:cache_config_info` series, and one
+/// start-up line (the CPU with the reason, or the CUDA device opened).
+async fn placement_is_visible(gateway: &Gateway) {
+    let client = reqwest::Client::builder().no_proxy().build().unwrap();
+    let base = &gateway.base_url;
+    let models: serde_json::Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let metrics = client
+        .get(format!("{base}/metrics"))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    let log = gateway.output();
+    let on_cpu = log.contains("--device auto: serving on the CPU");
+    assert!(
+        on_cpu || log.contains("CUDA device opened"),
+        "no start-up line says where the decoders run:\n{log}"
+    );
+    for card in models["data"].as_array().unwrap() {
+        let device = card["device"].as_str().unwrap_or_default();
+        let decoder = card["tasks"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|x| x == "generate"));
+        let want_gpu = decoder && !on_cpu;
+        assert!(
+            if want_gpu {
+                device.starts_with("cuda:")
+            } else {
+                device == "cpu"
+            },
+            "{}: device {device:?} (decoders on the CPU: {on_cpu})",
+            card["id"]
+        );
+        if decoder {
+            let series = format!("device=\"{device}\"");
+            assert!(
+                metrics
+                    .lines()
+                    .any(|l| l.starts_with("vllm:cache_config_info")
+                        && l.contains(&series)
+                        && l.contains(&format!("model_name=\"{}\"", card["id"].as_str().unwrap()))),
+                "no vllm:cache_config_info series for {} on {device}:\n{metrics}",
+                card["id"]
+            );
+            assert_eq!(
+                metrics.contains("vllm:gpu_cache_usage_perc"),
+                want_gpu,
+                "vllm:gpu_cache_usage_perc is exported exactly for GPU models"
+            );
+        }
+    }
 }
 
 /// The server sends POSTs to its fixed routes straight to their handlers and everything else

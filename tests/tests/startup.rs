@@ -115,3 +115,22 @@ fn policy_with_an_invalid_schema_is_refused() {
     let policy = policy.display().to_string();
     refuses(&["--trusted-client-policy", &policy], &["video"]);
 }
+
+#[test]
+fn a_cuda_device_that_cannot_serve_is_refused_naming_why() {
+    // No machine has 100 devices: with or without a GPU, the answer names the device.
+    refuses(&["--device", "cuda:99"], &["cuda:99"]);
+}
+
+#[test]
+fn a_gpu_dtype_on_the_cpu_is_refused() {
+    refuses(&["--device", "cpu", "--dtype", "bfloat16"], &["--dtype"]);
+}
+
+#[test]
+fn gpu_memory_utilization_outside_zero_to_one_is_refused() {
+    refuses(
+        &["--gpu-memory-utilization", "1.5"],
+        &["--gpu-memory-utilization"],
+    );
+}

@@ -19,18 +19,24 @@
 //! rotation (pairs `i`, `i + d/2`).
 
 mod attention;
+mod gpu;
 mod hf;
 
+pub use gpu::GpuLlama;
 pub use hf::{read_hf_config, HF_DECODER_ARCHITECTURES};
 
 use std::sync::{Arc, Mutex};
 
+use kernels::gpu::{Gpu, GpuDType};
 use kernels::{ops, DType, MatmulJob, QMatrix};
 use memmap2::Mmap;
 
+use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::model::{ActivationMode, CausalLm, DecoderInfo, PagedKvCache, SeqChunk};
+use crate::model::{
+    host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, PagedKvCache, SeqChunk,
+};
 use crate::tokenizer::GgufTokenizer;
 
 use attention::{AttnShape, ChunkSpan};
@@ -96,7 +102,14 @@ struct Layer {
     w_down: Weight,
 }
 
-/// Step buffers, kept between steps so decode does not allocate per layer.
+/// What a step mutates: the KV cache and the step buffers (kept between steps so decode does
+/// not allocate per layer).
+#[derive(Default)]
+struct StepState {
+    kv: Option<PagedKvCache>,
+    scratch: Scratch,
+}
+
 #[derive(Default)]
 struct Scratch {
     x: Vec<f32>,
@@ -122,7 +135,7 @@ pub struct LlamaModel {
     rope_factors: Option<Vec<f32>>,
     layers: Vec<Layer>,
     activation_mode: ActivationMode,
-    scratch: Mutex<Scratch>,
+    state: Mutex<StepState>,
 }
 
 /// In [`ActivationMode::Q8`], steps of at most this many tokens use the integer kernels; larger
@@ -480,12 +493,35 @@ impl LlamaModel {
             rope_factors,
             layers,
             activation_mode: ActivationMode::default(),
-            scratch: Mutex::new(Scratch::default()),
+            state: Mutex::new(StepState::default()),
         })
     }
 
     pub fn config(&self) -> &LlamaConfig {
         &self.cfg
+    }
+
+    /// The one float type every matrix is stored in, if there is one (`None` for quantised
+    /// or mixed checkpoints): `--dtype auto` follows it on a GPU.
+    fn stored_dtype(&self) -> Option<GpuDType> {
+        let layer_weights = self
+            .layers
+            .iter()
+            .flat_map(|l| [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]);
+        let mut types = std::iter::once(&self.token_embd)
+            .chain(std::iter::once(&self.output))
+            .chain(layer_weights)
+            .map(|w| w.dtype);
+        let first = types.next()?;
+        if types.any(|t| t != first) {
+            return None;
+        }
+        match first {
+            DType::F32 => Some(GpuDType::F32),
+            DType::F16 => Some(GpuDType::F16),
+            DType::BF16 => Some(GpuDType::BF16),
+            _ => None,
+        }
     }
 
     /// `matmul_multi` on the path the activation mode picks for a step of `m` tokens.
@@ -542,68 +578,7 @@ impl LlamaModel {
                 "KV cache buffers have the wrong size".into(),
             ));
         }
-        for (i, c) in batch.iter().enumerate() {
-            if c.tokens.is_empty() {
-                return Err(EngineError::Internal(format!(
-                    "batch chunk {i} has no tokens"
-                )));
-            }
-            if let Some(m) = &c.media {
-                let rows_ok = m.rows.windows(2).all(|w| w[0] < w[1])
-                    && m.rows.last().is_none_or(|&r| (r as usize) < c.tokens.len());
-                if !rows_ok || m.embeds.len() != m.rows.len() * self.cfg.hidden {
-                    return Err(EngineError::Internal(format!(
-                        "batch chunk {i}: {} media rows with {} values do not fit its {} tokens of width {}",
-                        m.rows.len(),
-                        m.embeds.len(),
-                        c.tokens.len(),
-                        self.cfg.hidden
-                    )));
-                }
-                if m.positions.is_some_and(|p| p.len() != c.tokens.len()) {
-                    return Err(EngineError::Internal(format!(
-                        "batch chunk {i}: M-RoPE positions do not cover its {} tokens",
-                        c.tokens.len()
-                    )));
-                }
-            }
-            if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab) {
-                return Err(EngineError::invalid(
-                    format!(
-                        "token id {t} is out of range for a vocabulary of {} tokens",
-                        self.cfg.vocab
-                    ),
-                    Some("prompt"),
-                ));
-            }
-            let end = c.start_pos + c.tokens.len();
-            if end > self.cfg.max_position {
-                return Err(EngineError::invalid(
-                    format!(
-                        "sequence length {end} exceeds the model's maximum of {} positions",
-                        self.cfg.max_position
-                    ),
-                    None,
-                ));
-            }
-            let needed = end.div_ceil(kv.block_size);
-            if c.block_table.len() < needed {
-                return Err(EngineError::Internal(format!(
-                    "block table of chunk {i} has {} blocks, {needed} needed for {end} positions",
-                    c.block_table.len()
-                )));
-            }
-            if let Some(b) = c.block_table[..needed]
-                .iter()
-                .find(|&&b| b as usize >= kv.num_blocks)
-            {
-                return Err(EngineError::Internal(format!(
-                    "block id {b} is outside the cache's {} blocks",
-                    kv.num_blocks
-                )));
-            }
-        }
-        Ok(())
+        validate_chunks(&self.cfg, batch, kv.block_size, kv.num_blocks)
     }
 
     fn run(
@@ -815,6 +790,78 @@ impl LlamaModel {
     }
 }
 
+/// Checks a step's chunks against the model and a cache of `num_blocks` blocks of
+/// `block_size` tokens: token ids, positions, media rows and block tables.
+fn validate_chunks(
+    cfg: &LlamaConfig,
+    batch: &[SeqChunk<'_>],
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<()> {
+    for (i, c) in batch.iter().enumerate() {
+        if c.tokens.is_empty() {
+            return Err(EngineError::Internal(format!(
+                "batch chunk {i} has no tokens"
+            )));
+        }
+        if let Some(m) = &c.media {
+            let rows_ok = m.rows.windows(2).all(|w| w[0] < w[1])
+                && m.rows.last().is_none_or(|&r| (r as usize) < c.tokens.len());
+            if !rows_ok || m.embeds.len() != m.rows.len() * cfg.hidden {
+                return Err(EngineError::Internal(format!(
+                    "batch chunk {i}: {} media rows with {} values do not fit its {} tokens of width {}",
+                    m.rows.len(),
+                    m.embeds.len(),
+                    c.tokens.len(),
+                    cfg.hidden
+                )));
+            }
+            if m.positions.is_some_and(|p| p.len() != c.tokens.len()) {
+                return Err(EngineError::Internal(format!(
+                    "batch chunk {i}: M-RoPE positions do not cover its {} tokens",
+                    c.tokens.len()
+                )));
+            }
+        }
+        if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(EngineError::invalid(
+                format!(
+                    "token id {t} is out of range for a vocabulary of {} tokens",
+                    cfg.vocab
+                ),
+                Some("prompt"),
+            ));
+        }
+        let end = c.start_pos + c.tokens.len();
+        if end > cfg.max_position {
+            return Err(EngineError::invalid(
+                format!(
+                    "sequence length {end} exceeds the model's maximum of {} positions",
+                    cfg.max_position
+                ),
+                None,
+            ));
+        }
+        let needed = end.div_ceil(block_size);
+        if c.block_table.len() < needed {
+            return Err(EngineError::Internal(format!(
+                "block table of chunk {i} has {} blocks, {needed} needed for {end} positions",
+                c.block_table.len()
+            )));
+        }
+        if let Some(b) = c.block_table[..needed]
+            .iter()
+            .find(|&&b| b as usize >= num_blocks)
+        {
+            return Err(EngineError::Internal(format!(
+                "block id {b} is outside the cache's {} blocks",
+                num_blocks
+            )));
+        }
+    }
+    Ok(())
+}
+
 /// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
 fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
     let mut tmp = vec![0f32; hd];
@@ -883,18 +930,39 @@ impl CausalLm for LlamaModel {
         self.activation_mode = mode;
     }
 
-    fn forward(
-        &self,
-        batch: &[SeqChunk<'_>],
-        kv: &mut PagedKvCache,
-    ) -> Result<Vec<Option<Vec<f32>>>> {
+    fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
+        let stored = self.stored_dtype();
+        let mut m = GpuLlama::from_host(self, gpu.clone(), dtype.resolve(stored))?;
+        m.set_activation_mode(self.activation_mode);
+        Ok(Box::new(m))
+    }
+
+    fn allocate_kv(&mut self, block_size: usize, budget: &KvBudget) -> Result<usize> {
+        if block_size == 0 {
+            return Err(EngineError::invalid(
+                "block_size must be at least 1",
+                Some("block_size"),
+            ));
+        }
+        let blocks = host_kv_blocks(block_size, budget);
+        let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
+        state.kv = Some(PagedKvCache::new(&self.info, block_size, blocks));
+        Ok(blocks)
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
+        // The scratch holds only buffers that every step overwrites, and a failed step leaves
+        // only cache slots that no sequence counts as computed: a poisoned lock is safe to
+        // reuse.
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let StepState { kv, scratch } = &mut *state;
+        let kv = kv
+            .as_mut()
+            .ok_or_else(|| EngineError::Internal("the KV cache is not allocated".into()))?;
         self.validate(batch, kv)?;
-        // The scratch holds only buffers that every step overwrites: a poisoned lock is safe
-        // to reuse.
-        let mut scratch = self.scratch.lock().unwrap_or_else(|e| e.into_inner());
-        self.run(batch, kv, &mut scratch)
+        self.run(batch, kv, scratch)
     }
 }

