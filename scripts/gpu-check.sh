@@ -14,7 +14,8 @@
 # decoder (the GPU decoder against the CPU one on the committed tiny checkpoints) · parity
 # (greedy and top-5 logprobs against transformers) · bench (decode step at batch 1 and 32,
 # prefill at 2048, transformers eager and the copy bandwidth in the same run) · http (the
-# gateway serving the 1B folder: chat, streams, completions, 32 concurrent streams, metrics).
+# gateway serving the 1B folder: chat, streams, completions, 32 concurrent streams, metrics) ·
+# sanitize (compute-sanitizer racecheck on the kernel tests, memcheck on a decoder test).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -148,6 +149,18 @@ http() {
   return $rc
 }
 
+sanitize() {
+  local cs rc=0
+  cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+  [ -n "$cs" ] || { echo "no compute-sanitizer"; return 1; }
+  for t in gpu_attention gpu_sampling gpu_elementwise; do
+    "$cs" --tool racecheck --error-exitcode 9 ".gpu/$t" --include-ignored --test-threads 1 cuda:: || rc=1
+  done
+  "$cs" --tool memcheck --error-exitcode 9 .gpu/gpu_decoder --include-ignored --test-threads 1 \
+    cuda::tiny_vl_f32 || rc=1
+  return $rc
+}
+
 section env 20 env_info
 section nvrtc 45 .gpu/nvrtc_compile --nocapture
 section kernels 60 kernels
@@ -157,6 +170,9 @@ section parity 90 env GPU_PARITY_DIR="$MODELS/smol:$MODELS/1b" .gpu/gpu_parity \
   --include-ignored --nocapture transformers_parity_on_the_gpu
 section bench 90 bench
 section http 90 http
+# Last, with what time is left: races and bad accesses that the emulator cannot see (it runs
+# a block's threads one at a time between barriers).
+section sanitize 90 sanitize
 
 echo "${STATUS[*]}" | tee -a "$OUT/summary.txt"
 case "${STATUS[*]}" in *FAIL*) exit 1 ;; esac

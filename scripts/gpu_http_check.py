@@ -4,6 +4,8 @@ completions (plain and streamed), completions, and concurrent streams, each resp
 for the OpenAI shape. Standard library only. Exit status 0 when every check passed.
 
     python3 scripts/gpu_http_check.py --base-url http://127.0.0.1:8765 --model M [--streams 32]
+        [--expect-device cuda]   (the model card's device must start with it; `cpu` to try the
+                                  script against a CPU deployment)
 """
 
 import argparse
@@ -132,14 +134,15 @@ def main():
     p.add_argument("--model", required=True)
     p.add_argument("--streams", type=int, default=32)
     p.add_argument("--max-tokens", type=int, default=48)
+    p.add_argument("--expect-device", default="cuda")
     a = p.parse_args()
     base = a.base_url.rstrip("/")
     with urllib.request.urlopen(base + "/v1/models", timeout=30) as r:
         models = json.loads(r.read())
     card = next((m for m in models["data"] if m["id"] == a.model), None)
     print(json.dumps({"model_card": card}), flush=True)
-    if not card or not str(card.get("device", "")).startswith("cuda"):
-        fail(f"model card does not say a CUDA device serves it: {card}")
+    if not card or not str(card.get("device", "")).startswith(a.expect_device):
+        fail(f"model card does not say a {a.expect_device} device serves it: {card}")
     for name, f in [("chat", lambda: chat(base, a.model, a.max_tokens)),
                     ("chat stream", lambda: chat_stream(base, a.model, a.max_tokens)),
                     ("completions", lambda: completions(base, a.model, a.max_tokens)),
@@ -151,7 +154,10 @@ def main():
             fail(f"{name}: {e}")
     with urllib.request.urlopen(base + "/metrics", timeout=30) as r:
         metrics = r.read().decode()
-    for series in ("vllm:gpu_cache_usage_perc", 'vllm:cache_config_info{'):
+    wanted = ['vllm:cache_config_info{', f'device="{card["device"] if card else "?"}"']
+    if a.expect_device == "cuda":
+        wanted.append("vllm:gpu_cache_usage_perc")
+    for series in wanted:
         if series not in metrics:
             fail(f"/metrics has no {series}")
     info = [l for l in metrics.splitlines() if l.startswith("vllm:cache_config_info")]

@@ -102,7 +102,7 @@ def cmd_make(a):
     bos, eos = vocab - len(SPECIALS), vocab - len(SPECIALS) + 1
     cfg = LlamaConfig(**shape, rms_norm_eps=1e-5, tie_word_embeddings=True,
                       initializer_range=a.init_std, bos_token_id=bos, eos_token_id=eos,
-                      torch_dtype="bfloat16", hidden_act="silu")
+                      dtype="bfloat16", hidden_act="silu")
     torch.manual_seed(a.seed)
     with torch.device(device()):
         model = LlamaForCausalLM(cfg)
@@ -133,7 +133,7 @@ def cmd_reference(a):
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = device()
-    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32).to(dev).eval()
+    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32).to(dev).eval()
     vocab = model.config.vocab_size
     cases = []
     with torch.no_grad():
@@ -180,7 +180,7 @@ def cmd_time(a):
         best = min(best, time.perf_counter() - t0)
     out["copy_gb_s"] = round(2 * x.numel() * 4 / best / 1e9, 1)
     del x, y
-    model = LlamaForCausalLM.from_pretrained(a.model, torch_dtype=torch.bfloat16,
+    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.bfloat16,
                                              attn_implementation="eager").to(dev).eval()
     out["weight_bytes"] = sum(p.numel() * p.element_size() for p in model.parameters())
     vocab = model.config.vocab_size

@@ -94,10 +94,12 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
-/// Deterministic, realistic-looking token ids (ordinary vocabulary, no control tokens).
-fn prompt(len: usize, seed: usize) -> Vec<u32> {
+/// Deterministic, realistic-looking token ids (ordinary vocabulary, no control tokens), below
+/// `vocab`.
+fn prompt(len: usize, seed: usize, vocab: usize) -> Vec<u32> {
+    let span = 40_000.min(vocab.saturating_sub(100)).max(1);
     (0..len)
-        .map(|i| (100 + (i * 7919 + seed * 104_729) % 40_000) as u32)
+        .map(|i| (100 + (i * 7919 + seed * 104_729) % span) as u32)
         .collect()
 }
 
@@ -118,7 +120,7 @@ fn prefill_tok_s(model: &mut dyn CausalLm, len: usize) -> Result<f64, String> {
         .map_err(|e| e.to_string())?;
     for rep in 0..2 {
         let table: Vec<u32> = (0..len.div_ceil(BLOCK) as u32).collect();
-        let p = prompt(len, rep);
+        let p = prompt(len, rep, model.info().vocab_size);
         let t0 = Instant::now();
         model
             .forward(&[SeqChunk {
@@ -155,7 +157,10 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
     let tables: Vec<Vec<u32>> = (0..batch)
         .map(|s| ((s * per_seq) as u32..((s + 1) * per_seq) as u32).collect())
         .collect();
-    let prompts: Vec<Vec<u32>> = (0..batch).map(|s| prompt(prompt_len, s + 7)).collect();
+    let vocab = model.info().vocab_size;
+    let prompts: Vec<Vec<u32>> = (0..batch)
+        .map(|s| prompt(prompt_len, s + 7, vocab))
+        .collect();
     let chunks: Vec<SeqChunk<'_>> = (0..batch)
         .map(|s| SeqChunk {
             tokens: &prompts[s],

@@ -10,8 +10,7 @@
 
 use kernels::gpu::{nvrtc, sources};
 
-#[test]
-fn every_source_compiles_for_sm_90() {
+fn need_nvrtc() {
     if !nvrtc::available() {
         preload_fetched_nvrtc();
     }
@@ -20,6 +19,44 @@ fn every_source_compiles_for_sm_90() {
         "NVRTC (libnvrtc.so.13) could not be loaded: run `make nvrtc` (or scripts/fetch-nvrtc.sh) \
          first; `make test` does"
     );
+}
+
+#[test]
+fn compiled_kernels_are_cached_by_source_arch_and_version() {
+    need_nvrtc();
+    let dir = std::env::temp_dir().join(format!("gateway-kernel-cache-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let src = sources::SOURCES
+        .iter()
+        .min_by_key(|s| s.code.len())
+        .unwrap();
+    let (first, hit) = nvrtc::compile_cached_in(src, "sm_90", Some(&dir)).unwrap();
+    assert!(!hit, "an empty cache has no entry");
+    let (again, hit) = nvrtc::compile_cached_in(src, "sm_90", Some(&dir)).unwrap();
+    assert!(hit, "the second compile comes from the cache");
+    assert_eq!(first, again);
+    let (_, hit) = nvrtc::compile_cached_in(src, "sm_80", Some(&dir)).unwrap();
+    assert!(!hit, "another architecture is another entry");
+    let (major, minor) = nvrtc::version().unwrap();
+    let names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    assert!(names
+        .iter()
+        .all(|n| n.contains(&format!("-nvrtc{major}.{minor}.cubin"))));
+    // A damaged entry is compiled again, not loaded.
+    let sm90 = names.iter().find(|n| n.contains("sm_90")).unwrap();
+    std::fs::write(dir.join(sm90), b"not a cubin").unwrap();
+    let (_, hit) = nvrtc::compile_cached_in(src, "sm_90", Some(&dir)).unwrap();
+    assert!(!hit);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn every_source_compiles_for_sm_90() {
+    need_nvrtc();
     let (major, minor) = nvrtc::version().unwrap();
     eprintln!("NVRTC {major}.{minor}");
     assert!(!sources::SOURCES.is_empty());

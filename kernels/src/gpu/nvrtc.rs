@@ -173,14 +173,22 @@ pub fn cache_dir() -> Option<PathBuf> {
 /// The cubin of `src` for `arch`: from the disk cache when an entry with the same key exists,
 /// else compiled now (and stored). The flag says whether it came from the cache.
 pub fn compile_cached(src: &Source, arch: &str) -> Result<(Vec<u8>, bool)> {
+    compile_cached_in(src, arch, cache_dir().as_deref())
+}
+
+/// [`compile_cached`] with the cache in `dir` (`None`: no cache).
+pub fn compile_cached_in(
+    src: &Source,
+    arch: &str,
+    dir: Option<&std::path::Path>,
+) -> Result<(Vec<u8>, bool)> {
     let (major, minor) = version()?;
     let stem = src.file.trim_end_matches(".cu");
     let key = format!(
         "{stem}-{}-{arch}-nvrtc{major}.{minor}.cubin",
         src.digest(&options(arch))
     );
-    let dir = cache_dir();
-    if let Some(dir) = &dir {
+    if let Some(dir) = dir {
         if let Ok(image) = std::fs::read(dir.join(&key)) {
             if is_elf(&image) {
                 return Ok((image, true));
@@ -188,7 +196,7 @@ pub fn compile_cached(src: &Source, arch: &str) -> Result<(Vec<u8>, bool)> {
         }
     }
     let image = compile(src, arch)?;
-    if let Some(dir) = &dir {
+    if let Some(dir) = dir {
         if let Err(e) = store(dir, &key, &image) {
             tracing::warn!(dir = %dir.display(), "cannot cache compiled kernels: {e}");
         }
