@@ -12,6 +12,7 @@
 //! The residual stream and every GEMM output stay f32; GEMM inputs, weights and the KV cache
 //! are the model's GPU type (bf16 by default; f32 for exact parity runs).
 
+mod buffers;
 mod plan;
 mod weights;
 
@@ -27,6 +28,7 @@ use super::{validate_chunks, LlamaConfig, LlamaModel};
 use crate::error::{EngineError, Result};
 use crate::model::{sample_on_host, CausalLm, DecoderInfo, KvBudget, SampleRequest, SeqChunk};
 use crate::sampling::Sampled;
+use buffers::{scratch_bytes, GpuKv, Scratch};
 use plan::StepPlan;
 use weights::GpuWeights;
 
@@ -39,87 +41,6 @@ fn gpu_err(e: GpuError) -> EngineError {
 
 /// Device memory kept free beyond what the model allocates (cuBLAS workspaces, fragmentation).
 const HEADROOM: usize = 256 << 20;
-
-/// The paged KV cache: one allocation, K then V per layer, each
-/// `num_blocks × block_size × kv_dim` elements of the model's type.
-struct GpuKv {
-    buf: GpuBuffer,
-    block_size: usize,
-    num_blocks: usize,
-    layer_elems: usize,
-    elem: usize,
-}
-
-impl GpuKv {
-    fn k(&self, layer: usize) -> DevicePtr {
-        self.buf.at(2 * layer * self.layer_elems * self.elem)
-    }
-    fn v(&self, layer: usize) -> DevicePtr {
-        self.buf.at((2 * layer + 1) * self.layer_elems * self.elem)
-    }
-}
-
-/// Activation buffers, sized for `rows` tokens and `logit_rows` logit rows; grown on demand.
-struct Scratch {
-    rows: usize,
-    logit_rows: usize,
-    x: GpuBuffer,
-    h: GpuBuffer,
-    qkv: GpuBuffer,
-    attn: GpuBuffer,
-    delta: GpuBuffer,
-    gate_up: GpuBuffer,
-    act: GpuBuffer,
-    normed: GpuBuffer,
-    logits: GpuBuffer,
-    ints: GpuBuffer,
-    ints_cap: usize,
-    media: Option<GpuBuffer>,
-    media_cap: usize,
-}
-
-/// Bytes of activation buffers for `rows` tokens and `logit_rows` logit rows.
-fn scratch_bytes(cfg: &LlamaConfig, dtype: GpuDType, rows: usize, logit_rows: usize) -> usize {
-    let (h, f) = (cfg.hidden, cfg.ffn);
-    let qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
-    let q = cfg.n_heads * cfg.head_dim;
-    let e = dtype.size();
-    rows * (h * 4 + h * e + qkv * 4 + q * e + h * 4 + 2 * f * 4 + f * e)
-        + logit_rows * (h * e + cfg.vocab * 4)
-}
-
-impl Scratch {
-    fn new(
-        gpu: &Gpu,
-        cfg: &LlamaConfig,
-        dtype: GpuDType,
-        rows: usize,
-        logit_rows: usize,
-    ) -> Result<Self> {
-        let (h, f) = (cfg.hidden, cfg.ffn);
-        let qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
-        let q = cfg.n_heads * cfg.head_dim;
-        let e = dtype.size();
-        let a = |bytes: usize| gpu.alloc(bytes).map_err(gpu_err);
-        Ok(Scratch {
-            rows,
-            logit_rows,
-            x: a(rows * h * 4)?,
-            h: a(rows * h * e)?,
-            qkv: a(rows * qkv * 4)?,
-            attn: a(rows * q * e)?,
-            delta: a(rows * h * 4)?,
-            gate_up: a(rows * 2 * f * 4)?,
-            act: a(rows * f * e)?,
-            normed: a(logit_rows * h * e)?,
-            logits: a(logit_rows * cfg.vocab * 4)?,
-            ints: a(4096 * 4)?,
-            ints_cap: 4096,
-            media: None,
-            media_cap: 0,
-        })
-    }
-}
 
 /// A Llama-family decoder on a GPU.
 pub struct GpuLlama {

@@ -1,0 +1,272 @@
+//! The Llama-family decoder built from a GGUF file: hyper-parameters from its metadata, weights
+//! left in the memory map in their stored (possibly quantised) types.
+
+use std::sync::{Arc, Mutex};
+
+use kernels::{DType, QMatrix};
+
+use super::{load_layer, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
+use crate::error::Result;
+use crate::gguf::GgufFile;
+use crate::model::{ActivationMode, DecoderInfo};
+use crate::tokenizer::GgufTokenizer;
+
+/// Architectures this decoder serves, with their RoPE layout (true = NeoX).
+fn rope_is_neox(arch: &str) -> Option<bool> {
+    match arch {
+        "llama" | "mistral" | "granite" => Some(false),
+        "qwen2" | "qwen3" => Some(true),
+        _ => None,
+    }
+}
+
+/// Loading helpers over one GGUF file.
+struct Loader<'a> {
+    g: &'a GgufFile,
+}
+
+impl WeightSource for Loader<'_> {
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        Loader::matrix(self, name, rows, cols)
+    }
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        Loader::vector(self, name, n)
+    }
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        Loader::optional_vector(self, name, n)
+    }
+}
+
+impl Loader<'_> {
+    fn info(&self, name: &str) -> Result<&crate::gguf::TensorInfo> {
+        self.g
+            .tensor(name)
+            .ok_or_else(|| self.g.error(format!("missing tensor '{name}'")))
+    }
+
+    fn dtype(&self, name: &str) -> Result<DType> {
+        let t = self.info(name)?;
+        t.ggml_type.dtype().ok_or_else(|| {
+            self.g.error(format!(
+                "tensor '{name}' has type {}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                t.ggml_type
+            ))
+        })
+    }
+
+    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`).
+    fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        let dtype = self.dtype(name)?;
+        let t = self.info(name)?;
+        if t.dims != [cols as u64, rows as u64] {
+            return Err(self.g.error(format!(
+                "tensor '{name}' has dims {:?}, expected [{cols}, {rows}]",
+                t.dims
+            )));
+        }
+        let w = Weight {
+            file: 0,
+            dtype,
+            rows,
+            cols,
+            start: t.start,
+            len: t.len,
+        };
+        QMatrix::new(dtype, rows, cols, self.g.tensor_data(t))
+            .map_err(|e| self.g.error(format!("tensor '{name}': {e}")))?;
+        Ok(w)
+    }
+
+    /// A 1-D tensor of `n` values as f32.
+    fn vector(&self, name: &str, n: usize) -> Result<Vec<f32>> {
+        let dtype = self.dtype(name)?;
+        let t = self.info(name)?;
+        if t.n_elements() != n as u64 || t.dims.len() != 1 {
+            return Err(self.g.error(format!(
+                "tensor '{name}' has dims {:?}, expected [{n}]",
+                t.dims
+            )));
+        }
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Err(self.g.error(format!(
+                "tensor '{name}' is {dtype}; 1-D tensors must be F32, F16 or BF16"
+            )));
+        }
+        let mut v = vec![0f32; n];
+        kernels::dequantize_row(dtype, self.g.tensor_data(t), &mut v);
+        Ok(v)
+    }
+
+    fn optional_vector(&self, name: &str, n: usize) -> Result<Option<Vec<f32>>> {
+        if self.g.tensor(name).is_some() {
+            self.vector(name, n).map(Some)
+        } else {
+            Ok(None)
+        }
+    }
+
+    fn usize_key(&self, key: &str) -> Result<usize> {
+        Ok(self.g.require_u64(key)? as usize)
+    }
+}
+
+fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
+    let arch = g
+        .get_str("general.architecture")?
+        .ok_or_else(|| g.error("missing metadata 'general.architecture'"))?
+        .to_string();
+    let rope_neox = rope_is_neox(&arch).ok_or_else(|| {
+        g.error(format!(
+            "unsupported architecture '{arch}' (supported: llama, mistral, granite, qwen2, qwen3)"
+        ))
+    })?;
+    let l = Loader { g };
+    let key = |k: &str| format!("{arch}.{k}");
+    let hidden = l.usize_key(&key("embedding_length"))?;
+    let n_layers = l.usize_key(&key("block_count"))?;
+    let n_heads = l.usize_key(&key("attention.head_count"))?;
+    let n_kv_heads = g
+        .get_u64(&key("attention.head_count_kv"))?
+        .map_or(n_heads, |v| v as usize);
+    let ffn = l.usize_key(&key("feed_forward_length"))?;
+    if hidden == 0 || n_layers == 0 || n_heads == 0 || n_kv_heads == 0 || ffn == 0 {
+        return Err(g.error("model dimensions must be non-zero"));
+    }
+    if !n_heads.is_multiple_of(n_kv_heads) {
+        return Err(g.error(format!(
+            "{n_heads} attention heads are not a multiple of {n_kv_heads} KV heads"
+        )));
+    }
+    let head_dim = match g.get_u64(&key("attention.key_length"))? {
+        Some(v) => v as usize,
+        None if hidden.is_multiple_of(n_heads) => hidden / n_heads,
+        None => {
+            return Err(g.error(format!(
+                "hidden size {hidden} is not a multiple of {n_heads} heads"
+            )))
+        }
+    };
+    if let Some(vl) = g.get_u64(&key("attention.value_length"))? {
+        if vl as usize != head_dim {
+            return Err(g.error("attention.value_length differs from key_length (unsupported)"));
+        }
+    }
+    let rope_dim = g
+        .get_u64(&key("rope.dimension_count"))?
+        .map_or(head_dim, |v| v as usize);
+    if rope_dim > head_dim || rope_dim % 2 != 0 || head_dim % 2 != 0 {
+        return Err(g.error(format!(
+            "invalid rope dimension {rope_dim} for head dim {head_dim}"
+        )));
+    }
+    let eps = g
+        .get_f64(&key("attention.layer_norm_rms_epsilon"))?
+        .unwrap_or(1e-5) as f32;
+    let rope_base = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+    let scaling = g.get_str(&key("rope.scaling.type"))?.unwrap_or("none");
+    let factor = g.get_f64(&key("rope.scaling.factor"))?;
+    let rope_freq_scale = match (scaling, factor) {
+        ("linear", Some(f)) if f > 0.0 => (1.0 / f) as f32,
+        ("none", _) | (_, None) => {
+            // Older files give the scale directly.
+            g.get_f64(&key("rope.scale_linear"))?
+                .filter(|f| *f > 0.0)
+                .map_or(1.0, |f| (1.0 / f) as f32)
+        }
+        (other, Some(f)) => {
+            if f != 1.0 {
+                return Err(g.error(format!(
+                    "unsupported rope scaling type '{other}' (factor {f}); supported: linear"
+                )));
+            }
+            tracing::debug!(scaling = other, "rope scaling factor 1: no scaling");
+            1.0
+        }
+    };
+    let max_position = g
+        .get_u64(&key("context_length"))?
+        .map_or(2048, |v| v as usize);
+    let vocab = match g.tensor("token_embd.weight") {
+        Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+        Some(t) => {
+            return Err(g.error(format!(
+                "tensor 'token_embd.weight' has dims {:?}, expected 2-D",
+                t.dims
+            )))
+        }
+        None => return Err(g.error("missing tensor 'token_embd.weight'")),
+    };
+    Ok(LlamaConfig {
+        architecture: arch,
+        hidden,
+        n_layers,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+        ffn,
+        vocab,
+        eps,
+        rope_base,
+        rope_dim,
+        rope_neox,
+        rope_freq_scale,
+        max_position,
+        mrope_section: None,
+    })
+}
+
+impl LlamaModel {
+    /// Build the model from a parsed GGUF file (the tokenizer supplies BOS/EOS ids).
+    pub fn from_gguf(g: &GgufFile, tok: &GgufTokenizer) -> Result<Self> {
+        let t0 = std::time::Instant::now();
+        let cfg = read_config(g)?;
+        let l = Loader { g };
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let token_embd = l.matrix("token_embd.weight", cfg.vocab, h)?;
+        let output = if g.tensor("output.weight").is_some() {
+            l.matrix("output.weight", cfg.vocab, h)?
+        } else {
+            token_embd
+        };
+        let output_norm = l.vector("output_norm.weight", h)?;
+        let rope_factors = l.optional_vector("rope_freqs.weight", cfg.rope_dim / 2)?;
+        let layers = (0..cfg.n_layers)
+            .map(|i| load_layer(&l, &cfg, |part| format!("blk.{i}.{}", part.gguf())))
+            .collect::<Result<Vec<_>>>()?;
+        let info = DecoderInfo {
+            vocab_size: cfg.vocab,
+            n_layers: cfg.n_layers,
+            n_kv_heads: cfg.n_kv_heads,
+            head_dim: hd,
+            max_position: cfg.max_position,
+            bos_token_id: tok.bos_token_id,
+            eos_token_ids: tok.eos_token_ids.clone(),
+        };
+        tracing::info!(
+            file = %g.path(),
+            architecture = %cfg.architecture,
+            layers = cfg.n_layers,
+            hidden = h,
+            heads = cfg.n_heads,
+            kv_heads = cfg.n_kv_heads,
+            ffn = cfg.ffn,
+            vocab = cfg.vocab,
+            tied_embeddings = g.tensor("output.weight").is_none(),
+            rope_base = cfg.rope_base,
+            elapsed_ms = t0.elapsed().as_millis() as u64,
+            "built Llama-family decoder"
+        );
+        Ok(LlamaModel {
+            info,
+            cfg,
+            maps: vec![Arc::clone(g.mmap())],
+            token_embd,
+            output,
+            output_norm,
+            rope_factors,
+            layers,
+            activation_mode: ActivationMode::default(),
+            state: Mutex::new(StepState::default()),
+        })
+    }
+}
