@@ -5,30 +5,34 @@
 //! token events into text deltas (incremental detokenisation and stop strings run here, on the
 //! async side) and cancels its sequence when dropped.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{Sender, SyncSender, TrySendError};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokenizers::Tokenizer;
-use tokio::sync::mpsc::{unbounded_channel, UnboundedReceiver};
+use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;
 
-use crate::api::{
-    ChatTemplateOptions, Delta, Finish, FinishReason, GenerateRequest, ModelCard, StopReason, Task,
-};
+use crate::api::{ChatTemplateOptions, GenerateRequest, ModelCard};
 use crate::block_manager::HashContext;
 use crate::chat_template::{ChatTemplate, NO_TEMPLATE_MESSAGE};
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
 use crate::device::{DTypeRequest, Device, DeviceRequest};
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{ActivationMode, EmbeddingModel, KvBudget, LoadedDecoder, LoadedEncoder};
-use crate::scheduler::{
-    Command, Engine, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission,
-};
+use crate::model::{ActivationMode, LoadedDecoder, LoadedEncoder};
+use crate::scheduler::{Command, EngineStats, Shared, Submission};
+
+mod embed;
+mod load;
+mod start;
+mod stream;
+
+use embed::EmbedJob;
+use load::load;
+use start::{start_decoder, start_encoder};
+pub use stream::GenerationStream;
 
 /// Settings for the serving machinery, from the CLI.
 #[derive(Debug, Clone)]
@@ -141,19 +145,10 @@ struct EncoderBackend {
     hidden_size: usize,
 }
 
-struct EmbedJob {
-    inputs: Vec<Vec<u32>>,
-    reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
-}
-
 impl Drop for DecoderBackend {
     fn drop(&mut self) {
         let _ = self.commands.send(Command::Shutdown);
     }
-}
-
-fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
-    config.max_model_len.map_or(model_max, |m| m.min(model_max))
 }
 
 impl EngineHandle {
@@ -246,260 +241,6 @@ impl EngineHandle {
     /// True while every engine thread is alive.
     pub fn is_healthy(&self) -> bool {
         self.inner.iter().all(ModelHandle::is_healthy)
-    }
-}
-
-/// Dispatch a model path to its loader.
-fn load(path: &str) -> Result<LoadedModel> {
-    let p = Path::new(path);
-    if !p.exists() {
-        return Err(EngineError::load(path, "no such file or directory"));
-    }
-    match crate::hf::detect(p) {
-        crate::hf::CheckpointKind::Gguf => {
-            let file = if p.is_dir() {
-                single_gguf(p)?
-            } else {
-                p.to_path_buf()
-            };
-            Ok(LoadedModel::Decoder(crate::gguf::load_decoder(&file)?))
-        }
-        crate::hf::CheckpointKind::Encoder => {
-            let encoder = crate::hf::load_encoder(p)?;
-            Ok(LoadedModel::Encoder {
-                encoder,
-                chat_template: crate::hf::read_chat_template(p),
-            })
-        }
-        crate::hf::CheckpointKind::Decoder => Ok(LoadedModel::Decoder(crate::hf::load_decoder(p)?)),
-        crate::hf::CheckpointKind::Unknown => Err(EngineError::load(
-            path,
-            "not a recognised model: expected a .gguf file or an HF folder with config.json",
-        )),
-    }
-}
-
-fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| EngineError::load(dir.display().to_string(), e.to_string()))?;
-    entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .ok_or_else(|| EngineError::load(dir.display().to_string(), "no .gguf file in the folder"))
-}
-
-fn compile_template(
-    spec: &ModelSpec,
-    source: Option<String>,
-    bos: &Option<String>,
-    eos: &Option<String>,
-) -> Option<ChatTemplate> {
-    let source = source?;
-    match ChatTemplate::new(&source, bos.clone(), eos.clone()) {
-        Ok(t) => Some(t),
-        Err(e) => {
-            tracing::warn!(model = %spec.served_name, "the checkpoint's chat template does not compile: {e}");
-            None
-        }
-    }
-}
-
-fn start_decoder(
-    spec: &ModelSpec,
-    mut d: LoadedDecoder,
-    config: &EngineConfig,
-    active: usize,
-) -> Result<ModelHandle> {
-    d.model.set_activation_mode(config.activation_mode);
-    let info = d.model.info().clone();
-    let device = d.model.device();
-    let max_model_len = resolve_max_len(config, info.max_position);
-    let cfg = SchedulerConfig {
-        max_num_seqs: config.max_num_seqs,
-        max_num_active_seqs: active,
-        max_num_batched_tokens: config.max_num_batched_tokens,
-        block_size: config.block_size,
-        kv_budget: KvBudget {
-            tokens: config.kv_cache_tokens,
-            gpu_memory_utilization: config.gpu_memory_utilization,
-            max_batched_tokens: config.max_num_batched_tokens,
-            max_seqs: active,
-        },
-        max_model_len,
-        enable_prefix_caching: config.enable_prefix_caching,
-        threads: config.threads,
-    };
-    let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
-    let shared = Arc::new(Shared::default());
-    let (tx, rx) = mpsc::channel();
-    let (engine, num_blocks) = Engine::new(d.model, cfg, rx, shared.clone(), metrics.clone())
-        .map_err(|e| match e {
-            EngineError::InvalidRequest { message, .. } => {
-                EngineError::load(spec.path.clone(), message)
-            }
-            other => other,
-        })?;
-    metrics.placed(&device, config.block_size, num_blocks);
-    std::thread::Builder::new()
-        .name(format!("engine-{}", spec.served_name))
-        .spawn(move || engine.run())
-        .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
-    let template = compile_template(spec, d.chat_template, &d.bos_token, &d.eos_token);
-    tracing::info!(
-        model = %spec.served_name,
-        architecture = %d.architecture,
-        max_model_len,
-        device = %device,
-        kv_blocks = num_blocks,
-        block_size = config.block_size,
-        activations = %config.activation_mode,
-        q8_kernels = ?kernels::q8_level(),
-        "decoder ready"
-    );
-    Ok(ModelHandle {
-        inner: Arc::new(ModelInner {
-            card: ModelCard {
-                name: spec.served_name.clone(),
-                root: spec.path.clone(),
-                max_model_len,
-                device,
-                tasks: vec![Task::Generate],
-                input_modalities: std::iter::once("text")
-                    .chain(d.media.as_ref().map(|m| m.modalities()).unwrap_or_default())
-                    .map(str::to_string)
-                    .collect(),
-            },
-            tokenizer: Arc::new(d.tokenizer),
-            template,
-            bos_token: d.bos_token,
-            eos_token: d.eos_token,
-            metrics,
-            backend: Backend::Decoder(DecoderBackend {
-                commands: tx,
-                shared,
-                next_id: AtomicU64::new(1),
-                max_num_seqs: config.max_num_seqs,
-                model_vocab: info.vocab_size,
-                media: d.media,
-            }),
-        }),
-    })
-}
-
-fn start_encoder(
-    spec: &ModelSpec,
-    e: LoadedEncoder,
-    chat_template: Option<String>,
-    config: &EngineConfig,
-) -> Result<ModelHandle> {
-    let info = e.model.info().clone();
-    let max_model_len = resolve_max_len(config, info.max_seq_len);
-    let (tx, rx) = mpsc::sync_channel(config.max_num_seqs.max(1));
-    let alive = Arc::new(AtomicBool::new(true));
-    let worker_alive = alive.clone();
-    let batch_tokens = config.max_num_batched_tokens.max(1);
-    let model = e.model;
-    std::thread::Builder::new()
-        .name(format!("embed-{}", spec.served_name))
-        .spawn(move || {
-            let _guard = AliveFlag(worker_alive);
-            embed_worker(model, rx, batch_tokens);
-        })
-        .map_err(|err| {
-            EngineError::Internal(format!("cannot start the embedding thread: {err}"))
-        })?;
-    let template = compile_template(spec, chat_template, &None, &None);
-    tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
-    Ok(ModelHandle {
-        inner: Arc::new(ModelInner {
-            card: ModelCard {
-                name: spec.served_name.clone(),
-                root: spec.path.clone(),
-                max_model_len,
-                device: "cpu".into(),
-                tasks: vec![Task::Embed, Task::Score],
-                input_modalities: vec!["text".into()],
-            },
-            tokenizer: Arc::new(e.tokenizer),
-            template,
-            bos_token: None,
-            eos_token: None,
-            metrics: Arc::new(ModelMetrics::new(&spec.served_name)),
-            backend: Backend::Encoder(EncoderBackend {
-                jobs: tx,
-                alive,
-                max_seq_len: max_model_len,
-                hidden_size: info.hidden_size,
-            }),
-        }),
-    })
-}
-
-struct AliveFlag(Arc<AtomicBool>);
-
-impl Drop for AliveFlag {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
-}
-
-/// Batch queued embedding jobs up to `batch_tokens` tokens and run them together.
-fn embed_worker(model: Box<dyn EmbeddingModel>, rx: Receiver<EmbedJob>, batch_tokens: usize) {
-    let mut pending: Option<EmbedJob> = None;
-    loop {
-        let first = match pending.take() {
-            Some(j) => j,
-            None => match rx.recv() {
-                Ok(j) => j,
-                Err(_) => return,
-            },
-        };
-        let mut tokens: usize = first.inputs.iter().map(Vec::len).sum();
-        let mut jobs = vec![first];
-        while tokens < batch_tokens {
-            match rx.try_recv() {
-                Ok(j) => {
-                    let t: usize = j.inputs.iter().map(Vec::len).sum();
-                    if tokens + t > batch_tokens {
-                        pending = Some(j);
-                        break;
-                    }
-                    tokens += t;
-                    jobs.push(j);
-                }
-                Err(_) => break,
-            }
-        }
-        jobs.retain(|j| !j.reply.is_closed());
-        if jobs.is_empty() {
-            continue;
-        }
-        let batch: Vec<Vec<u32>> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
-        let result = catch_unwind(AssertUnwindSafe(|| model.embed(&batch)));
-        match result {
-            Ok(Ok(vectors)) if vectors.len() == batch.len() => {
-                let mut it = vectors.into_iter();
-                for job in jobs {
-                    let mine: Vec<Vec<f32>> = it.by_ref().take(job.inputs.len()).collect();
-                    let _ = job.reply.send(Ok(mine));
-                }
-            }
-            other => {
-                let msg = match other {
-                    Ok(Ok(v)) => format!(
-                        "embedding model returned {} vectors for {} inputs",
-                        v.len(),
-                        batch.len()
-                    ),
-                    Ok(Err(e)) => format!("embedding failed: {e}"),
-                    Err(_) => "embedding model panicked".to_string(),
-                };
-                tracing::error!("{msg}");
-                for job in jobs {
-                    let _ = job.reply.send(Err(EngineError::Internal(msg.clone())));
-                }
-            }
-        }
     }
 }
 
@@ -782,160 +523,5 @@ impl ModelHandle {
         }
         wait.await
             .map_err(|_| EngineError::Internal("the embedding worker stopped".into()))?
-    }
-}
-
-/// Output of one sequence. Dropping it cancels the sequence and frees its KV blocks.
-pub struct GenerationStream {
-    events: UnboundedReceiver<SeqEvent>,
-    cancel: Option<(Sender<Command>, u64)>,
-    detok: IncrementalDetokenizer,
-    stops: StopMatcher,
-    include_stop_str_in_output: bool,
-    min_tokens: usize,
-    prompt_tokens: usize,
-    completion_tokens: usize,
-    cached_tokens: usize,
-    done: bool,
-    metrics: Arc<ModelMetrics>,
-    started: Instant,
-}
-
-impl GenerationStream {
-    /// The next increment; `None` after the delta that carries `finish`.
-    pub async fn next(&mut self) -> Option<Result<Delta>> {
-        if self.done {
-            return None;
-        }
-        let Some(first) = self.events.recv().await else {
-            self.done = true;
-            self.cancel = None;
-            return Some(Err(EngineError::Internal(
-                "the engine stopped before the sequence finished".into(),
-            )));
-        };
-        let mut delta = Delta::default();
-        if let Err(e) = self.apply(first, &mut delta) {
-            self.abort();
-            return Some(Err(e));
-        }
-        while delta.finish.is_none() {
-            match self.events.try_recv() {
-                Ok(ev) => {
-                    if let Err(e) = self.apply(ev, &mut delta) {
-                        self.abort();
-                        return Some(Err(e));
-                    }
-                }
-                Err(_) => break,
-            }
-        }
-        Some(Ok(delta))
-    }
-
-    /// End the stream after an error: no more deltas, and the engine drops the sequence.
-    fn abort(&mut self) {
-        self.done = true;
-        if let Some((tx, id)) = self.cancel.take() {
-            let _ = tx.send(Command::Cancel(id));
-        }
-    }
-
-    fn apply(&mut self, ev: SeqEvent, delta: &mut Delta) -> Result<()> {
-        match ev {
-            SeqEvent::Failed(e) => {
-                self.done = true;
-                self.cancel = None;
-                Err(e)
-            }
-            SeqEvent::Finished(finish) => {
-                self.finish(finish, delta);
-                Ok(())
-            }
-            SeqEvent::Token {
-                id,
-                logprobs,
-                cached_tokens,
-                finish,
-            } => {
-                self.completion_tokens += 1;
-                self.cached_tokens = cached_tokens;
-                delta.token_ids.push(id);
-                if let Some(lp) = logprobs {
-                    delta.logprobs.push(lp);
-                }
-                let stop_token = finish.as_ref().is_some_and(|f| {
-                    matches!(
-                        f.stop_reason,
-                        Some(StopReason::Eos) | Some(StopReason::TokenId(_))
-                    )
-                });
-                let piece = if stop_token && !self.include_stop_str_in_output {
-                    String::new()
-                } else {
-                    self.detok.push(id)?
-                };
-                let allow = self.completion_tokens > self.min_tokens;
-                let check = self.stops.push(&piece, allow);
-                delta.text.push_str(&check.text);
-                if let Some(stop) = check.stopped {
-                    let finish = Finish {
-                        reason: FinishReason::Stop,
-                        stop_reason: Some(StopReason::String(stop)),
-                        prompt_tokens: self.prompt_tokens,
-                        completion_tokens: self.completion_tokens,
-                        cached_tokens: self.cached_tokens,
-                    };
-                    // The engine may still be generating: cancel it now.
-                    if let Some((tx, id)) = self.cancel.take() {
-                        let _ = tx.send(Command::Cancel(id));
-                    }
-                    self.record(FinishReason::Stop);
-                    self.done = true;
-                    delta.finish = Some(finish);
-                    return Ok(());
-                }
-                if let Some(f) = finish {
-                    let tail = self.detok.flush()?;
-                    let check = self.stops.push(&tail, allow);
-                    delta.text.push_str(&check.text);
-                    // The flushed tail (an incomplete character) may still complete a stop string.
-                    let f = match check.stopped {
-                        Some(stop) => Finish {
-                            reason: FinishReason::Stop,
-                            stop_reason: Some(StopReason::String(stop)),
-                            ..f
-                        },
-                        None => f,
-                    };
-                    self.finish(f, delta);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    fn finish(&mut self, finish: Finish, delta: &mut Delta) {
-        delta.text.push_str(&self.stops.flush());
-        self.record(finish.reason);
-        self.done = true;
-        self.cancel = None;
-        delta.finish = Some(finish);
-    }
-
-    fn record(&self, reason: FinishReason) {
-        self.metrics
-            .request_finished(reason, self.started.elapsed());
-    }
-}
-
-impl Drop for GenerationStream {
-    fn drop(&mut self) {
-        if let Some((tx, id)) = self.cancel.take() {
-            let _ = tx.send(Command::Cancel(id));
-            if !self.done {
-                self.record(FinishReason::Abort);
-            }
-        }
     }
 }

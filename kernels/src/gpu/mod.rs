@@ -136,6 +136,7 @@ pub enum Arg {
 
 impl Arg {
     /// The value's bytes, in a slot of 8, and its size.
+    #[cfg_attr(not(any(feature = "cuda", feature = "emu")), allow(dead_code))]
     pub(crate) fn bytes(self) -> ([u8; 8], usize) {
         let mut b = [0u8; 8];
         let n = match self {

@@ -1,0 +1,167 @@
+//! Starting a served model: a decoder's engine thread (KV cache on its device, scheduler,
+//! metrics) or an encoder's embedding worker, and the model's card.
+
+use std::sync::atomic::{AtomicBool, AtomicU64};
+use std::sync::{mpsc, Arc};
+
+use super::embed::{embed_worker, AliveFlag};
+use super::{
+    Backend, DecoderBackend, EncoderBackend, EngineConfig, ModelHandle, ModelInner, ModelSpec,
+};
+use crate::api::{ModelCard, Task};
+use crate::chat_template::ChatTemplate;
+use crate::error::{EngineError, Result};
+use crate::metrics::ModelMetrics;
+use crate::model::{KvBudget, LoadedDecoder, LoadedEncoder};
+use crate::scheduler::{Engine, SchedulerConfig, Shared};
+
+fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
+    config.max_model_len.map_or(model_max, |m| m.min(model_max))
+}
+
+fn compile_template(
+    spec: &ModelSpec,
+    source: Option<String>,
+    bos: &Option<String>,
+    eos: &Option<String>,
+) -> Option<ChatTemplate> {
+    let source = source?;
+    match ChatTemplate::new(&source, bos.clone(), eos.clone()) {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::warn!(model = %spec.served_name, "the checkpoint's chat template does not compile: {e}");
+            None
+        }
+    }
+}
+
+pub(super) fn start_decoder(
+    spec: &ModelSpec,
+    mut d: LoadedDecoder,
+    config: &EngineConfig,
+    active: usize,
+) -> Result<ModelHandle> {
+    d.model.set_activation_mode(config.activation_mode);
+    let info = d.model.info().clone();
+    let device = d.model.device();
+    let max_model_len = resolve_max_len(config, info.max_position);
+    let cfg = SchedulerConfig {
+        max_num_seqs: config.max_num_seqs,
+        max_num_active_seqs: active,
+        max_num_batched_tokens: config.max_num_batched_tokens,
+        block_size: config.block_size,
+        kv_budget: KvBudget {
+            tokens: config.kv_cache_tokens,
+            gpu_memory_utilization: config.gpu_memory_utilization,
+            max_batched_tokens: config.max_num_batched_tokens,
+            max_seqs: active,
+        },
+        max_model_len,
+        enable_prefix_caching: config.enable_prefix_caching,
+        threads: config.threads,
+    };
+    let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
+    let shared = Arc::new(Shared::default());
+    let (tx, rx) = mpsc::channel();
+    let (engine, num_blocks) = Engine::new(d.model, cfg, rx, shared.clone(), metrics.clone())
+        .map_err(|e| match e {
+            EngineError::InvalidRequest { message, .. } => {
+                EngineError::load(spec.path.clone(), message)
+            }
+            other => other,
+        })?;
+    metrics.placed(&device, config.block_size, num_blocks);
+    std::thread::Builder::new()
+        .name(format!("engine-{}", spec.served_name))
+        .spawn(move || engine.run())
+        .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
+    let template = compile_template(spec, d.chat_template, &d.bos_token, &d.eos_token);
+    tracing::info!(
+        model = %spec.served_name,
+        architecture = %d.architecture,
+        max_model_len,
+        device = %device,
+        kv_blocks = num_blocks,
+        block_size = config.block_size,
+        activations = %config.activation_mode,
+        q8_kernels = ?kernels::q8_level(),
+        "decoder ready"
+    );
+    Ok(ModelHandle {
+        inner: Arc::new(ModelInner {
+            card: ModelCard {
+                name: spec.served_name.clone(),
+                root: spec.path.clone(),
+                max_model_len,
+                device,
+                tasks: vec![Task::Generate],
+                input_modalities: std::iter::once("text")
+                    .chain(d.media.as_ref().map(|m| m.modalities()).unwrap_or_default())
+                    .map(str::to_string)
+                    .collect(),
+            },
+            tokenizer: Arc::new(d.tokenizer),
+            template,
+            bos_token: d.bos_token,
+            eos_token: d.eos_token,
+            metrics,
+            backend: Backend::Decoder(DecoderBackend {
+                commands: tx,
+                shared,
+                next_id: AtomicU64::new(1),
+                max_num_seqs: config.max_num_seqs,
+                model_vocab: info.vocab_size,
+                media: d.media,
+            }),
+        }),
+    })
+}
+
+pub(super) fn start_encoder(
+    spec: &ModelSpec,
+    e: LoadedEncoder,
+    chat_template: Option<String>,
+    config: &EngineConfig,
+) -> Result<ModelHandle> {
+    let info = e.model.info().clone();
+    let max_model_len = resolve_max_len(config, info.max_seq_len);
+    let (tx, rx) = mpsc::sync_channel(config.max_num_seqs.max(1));
+    let alive = Arc::new(AtomicBool::new(true));
+    let worker_alive = alive.clone();
+    let batch_tokens = config.max_num_batched_tokens.max(1);
+    let model = e.model;
+    std::thread::Builder::new()
+        .name(format!("embed-{}", spec.served_name))
+        .spawn(move || {
+            let _guard = AliveFlag(worker_alive);
+            embed_worker(model, rx, batch_tokens);
+        })
+        .map_err(|err| {
+            EngineError::Internal(format!("cannot start the embedding thread: {err}"))
+        })?;
+    let template = compile_template(spec, chat_template, &None, &None);
+    tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
+    Ok(ModelHandle {
+        inner: Arc::new(ModelInner {
+            card: ModelCard {
+                name: spec.served_name.clone(),
+                root: spec.path.clone(),
+                max_model_len,
+                device: "cpu".into(),
+                tasks: vec![Task::Embed, Task::Score],
+                input_modalities: vec!["text".into()],
+            },
+            tokenizer: Arc::new(e.tokenizer),
+            template,
+            bos_token: None,
+            eos_token: None,
+            metrics: Arc::new(ModelMetrics::new(&spec.served_name)),
+            backend: Backend::Encoder(EncoderBackend {
+                jobs: tx,
+                alive,
+                max_seq_len: max_model_len,
+                hidden_size: info.hidden_size,
+            }),
+        }),
+    })
+}
