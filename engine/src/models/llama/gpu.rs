@@ -172,6 +172,27 @@ impl GpuLlama {
         let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
         let w = &self.weights;
 
+        // `x += delta` (when given), then RMSNorm with `weight` into `out`, over every row or
+        // the rows listed.
+        let norm = |delta: Option<DevicePtr>,
+                    weight: &GpuBuffer,
+                    out: DevicePtr,
+                    rows: Option<DevicePtr>,
+                    n_rows: usize| {
+            AddRmsNorm {
+                dtype,
+                x: s.x.ptr(),
+                delta,
+                weight: weight.ptr(),
+                out,
+                rows,
+                n_rows,
+                hidden: h,
+                eps: cfg.eps,
+            }
+            .launch(gpu)
+            .map_err(gpu_err)
+        };
         Embed {
             dtype,
             table: w.embed.ptr(),
@@ -187,19 +208,13 @@ impl GpuLlama {
 
         let scale = 1.0 / (hd as f32).sqrt();
         for (li, layer) in w.layers.iter().enumerate() {
-            AddRmsNorm {
-                dtype,
-                x: s.x.ptr(),
-                delta: (li > 0).then(|| s.delta.ptr()),
-                weight: layer.attn_norm.ptr(),
-                out: s.h.ptr(),
-                rows: None,
-                n_rows: t,
-                hidden: h,
-                eps: cfg.eps,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
+            norm(
+                (li > 0).then(|| s.delta.ptr()),
+                &layer.attn_norm,
+                s.h.ptr(),
+                None,
+                t,
+            )?;
             gemm(
                 gpu,
                 dtype,
@@ -279,19 +294,7 @@ impl GpuLlama {
                 q_dim,
                 s.delta.ptr(),
             )?;
-            AddRmsNorm {
-                dtype,
-                x: s.x.ptr(),
-                delta: Some(s.delta.ptr()),
-                weight: layer.ffn_norm.ptr(),
-                out: s.h.ptr(),
-                rows: None,
-                n_rows: t,
-                hidden: h,
-                eps: cfg.eps,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
+            norm(Some(s.delta.ptr()), &layer.ffn_norm, s.h.ptr(), None, t)?;
             gemm(
                 gpu,
                 dtype,
@@ -325,19 +328,13 @@ impl GpuLlama {
         let n_logits = plan.logit_chunks.len();
         if n_logits > 0 {
             // The last layer's residual add happens here, for the wanted rows only.
-            AddRmsNorm {
-                dtype,
-                x: s.x.ptr(),
-                delta: Some(s.delta.ptr()),
-                weight: w.out_norm.ptr(),
-                out: s.normed.ptr(),
-                rows: Some(int(plan.at.logit_rows)),
-                n_rows: n_logits,
-                hidden: h,
-                eps: cfg.eps,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
+            norm(
+                Some(s.delta.ptr()),
+                &w.out_norm,
+                s.normed.ptr(),
+                Some(int(plan.at.logit_rows)),
+                n_logits,
+            )?;
             gemm(
                 gpu,
                 dtype,
