@@ -7,6 +7,10 @@
 #   scripts/gpu-check.sh          there (no cargo, no network): every section below, each under
 #                                 its own timeout; logs, bench.json, peer.json and results.json
 #                                 under $OUT; a summary line per section; exit 1 if any failed
+#   scripts/gpu-check.sh --dry-run here, after --pack: the same sections with the emulator's
+#                                 tests, the tiny shape and the CPU, to check the script's own
+#                                 plumbing (paths, JSON, HTTP) where there is no GPU; PYTHON names
+#                                 a python with torch and transformers
 #
 # Sections: env (card, driver, libraries) · kernels (every kernel against its CPU reference,
 # `cuda::` tests) · nvrtc (every source compiles for the device) · models (random-init bf16
@@ -52,11 +56,20 @@ if [ "${1:-}" = "--pack" ]; then
   exit
 fi
 
+DRY=
+[ "${1:-}" = "--dry-run" ] && DRY=1
+PY="${PYTHON:-python3}"
+if [ -n "$DRY" ]; then
+  TESTS=emu:: SHAPES=tiny MAIN=tiny DEVICE=cpu DTYPE=auto BENCH="--prefill 64 --decode-tokens 8"
+else
+  TESTS=cuda:: SHAPES="smol 1b" MAIN=1b DEVICE=cuda DTYPE=bfloat16 BENCH="--prefill 2048 --decode-tokens 64"
+fi
+
 OUT="${OUT:-/tmp/gpu-check}"
 mkdir -p "$OUT"
-export RUST_BACKTRACE=1 GATEWAY_KERNEL_CACHE=/tmp/gateway-kernels
-nv=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
-export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${nv}:${LD_LIBRARY_PATH:-}"
+export RUST_BACKTRACE=1 GATEWAY_KERNEL_CACHE=/tmp/gateway-kernels GATEWAY_TEST_DATA=$PWD/tests/data
+nv=$("$PY" -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null || true)
+export LD_LIBRARY_PATH="/usr/local/cuda/lib64:${nv}:$PWD/models-cache/nvrtc/nvidia/cu13/lib:${LD_LIBRARY_PATH:-}"
 MODELS=/tmp/gpu-check-models
 STATUS=()
 
@@ -65,7 +78,9 @@ section() { # name timeout command...
   shift 2
   local t0=$SECONDS
   echo "=== $name" | tee -a "$OUT/summary.txt"
-  timeout --kill-after=10 "$limit" "$@" >"$OUT/$name.log" 2>&1
+  # A fresh bash, so that a section may be one of the functions below (exported) and the
+  # timeout kills the whole of it.
+  timeout --kill-after=10 "$limit" bash -c '"$@"' _ "$@" >"$OUT/$name.log" 2>&1
   local rc=$?
   local verdict=PASS
   [ $rc -eq 0 ] || verdict="FAIL (rc $rc)"
@@ -76,10 +91,10 @@ section() { # name timeout command...
 }
 
 env_info() {
-  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
+  [ -n "$DRY" ] || nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   ls /usr/local/cuda/lib64 2>/dev/null | grep -E '^lib(nvrtc|cublas|cublasLt)\.so' || true
   [ -n "$nv" ] && ls "$nv" | grep -E 'nvrtc' || true
-  python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
+  "$PY" -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
   uname -r
   ldd .gpu/gateway | grep -E 'not found' && return 1
   return 0
@@ -88,26 +103,27 @@ env_info() {
 kernels() {
   local rc=0
   for t in gpu_norm gpu_elementwise gpu_attention gpu_sampling; do
-    GATEWAY_CUDA_SYNC=1 ".gpu/$t" --include-ignored --test-threads 1 cuda:: || rc=1
+    GATEWAY_CUDA_SYNC=1 ".gpu/$t" --include-ignored --test-threads 1 "$TESTS" || rc=1
   done
   return $rc
 }
 
 models() {
   set -e
-  for shape in smol 1b; do
-    python3 scripts/gpu_reference.py make --shape "$shape" --out "$MODELS/$shape"
-    python3 scripts/gpu_reference.py reference --model "$MODELS/$shape" \
+  for shape in $SHAPES; do
+    "$PY" scripts/gpu_reference.py make --shape "$shape" --out "$MODELS/$shape"
+    "$PY" scripts/gpu_reference.py reference --model "$MODELS/$shape" \
       --out "$MODELS/$shape/reference.json" --prompts 5 --new-tokens 16
   done
 }
 
 bench() {
   set -e
-  .gpu/decode_bench --model "$MODELS/1b" --device cuda --dtype bfloat16 --threads 16 \
-    --batches 1,32 --prefill 2048 --decode-tokens 64 | tee "$OUT/bench.json"
-  python3 scripts/gpu_reference.py time --model "$MODELS/1b" --out "$OUT/peer.json"
-  python3 - "$OUT" "$MODELS/1b" <<'PY'
+  # shellcheck disable=SC2086
+  .gpu/decode_bench --model "$MODELS/$MAIN" --device "$DEVICE" --dtype "$DTYPE" --threads 16 \
+    --batches 1,32 $BENCH | tee "$OUT/bench.json"
+  "$PY" scripts/gpu_reference.py time --model "$MODELS/$MAIN" --out "$OUT/peer.json"
+  python3 - "$OUT" "$MODELS/$MAIN" <<'PY'
 import json, os, sys
 out, model = sys.argv[1], sys.argv[2]
 ours = json.loads(open(os.path.join(out, "bench.json")).read().strip().splitlines()[-1])
@@ -132,16 +148,18 @@ PY
 
 http() {
   local port=8765 pid rc
-  .gpu/gateway serve --model "$MODELS/1b" --served-model-name gpu-1b --device cuda \
-    --port "$port" --max-model-len 4096 >"$OUT/gateway.log" 2>&1 &
+  .gpu/gateway serve --model "$MODELS/$MAIN" --served-model-name gpu-1b --device "$DEVICE" \
+    --port "$port" --max-model-len 1024 >"$OUT/gateway.log" 2>&1 &
   pid=$!
+  trap 'kill "$pid" 2>/dev/null' EXIT
   for _ in $(seq 120); do
     python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" \
       >/dev/null 2>&1 && break
     kill -0 "$pid" 2>/dev/null || { echo "the gateway exited"; tail -30 "$OUT/gateway.log"; return 1; }
     sleep 1
   done
-  python3 scripts/gpu_http_check.py --base-url "http://127.0.0.1:$port" --model gpu-1b --streams 32
+  python3 scripts/gpu_http_check.py --base-url "http://127.0.0.1:$port" --model gpu-1b --streams 32 \
+    --expect-device "$DEVICE"
   rc=$?
   kill -TERM "$pid"
   wait "$pid"
@@ -150,6 +168,7 @@ http() {
 }
 
 sanitize() {
+  [ -z "$DRY" ] || { echo "dry run: no compute-sanitizer"; return 0; }
   local cs rc=0
   cs=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
   [ -n "$cs" ] || { echo "no compute-sanitizer"; return 1; }
@@ -161,13 +180,21 @@ sanitize() {
   return $rc
 }
 
+export DRY PY TESTS SHAPES MAIN DEVICE DTYPE BENCH OUT MODELS nv
+export -f env_info kernels models bench http sanitize
+
 section env 20 env_info
 section nvrtc 45 .gpu/nvrtc_compile --nocapture
 section kernels 60 kernels
 section models 120 models
-section decoder 45 env GATEWAY_CUDA_SYNC=1 .gpu/gpu_decoder --include-ignored --test-threads 1 cuda::tiny
-section parity 90 env GPU_PARITY_DIR="$MODELS/smol:$MODELS/1b" .gpu/gpu_parity \
-  --include-ignored --nocapture transformers_parity_on_the_gpu
+section decoder 45 env GATEWAY_CUDA_SYNC=1 .gpu/gpu_decoder --include-ignored --test-threads 1 \
+  "${TESTS}tiny"
+if [ -n "$DRY" ]; then
+  section parity 90 .gpu/gpu_parity --nocapture tiny_llama
+else
+  section parity 90 env GPU_PARITY_DIR="$MODELS/smol:$MODELS/1b" .gpu/gpu_parity \
+    --include-ignored --nocapture transformers_parity_on_the_gpu
+fi
 section bench 90 bench
 section http 90 http
 # Last, with what time is left: races and bad accesses that the emulator cannot see (it runs

@@ -22,8 +22,16 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .fold(0.0f32, f32::max)
 }
 
+/// The repository's `tests/data`, or `GATEWAY_TEST_DATA` where the test binary runs away from
+/// the tree it was built in (the GPU machine: `scripts/gpu-check.sh` sets it).
+fn test_data() -> PathBuf {
+    std::env::var_os("GATEWAY_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data"))
+}
+
 fn tiny_vl() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-qwen2-vl")
+    test_data().join("tiny-qwen2-vl")
 }
 
 fn smollm2() -> Option<PathBuf> {

@@ -139,8 +139,13 @@ fn assert_float32_parity(gpu: &Gpu, dir: &Path) {
     assert!(o.checked > 0, "no step had a clear greedy margin");
 }
 
+/// `tests/data/tiny-llama`, under `GATEWAY_TEST_DATA` where the binary runs away from the tree
+/// it was built in (`scripts/gpu-check.sh` sets it).
 fn tiny() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama")
+    std::env::var_os("GATEWAY_TEST_DATA")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data"))
+        .join("tiny-llama")
 }
 
 #[test]

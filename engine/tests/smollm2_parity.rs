@@ -17,9 +17,13 @@ use engine::EngineError;
 use serde_json::Value;
 
 const BLOCK: usize = 16;
-/// Steps are compared token by token until the reference's top1-top2 margin drops below this.
-const MARGIN: f64 = 0.3;
-const LOGPROB_TOL: f64 = 0.05;
+/// In the exact f32 mode a step's token must be the reference's wherever its top1-top2 margin
+/// is above f32 summation noise, and the top-5 logprobs agree to that noise (measured
+/// 2026-12-04: 384 of 384 steps agree, largest logprob difference 4.4e-5).
+const F32_MARGIN: f64 = 1e-3;
+const LOGPROB_TOL: f64 = 1e-3;
+/// In [`ActivationMode::Q8`] steps are compared where the reference's margin is at least this.
+const Q8_MARGIN: f64 = 0.3;
 /// Top-5 logprob tolerance in [`ActivationMode::Q8`]. The reference README measured up to
 /// 0.64 for llama.cpp's own Q4_1 x Q8_1 path on this model; ours measured 0.36 to 0.57
 /// depending on the kernel level (see `greedy_q8_within_quantisation_tolerance`).
@@ -208,10 +212,10 @@ fn loaded_metadata() {
 }
 
 /// Teacher-forced greedy run of every case in `mode`: the argmax must equal the reference at
-/// every step whose reference top1-top2 margin is at least [`MARGIN`], and the top-5 logprobs
+/// every step whose reference top1-top2 margin is at least `margin`, and the top-5 logprobs
 /// at the recorded positions must be within `logprob_tol`. Returns the largest logprob
 /// difference seen.
-fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
+fn check_greedy(mode: ActivationMode, logprob_tol: f64, margin: f64) -> f64 {
     let mut m = model_in(mode);
     let mut worst_logprob = 0f64;
     let mut summary = Vec::new();
@@ -228,7 +232,7 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
         // Teacher forcing makes every step independent of earlier choices, so every step
         // whose reference margin is clear must agree (a superset of "every step up to the
         // first low-margin one").
-        let checked: Vec<usize> = (0..want.len()).filter(|&s| margins[s] >= MARGIN).collect();
+        let checked: Vec<usize> = (0..want.len()).filter(|&s| margins[s] >= margin).collect();
         let c = cache(&mut m, 1, prompt.len() + want.len());
         let table = c.tables[0].clone();
 
@@ -302,7 +306,7 @@ fn check_greedy(mode: ActivationMode, logprob_tol: f64) -> f64 {
 
 #[test]
 fn greedy_tokens_and_logprobs_match_reference() {
-    let worst = check_greedy(ActivationMode::F32, LOGPROB_TOL);
+    let worst = check_greedy(ActivationMode::F32, LOGPROB_TOL, F32_MARGIN);
     assert!(worst < LOGPROB_TOL);
 }
 
@@ -317,7 +321,7 @@ fn greedy_tokens_and_logprobs_match_reference() {
 /// real one: this mode does not silently run in f32.
 #[test]
 fn greedy_q8_within_quantisation_tolerance() {
-    let worst = check_greedy(ActivationMode::Q8, Q8_LOGPROB_TOL);
+    let worst = check_greedy(ActivationMode::Q8, Q8_LOGPROB_TOL, Q8_MARGIN);
     assert!(
         worst > 1e-3,
         "q8 mode matches f32 to {worst}: is it running at all?"
