@@ -100,6 +100,12 @@ fn ensure_request_id(req: &mut Request) -> HeaderValue {
     }
 }
 
+/// Liveness and monitoring probes answer whatever the load: they take no concurrency slot, so
+/// a server busy with real work does not fail its health checks (and get restarted for it).
+fn is_probe(path: &str) -> bool {
+    matches!(path, "/health" | "/ping" | "/metrics" | "/version")
+}
+
 fn panic_response(err: Box<dyn Any + Send + 'static>) -> Response {
     let detail = err
         .downcast_ref::<String>()
@@ -135,12 +141,17 @@ where
         if !self.cfg.auth.allows(req.uri().path(), req.headers()) {
             return FrontFuture::done(ApiError::Unauthorized.into_response(), request_id, log);
         }
-        let Ok(permit) = self.cfg.slots.clone().try_acquire_owned() else {
-            metrics::counter!("gateway_requests_shed_total").increment(1);
-            let shed = ApiError::Overloaded(
-                "The server is at its concurrent request limit; retry shortly.".into(),
-            );
-            return FrontFuture::done(shed.into_response(), request_id, log);
+        let permit = if is_probe(req.uri().path()) {
+            None
+        } else {
+            let Ok(permit) = self.cfg.slots.clone().try_acquire_owned() else {
+                metrics::counter!("gateway_requests_shed_total").increment(1);
+                let shed = ApiError::Overloaded(
+                    "The server is at its concurrent request limit; retry shortly.".into(),
+                );
+                return FrontFuture::done(shed.into_response(), request_id, log);
+            };
+            Some(permit)
         };
         let deadline = Instant::now() + self.cfg.timeout;
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
@@ -149,7 +160,7 @@ where
                     inner,
                     deadline,
                     timer: None,
-                    permit: Some(permit),
+                    permit,
                     timeout: self.cfg.timeout,
                 },
                 request_id: Some(request_id),
@@ -298,7 +309,9 @@ mod tests {
         let router = Router::new()
             .route("/slow", post(slow))
             .route("/boom", post(boom))
-            .route("/ok", post(|| async { "ok" }));
+            .route("/ok", post(|| async { "ok" }))
+            .route("/health", axum::routing::get(|| async { "healthy" }))
+            .route("/metrics", axum::routing::get(|| async { "# metrics" }));
         super::super::stack::apply(
             router,
             super::super::stack::StackConfig {
@@ -369,6 +382,7 @@ mod tests {
         let busy = tokio::spawn(send(app.clone(), "/slow", None));
         tokio::time::sleep(Duration::from_millis(50)).await;
         let resp = app
+            .clone()
             .oneshot(Request::post("/ok").body(Body::empty()).unwrap_or_default())
             .await
             .unwrap();
@@ -379,6 +393,19 @@ mod tests {
                 .map(|v| v.as_bytes()),
             Some(&b"1"[..])
         );
+        // The probes answer while the only slot is taken.
+        for path in ["/health", "/metrics"] {
+            let resp = app
+                .clone()
+                .oneshot(Request::get(path).body(Body::empty()).unwrap_or_default())
+                .await
+                .unwrap();
+            assert_eq!(
+                resp.status().as_u16(),
+                200,
+                "{path} while every slot is busy"
+            );
+        }
         assert_eq!(busy.await.unwrap().0, 504);
     }
 
