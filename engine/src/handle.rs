@@ -256,6 +256,15 @@ impl ModelHandle {
         }
     }
 
+    /// The most sequences the decoder holds at once (`--max-num-seqs`); `None` for encoders.
+    /// A request needing more can never be served and is refused, not queued.
+    pub fn max_num_seqs(&self) -> Option<usize> {
+        match &self.inner.backend {
+            Backend::Decoder(d) => Some(d.max_num_seqs),
+            Backend::Encoder(_) => None,
+        }
+    }
+
     /// True while this model's engine (or embedding) thread is alive.
     pub fn is_healthy(&self) -> bool {
         match &self.inner.backend {

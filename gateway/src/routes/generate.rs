@@ -87,7 +87,18 @@ pub fn submit(
     cache_salt: Option<&str>,
     media: Option<&std::sync::Arc<engine::api::PromptMedia>>,
 ) -> ApiResult<Vec<Choice>> {
-    let mut out = Vec::with_capacity(prompts.len() * n);
+    // More sequences than the engine can ever hold would never run: a 400, not a 503 to retry.
+    let wanted = prompts.len().saturating_mul(n);
+    if let Some(cap) = model.max_num_seqs().filter(|&cap| wanted > cap) {
+        return Err(ApiError::bad_request(
+            format!(
+                "This request asks for {wanted} sequences at once ({} prompt(s) with n = {n}), but the server runs at most {cap} (--max-num-seqs).",
+                prompts.len()
+            ),
+            Some(if prompts.len() > 1 { "prompt" } else { "n" }),
+        ));
+    }
+    let mut out = Vec::with_capacity(wanted);
     for (p, (ids, base)) in prompts.iter().zip(params).enumerate() {
         for j in 0..n {
             let mut params = base.clone();
