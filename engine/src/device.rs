@@ -157,7 +157,7 @@ fn open(ordinal: usize) -> Result<Device> {
         device = %info.label(),
         name = %info.name,
         compute_capability = %format!("{}.{}", info.compute_capability.0, info.compute_capability.1),
-        memory_gib = format!("{:.1}", info.total_memory as f64 / (1u64 << 30) as f64),
+        memory_gib = %format!("{:.1}", info.total_memory as f64 / (1u64 << 30) as f64),
         driver = %format!("{}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10),
         "CUDA device opened"
     );

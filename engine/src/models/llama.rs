@@ -686,6 +686,16 @@ impl CausalLm for LlamaModel {
             ));
         }
         let blocks = host_kv_blocks(block_size, budget);
+        let bytes = blocks * block_size * PagedKvCache::bytes_per_token(&self.info);
+        // The pages are zero-filled by the OS as they are first written, so the process grows
+        // towards this size as sequences fill the cache: say so once, with the figure.
+        tracing::info!(
+            blocks,
+            block_size,
+            tokens = blocks * block_size,
+            gib = %format!("{:.2}", bytes as f64 / (1u64 << 30) as f64),
+            "KV cache in host memory (f32; committed as it fills, --kv-cache-tokens sizes it)"
+        );
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
         state.kv = Some(PagedKvCache::new(&self.info, block_size, blocks));
         Ok(blocks)

@@ -445,8 +445,8 @@ impl CausalLm for GpuLlama {
             blocks = num_blocks,
             block_size,
             tokens = num_blocks * block_size,
-            gib = format!("{:.2}", bytes as f64 / GIB),
-            weights_gib = format!("{:.2}", self.weights.bytes as f64 / GIB),
+            gib = %format!("{:.2}", bytes as f64 / GIB),
+            weights_gib = %format!("{:.2}", self.weights.bytes as f64 / GIB),
             dtype = %self.dtype,
             "KV cache on the GPU"
         );

@@ -64,7 +64,7 @@ impl Progress {
         while self.done >= self.next_log {
             tracing::info!(
                 uploaded_gib = self.next_log / GIB,
-                total_gib = format!("{:.2}", self.total as f64 / GIB as f64),
+                total_gib = %format!("{:.2}", self.total as f64 / GIB as f64),
                 elapsed_ms = self.started.elapsed().as_millis() as u64,
                 "uploading weights"
             );
@@ -273,7 +273,7 @@ pub(super) fn upload(gpu: &Gpu, model: &LlamaModel, dtype: GpuDType) -> Result<G
     tracing::info!(
         device = %gpu.info().label(),
         dtype = %dtype,
-        gib = format!("{:.2}", total as f64 / GIB as f64),
+        gib = %format!("{:.2}", total as f64 / GIB as f64),
         elapsed_ms = started.elapsed().as_millis() as u64,
         "weights on the GPU"
     );
