@@ -36,47 +36,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "engine ready"
     );
-    // Models with media encoders get their processor settings from their folders.
-    let mut media_specs = std::collections::HashMap::new();
-    for spec in &settings.models {
-        let takes_media = engine
-            .model(&spec.served_name)
-            .is_some_and(|m| !m.media_modalities().is_empty());
-        if takes_media {
-            let media = preprocess::pipeline::ModelMediaSpec::from_model_dir(std::path::Path::new(
-                &spec.path,
-            ))
-            .map_err(|e| StartupError(format!("{}: {e}", spec.path)))?;
-            media_specs.insert(spec.served_name.clone(), media);
-        }
-    }
-    let media = if media_specs.is_empty() {
-        None
-    } else {
-        Some(Arc::new(
-            preprocess::pipeline::MediaPipeline::new(
-                settings.url_policy.clone(),
-                preprocess::pipeline::PipelineConfig::default(),
-            )
-            .map_err(|e| StartupError(format!("cannot start the media fetcher: {e}")))?,
-        ))
-    };
-    let state = Arc::new(AppState {
-        engine,
-        trust_all: settings.trust_all,
-        defaults: settings.defaults,
-        limits: settings.limits,
-        profile: settings.profile,
-        url_policy: settings.url_policy,
-        trust_request_chat_template: args.trust_request_chat_template,
-        default_chat_template_kwargs: settings.default_chat_template_kwargs,
-        max_logprobs: args.max_logprobs,
-        api_keys: args.api_key.clone(),
-        max_body_bytes: args.max_request_body_bytes,
-        media,
-        media_specs,
-        metrics: Some(metrics),
-    });
+    let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
     let app = app(
         state,
         HttpLimits {

@@ -44,6 +44,55 @@ pub struct AppState {
 }
 
 impl AppState {
+    /// The state the routes share, from the flags, their validated settings and the started
+    /// engine. Models with media encoders get their processor settings from their folders.
+    pub fn new(
+        args: &ServeArgs,
+        settings: Settings,
+        engine: EngineHandle,
+        metrics: Option<PrometheusHandle>,
+    ) -> Result<Self, StartupError> {
+        let mut media_specs = std::collections::HashMap::new();
+        for spec in &settings.models {
+            let takes_media = engine
+                .model(&spec.served_name)
+                .is_some_and(|m| !m.media_modalities().is_empty());
+            if takes_media {
+                let media =
+                    preprocess::pipeline::ModelMediaSpec::from_model_dir(Path::new(&spec.path))
+                        .map_err(|e| fail(format!("{}: {e}", spec.path)))?;
+                media_specs.insert(spec.served_name.clone(), media);
+            }
+        }
+        let media = if media_specs.is_empty() {
+            None
+        } else {
+            Some(Arc::new(
+                preprocess::pipeline::MediaPipeline::new(
+                    settings.url_policy.clone(),
+                    preprocess::pipeline::PipelineConfig::default(),
+                )
+                .map_err(|e| fail(format!("cannot start the media fetcher: {e}")))?,
+            ))
+        };
+        Ok(AppState {
+            engine,
+            trust_all: settings.trust_all,
+            defaults: settings.defaults,
+            limits: settings.limits,
+            profile: settings.profile,
+            url_policy: settings.url_policy,
+            trust_request_chat_template: args.trust_request_chat_template,
+            default_chat_template_kwargs: settings.default_chat_template_kwargs,
+            max_logprobs: args.max_logprobs,
+            api_keys: args.api_key.clone(),
+            max_body_bytes: args.max_request_body_bytes,
+            media,
+            media_specs,
+            metrics,
+        })
+    }
+
     pub fn is_trusted(&self, api_key: Option<&str>) -> bool {
         self.trust_all || self.profile.as_ref().is_some_and(|p| p.is_trusted(api_key))
     }

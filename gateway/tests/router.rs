@@ -1,0 +1,151 @@
+//! Router-level tests: the whole app (front service, dispatch, handlers, policy layers) driven
+//! with `oneshot` requests, no socket and no built binary, over a real engine serving the tiny
+//! committed checkpoint (`tests/data/tiny-llama`), which starts in milliseconds.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::Request;
+use clap::Parser;
+use gateway::cli::{Cli, Command};
+use gateway::server::{app, HttpLimits};
+use gateway::state::{AppState, Settings};
+use http_body_util::BodyExt;
+use serde_json::{json, Value};
+use tower::ServiceExt;
+
+const MODEL: &str = "tiny";
+
+/// The app as `gateway serve --model tests/data/tiny-llama --served-model-name tiny <extra>`
+/// builds it.
+fn server(extra: &[&str]) -> gateway::http::front::Front<gateway::server::Dispatch> {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama");
+    let mut argv = vec![
+        "gateway".to_string(),
+        "serve".into(),
+        "--model".into(),
+        dir.display().to_string(),
+        "--served-model-name".into(),
+        MODEL.into(),
+        "--device".into(),
+        "cpu".into(),
+    ];
+    argv.extend(extra.iter().map(|s| s.to_string()));
+    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
+        panic!("not a serve command");
+    };
+    let settings = Settings::from_args(&args).unwrap();
+    let engine = engine::handle::EngineHandle::start(&settings.models, &settings.engine).unwrap();
+    let state = AppState::new(&args, settings, engine, None).unwrap();
+    app(
+        Arc::new(state),
+        HttpLimits {
+            max_concurrent: args.max_concurrent_requests,
+            timeout: Duration::from_secs(args.request_timeout),
+        },
+    )
+}
+
+async fn call(
+    app: &gateway::http::front::Front<gateway::server::Dispatch>,
+    method: &str,
+    path: &str,
+    body: Option<Value>,
+) -> (u16, Value) {
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header("content-type", "application/json")
+        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (
+        status,
+        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chat_completion_has_the_openai_shape() {
+    let app = server(&[]);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": MODEL, "max_tokens": 5, "temperature": 0,
+                    "messages": [{"role": "user", "content": "Hi"}]})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["object"], "chat.completion");
+    assert_eq!(body["choices"][0]["message"]["role"], "assistant");
+    assert_eq!(body["usage"]["completion_tokens"], 5);
+    assert_eq!(body["choices"][0]["finish_reason"], "length");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_model_card_names_the_device() {
+    let app = server(&[]);
+    let (status, body) = call(&app, "GET", "/v1/models", None).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["data"][0]["id"], MODEL);
+    assert_eq!(body["data"][0]["device"], "cpu");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bad_field_is_a_400_naming_it() {
+    let app = server(&[]);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "temperature": -1})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "temperature", "{body}");
+    assert_eq!(body["error"]["code"], 400, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn untrusted_processor_kwargs_are_refused_at_the_gate() {
+    let app = server(&[]);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            json!({"model": MODEL, "messages": [{"role": "user", "content": "Hi"}],
+                    "mm_processor_kwargs": {"num_crops": 4}}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "mm_processor_kwargs", "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn more_sequences_than_max_num_seqs_is_a_400() {
+    let app = server(&["--max-num-seqs", "2"]);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "n": 3, "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "n", "{body}");
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "n": 2, "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+}
