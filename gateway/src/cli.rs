@@ -103,6 +103,11 @@ pub struct ServeArgs {
     /// Seconds a request may take to produce its response head.
     #[arg(long = "request-timeout", default_value_t = 600)]
     pub request_timeout: u64,
+    /// Seconds to drain on SIGTERM/SIGINT: the server stops accepting, `/health` answers 503,
+    /// requests in flight may finish until then, and the process then exits 0 whatever is
+    /// still open.
+    #[arg(long = "shutdown-timeout", default_value_t = 30)]
+    pub shutdown_timeout: u64,
     /// Requests in flight at once; more get 503 with Retry-After instead of queueing.
     #[arg(long = "max-concurrent-requests", default_value_t = 1024)]
     pub max_concurrent_requests: usize,

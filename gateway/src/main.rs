@@ -102,7 +102,7 @@ fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(1);
         }
     };
-    match cli.command {
+    let code = match cli.command {
         Command::Serve(args) => match rt.block_on(gateway::serve::run(*args)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -111,5 +111,9 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Contract(args) => rt.block_on(gateway::contract_cmd::run(args)),
-    }
+    };
+    // Whatever is still open after the drain (connections, blocking media work) is dropped,
+    // not waited for.
+    rt.shutdown_background();
+    code
 }

@@ -37,6 +37,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         "engine ready"
     );
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
+    let drain_state = state.clone();
     let app = app(
         state,
         HttpLimits {
@@ -51,10 +52,37 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         .map_err(|e| StartupError(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
     tracing::info!(address = %local, "listening");
-    axum::serve(listener, axum::ServiceExt::into_make_service(app))
-        .with_graceful_shutdown(shutdown_signal())
-        .await
-        .map_err(|e| StartupError(format!("server error: {e}")))
+    let (drain_tx, mut drain_rx) = tokio::sync::watch::channel(false);
+    let drain_timeout = Duration::from_secs(args.shutdown_timeout);
+    let signalled = async move {
+        shutdown_signal().await;
+        drain_state
+            .draining
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        tracing::info!(
+            timeout_s = drain_timeout.as_secs(),
+            "shutting down: no new connections, /health answers 503, draining requests in flight"
+        );
+        let _ = drain_tx.send(true);
+    };
+    let served = axum::serve(listener, axum::ServiceExt::into_make_service(app))
+        .with_graceful_shutdown(signalled);
+    // The drain is bounded: a stream that would run for minutes, or a client that never
+    // finishes sending its request, does not hold the process past the timeout.
+    let deadline = async move {
+        while !*drain_rx.borrow_and_update() {
+            if drain_rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+        tokio::time::sleep(drain_timeout).await;
+    };
+    tokio::select! {
+        r = served => r.map_err(|e| StartupError(format!("server error: {e}")))?,
+        () = deadline => tracing::warn!("drain timeout passed with requests still open: exiting"),
+    }
+    tracing::info!("stopped");
+    Ok(())
 }
 
 /// Keep one short timer always pending in the runtime. Every request arms a timeout; when no
@@ -87,5 +115,4 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
-    tracing::info!("shutting down");
 }

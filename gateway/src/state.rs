@@ -41,6 +41,8 @@ pub struct AppState {
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
     /// Per served model that takes media: how its processor turns media into tensors.
     pub media_specs: std::collections::HashMap<String, preprocess::pipeline::ModelMediaSpec>,
+    /// Set when shutdown begins: `/health` answers 503 from then on.
+    pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
@@ -90,6 +92,7 @@ impl AppState {
             media,
             media_specs,
             metrics,
+            draining: std::sync::atomic::AtomicBool::new(false),
         })
     }
 

@@ -18,9 +18,15 @@ use tower::ServiceExt;
 
 const MODEL: &str = "tiny";
 
+type App = gateway::http::front::Front<gateway::server::Dispatch>;
+
 /// The app as `gateway serve --model tests/data/tiny-llama --served-model-name tiny <extra>`
 /// builds it.
-fn server(extra: &[&str]) -> gateway::http::front::Front<gateway::server::Dispatch> {
+fn server(extra: &[&str]) -> App {
+    server_and_state(extra).0
+}
+
+fn server_and_state(extra: &[&str]) -> (App, Arc<AppState>) {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama");
     let mut argv = vec![
         "gateway".to_string(),
@@ -38,22 +44,18 @@ fn server(extra: &[&str]) -> gateway::http::front::Front<gateway::server::Dispat
     };
     let settings = Settings::from_args(&args).unwrap();
     let engine = engine::handle::EngineHandle::start(&settings.models, &settings.engine).unwrap();
-    let state = AppState::new(&args, settings, engine, None).unwrap();
-    app(
-        Arc::new(state),
+    let state = Arc::new(AppState::new(&args, settings, engine, None).unwrap());
+    let app = app(
+        state.clone(),
         HttpLimits {
             max_concurrent: args.max_concurrent_requests,
             timeout: Duration::from_secs(args.request_timeout),
         },
-    )
+    );
+    (app, state)
 }
 
-async fn call(
-    app: &gateway::http::front::Front<gateway::server::Dispatch>,
-    method: &str,
-    path: &str,
-    body: Option<Value>,
-) -> (u16, Value) {
+async fn call(app: &App, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
     let req = Request::builder()
         .method(method)
         .uri(path)
@@ -148,4 +150,14 @@ async fn more_sequences_than_max_num_seqs_is_a_400() {
     )
     .await;
     assert_eq!(status, 200, "{body}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_is_503_once_draining() {
+    let (app, state) = server_and_state(&[]);
+    assert_eq!(call(&app, "GET", "/health", None).await.0, 200);
+    state
+        .draining
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(call(&app, "GET", "/health", None).await.0, 503);
 }

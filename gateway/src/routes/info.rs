@@ -42,7 +42,8 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
 }
 
 pub async fn health(State(state): AppStateRef) -> StatusCode {
-    if state.engine.is_healthy() {
+    let draining = state.draining.load(std::sync::atomic::Ordering::SeqCst);
+    if state.engine.is_healthy() && !draining {
         StatusCode::OK
     } else {
         StatusCode::SERVICE_UNAVAILABLE

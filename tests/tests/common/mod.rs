@@ -202,6 +202,22 @@ impl Gateway {
         }
     }
 
+    /// Send SIGTERM and wait up to `limit` for the process to exit; its status, or `None`
+    /// when it is still running at `limit`.
+    pub async fn terminate(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+
     /// What the process wrote so far.
     pub fn output(&self) -> String {
         let mut text = String::new();

@@ -1,0 +1,81 @@
+//! SIGTERM drains and exits 0 within `--shutdown-timeout`: a request in flight finishes, and a
+//! client that never finishes sending its request does not hold the process.
+
+mod common;
+
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use common::{must, workspace_root, Gateway};
+
+fn tiny() -> String {
+    workspace_root()
+        .join("tests/data/tiny-llama")
+        .display()
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_half_sent_request_does_not_hold_the_shutdown() {
+    let model = tiny();
+    let mut gateway = must(Gateway::start(&["--model", &model, "--shutdown-timeout", "1"]).await);
+    // Headers promising a body that never comes.
+    let mut stuck = std::net::TcpStream::connect(("127.0.0.1", gateway.port))
+        .unwrap_or_else(|e| panic!("connect: {e}"));
+    stuck
+        .write_all(b"POST /v1/completions HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+        .unwrap_or_else(|e| panic!("write: {e}"));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let started = Instant::now();
+    let status = gateway.terminate(Duration::from_secs(5)).await;
+    let took = started.elapsed();
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?} after {took:?}; output:\n{}",
+        gateway.output()
+    );
+    assert!(
+        took < Duration::from_secs(3),
+        "took {took:?} with a 1 s drain"
+    );
+    assert!(gateway.output().contains("drain timeout passed"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_in_flight_finishes_during_the_drain() {
+    let model = tiny();
+    let mut gateway = must(Gateway::start(&["--model", &model, "--shutdown-timeout", "20"]).await);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    let mut resp = client
+        .post(format!("{}/v1/completions", gateway.base_url))
+        .json(&serde_json::json!({
+            "model": model, "prompt": "Once", "max_tokens": 1500, "ignore_eos": true,
+            "stream": true, "temperature": 0
+        }))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    assert_eq!(resp.status().as_u16(), 200);
+    let first = resp.chunk().await.unwrap_or_default();
+    assert!(first.is_some(), "no first chunk");
+    let term = tokio::spawn(async move {
+        let started = Instant::now();
+        let status = gateway.terminate(Duration::from_secs(15)).await;
+        (status, started.elapsed())
+    });
+    let mut body = String::from_utf8_lossy(&first.unwrap_or_default()).into_owned();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    assert!(
+        body.trim_end().ends_with("data: [DONE]"),
+        "the stream did not finish: ...{}",
+        &body[body.len().saturating_sub(300)..]
+    );
+    let (status, took) = term.await.unwrap_or_else(|e| panic!("join: {e}"));
+    assert!(status.is_some_and(|s| s.success()), "exit {status:?}");
+    assert!(took < Duration::from_secs(15), "took {took:?}");
+}
