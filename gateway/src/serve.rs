@@ -77,9 +77,16 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         }
         tokio::time::sleep(drain_timeout).await;
     };
+    let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
+    crate::http::sse::install_shutdown(cut_rx);
     tokio::select! {
         r = served => r.map_err(|e| StartupError(format!("server error: {e}")))?,
-        () = deadline => tracing::warn!("drain timeout passed with requests still open: exiting"),
+        () = deadline => {
+            tracing::warn!("drain timeout passed with requests still open: ending them, then exiting");
+            // Streams still open end with an error event; give them a moment to go out.
+            let _ = cut_tx.send(true);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
     tracing::info!("stopped");
     Ok(())

@@ -79,3 +79,53 @@ async fn a_stream_in_flight_finishes_during_the_drain() {
     assert!(status.is_some_and(|s| s.success()), "exit {status:?}");
     assert!(took < Duration::from_secs(15), "took {took:?}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
+    // The default SmolLM2 on the CPU takes many seconds for 2000 tokens: far past a 1 s drain.
+    let mut gateway = must(Gateway::start(&["--shutdown-timeout", "1"]).await);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    let mut resp = client
+        .post(format!("{}/v1/completions", gateway.base_url))
+        .json(&serde_json::json!({
+            "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "prompt": "Once upon a time",
+            "max_tokens": 2000, "ignore_eos": true, "stream": true
+        }))
+        .send()
+        .await
+        .unwrap_or_else(|e| panic!("request: {e}"));
+    assert_eq!(resp.status().as_u16(), 200);
+    let first = resp.chunk().await.unwrap_or_default().unwrap_or_default();
+    let term = tokio::spawn(async move {
+        let started = Instant::now();
+        let status = gateway.terminate(Duration::from_secs(10)).await;
+        (status, started.elapsed(), gateway.output())
+    });
+    let mut body = String::from_utf8_lossy(&first).into_owned();
+    while let Ok(Some(chunk)) = resp.chunk().await {
+        body.push_str(&String::from_utf8_lossy(&chunk));
+    }
+    let events: Vec<&str> = body
+        .split("\n\n")
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .collect();
+    assert_eq!(events.last().copied(), Some("data: [DONE]"), "{body:.300}");
+    let error = events[events.len() - 2];
+    assert!(
+        error.contains("\"error\"") && error.contains("shutting down"),
+        "the last event before [DONE] should say why the stream ended: {error}"
+    );
+    let (status, took, output) = term.await.unwrap_or_else(|e| panic!("join: {e}"));
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}; output:\n{output}"
+    );
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?} with a 1 s drain"
+    );
+}

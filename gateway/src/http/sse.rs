@@ -1,13 +1,65 @@
 //! Server-sent events framing: `data: <json>\n\n` per event, `data: [DONE]` last. An error
 //! after the 200 has been sent goes out as one `data: {error json}` event, then `[DONE]`.
+//!
+//! When a shutdown's drain time runs out ([`install_shutdown`]), every stream still open ends
+//! the same way: an error event saying so, then `[DONE]`, so clients see why it stopped.
 
 use std::convert::Infallible;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use axum::body::Body;
 use axum::http::{header, HeaderValue};
 use axum::response::Response;
 use bytes::Bytes;
-use futures::Stream;
+use futures::{Stream, StreamExt};
+use tokio::sync::watch;
+
+use crate::error::ApiError;
+
+/// Set to true when the drain time of a shutdown has run out.
+static CUT: OnceLock<watch::Receiver<bool>> = OnceLock::new();
+
+/// Streams started from now on end with an error event once `cut` turns true (`serve` calls
+/// this once, with the end of the drain).
+pub fn install_shutdown(cut: watch::Receiver<bool>) {
+    let _ = CUT.set(cut);
+}
+
+/// `stream`, ended early by the shutdown's cut with an error event and `[DONE]`.
+fn cut_on_shutdown<S>(stream: S) -> impl Stream<Item = Result<Bytes, Infallible>> + Send
+where
+    S: Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
+{
+    let cut = CUT.get().cloned();
+    let fired = Arc::new(AtomicBool::new(false));
+    let flag = fired.clone();
+    let until = async move {
+        match cut {
+            Some(mut rx) => {
+                while !*rx.borrow_and_update() {
+                    if rx.changed().await.is_err() {
+                        std::future::pending::<()>().await;
+                    }
+                }
+                flag.store(true, Ordering::SeqCst);
+            }
+            None => std::future::pending::<()>().await,
+        }
+    };
+    let tail = futures::stream::iter(std::iter::once(())).flat_map(move |()| {
+        let events = if fired.load(Ordering::SeqCst) {
+            let e = ApiError::Overloaded(
+                "The server is shutting down: this stream ended before its last token.".into(),
+            );
+            vec![Ok(event(&e.to_json())), Ok(done())]
+        } else {
+            Vec::new()
+        };
+        futures::stream::iter(events)
+    });
+    stream.take_until(Box::pin(until)).chain(tail)
+}
 
 pub fn event(json: &str) -> Bytes {
     let mut s = String::with_capacity(json.len() + 8);
@@ -25,7 +77,7 @@ pub fn response<S>(stream: S) -> Response
 where
     S: Stream<Item = Result<Bytes, Infallible>> + Send + 'static,
 {
-    let mut resp = Response::new(Body::from_stream(stream));
+    let mut resp = Response::new(Body::from_stream(cut_on_shutdown(stream)));
     let h = resp.headers_mut();
     h.insert(
         header::CONTENT_TYPE,
