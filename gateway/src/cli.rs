@@ -103,6 +103,15 @@ pub struct ServeArgs {
     /// Seconds a request may take to produce its response head.
     #[arg(long = "request-timeout", default_value_t = 600)]
     pub request_timeout: u64,
+    /// Seconds a connection may take to send a request's headers, counted from when it is
+    /// ready for the next request: slow senders and idle keep-alive connections are closed
+    /// after it.
+    #[arg(long = "header-read-timeout", default_value_t = 10)]
+    pub header_read_timeout: u64,
+    /// Open connections at once (default: 90 % of the open-file limit, raised to its hard
+    /// maximum at start-up, less a reserve); more are closed as they arrive.
+    #[arg(long = "max-connections")]
+    pub max_connections: Option<usize>,
     /// Seconds to drain on SIGTERM/SIGINT: the server stops accepting, `/health` answers 503,
     /// requests in flight may finish until then, and the process then exits 0 whatever is
     /// still open.

@@ -65,8 +65,12 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         );
         let _ = drain_tx.send(true);
     };
-    let served = axum::serve(listener, axum::ServiceExt::into_make_service(app))
-        .with_graceful_shutdown(signalled);
+    let cap = crate::http::listener::raise_file_limit();
+    let limits = crate::http::listener::ConnLimits {
+        header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
+        max_connections: args.max_connections.unwrap_or(cap).min(cap).max(1),
+    };
+    let served = crate::http::listener::serve(listener, app, limits, signalled);
     // The drain is bounded: a stream that would run for minutes, or a client that never
     // finishes sending its request, does not hold the process past the timeout.
     let deadline = async move {
@@ -80,7 +84,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     let (cut_tx, cut_rx) = tokio::sync::watch::channel(false);
     crate::http::sse::install_shutdown(cut_rx);
     tokio::select! {
-        r = served => r.map_err(|e| StartupError(format!("server error: {e}")))?,
+        () = served => {}
         () = deadline => {
             tracing::warn!("drain timeout passed with requests still open: ending them, then exiting");
             // Streams still open end with an error event; give them a moment to go out.

@@ -3,6 +3,7 @@
 pub mod auth;
 pub mod extract;
 pub mod front;
+pub mod listener;
 pub mod overload;
 pub mod sse;
 pub mod stack;

@@ -1,0 +1,167 @@
+//! The accept loop: connections under a cap, each served by hyper (HTTP/1.1 and HTTP/2) with a
+//! header-read timeout that also bounds how long a keep-alive connection may sit idle, and a
+//! graceful stop when shutdown begins.
+//!
+//! Without these a server is taken down by clients that never finish a request (slowloris),
+//! by idle keep-alive connections that pile up, and by enough connections to exhaust the file
+//! limit, at which point it cannot even accept its own health checks.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::body::Body;
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto::Builder;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+use tower::ServiceExt;
+
+use crate::http::front::Front;
+use crate::server::Dispatch;
+
+/// How connections are held to account.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    /// Time to receive a request's headers, counted from when the connection is ready for
+    /// the next request: a client sending them a byte at a time, or a keep-alive connection
+    /// left idle, is closed after it.
+    pub header_read_timeout: Duration,
+    /// Open connections at once; more are closed as soon as they are accepted.
+    pub max_connections: usize,
+}
+
+/// File descriptors kept back from the connection cap for everything else the process opens
+/// (model files, media fetches, the engine's threads, logs).
+const RESERVED_FDS: u64 = 256;
+
+/// Raise the soft limit on open files to the hard one, and return the connection cap that
+/// keeps safely under it. Logs both.
+pub fn raise_file_limit() -> usize {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: plain libc calls on a local struct.
+    let (before, after) = unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) != 0 {
+            tracing::warn!("cannot read the open-file limit; assuming 1024");
+            return (1024 - RESERVED_FDS) as usize;
+        }
+        let before = lim.rlim_cur;
+        if lim.rlim_cur < lim.rlim_max {
+            let raised = libc::rlimit {
+                rlim_cur: lim.rlim_max,
+                rlim_max: lim.rlim_max,
+            };
+            if libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+                lim = raised;
+            }
+        }
+        (before, lim.rlim_cur)
+    };
+    // An unlimited (or huge) limit still gets a finite cap.
+    let usable = after.min(1 << 20).saturating_sub(RESERVED_FDS).max(64);
+    let cap = (usable as f64 * 0.9) as usize;
+    tracing::info!(
+        soft_limit_before = before,
+        soft_limit = after,
+        max_connections = cap,
+        "open-file limit"
+    );
+    cap
+}
+
+/// Serve `app` on `listener` until `shutdown` completes; then stop accepting, ask every
+/// connection to finish its requests and close, and return once they have.
+pub async fn serve(
+    listener: TcpListener,
+    app: Front<Dispatch>,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
+    let (stop_tx, stop_rx) = watch::channel(false);
+    tokio::spawn(async move {
+        shutdown.await;
+        let _ = stop_tx.send(true);
+    });
+    // Each connection task holds a clone; the loop waits for all of them to drop it.
+    let (done_tx, done_rx) = watch::channel(());
+    let refused = AtomicU64::new(0);
+    let mut last_report = Instant::now() - Duration::from_secs(60);
+    let mut stopping = stop_rx.clone();
+    loop {
+        let accepted = tokio::select! {
+            a = listener.accept() => a,
+            _ = stopping.wait_for(|s| *s) => break,
+        };
+        let (stream, _peer) = match accepted {
+            Ok(c) => c,
+            Err(e) => {
+                // Out of file descriptors or a transient error: back off instead of spinning.
+                if last_report.elapsed() > Duration::from_secs(5) {
+                    tracing::warn!("accept error: {e}");
+                    last_report = Instant::now();
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let Ok(permit) = slots.clone().try_acquire_owned() else {
+            metrics::counter!("gateway_connections_refused_total").increment(1);
+            let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
+            if last_report.elapsed() > Duration::from_secs(5) {
+                tracing::warn!(
+                    max_connections = limits.max_connections,
+                    refused_so_far = n,
+                    "connection limit reached: closing new connections"
+                );
+                last_report = Instant::now();
+            }
+            drop(stream);
+            continue;
+        };
+        let _ = stream.set_nodelay(true);
+        let service = app
+            .clone()
+            .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
+        let hyper_service = TowerToHyperService::new(service);
+        let mut stop = stop_rx.clone();
+        let done = done_rx.clone();
+        let timeout = limits.header_read_timeout;
+        tokio::spawn(async move {
+            let mut builder = Builder::new(TokioExecutor::new());
+            builder
+                .http1()
+                .timer(TokioTimer::new())
+                .header_read_timeout(timeout);
+            // HTTP/2 has no header timeout in hyper: keep-alive pings close dead peers.
+            builder
+                .http2()
+                .timer(TokioTimer::new())
+                .keep_alive_interval(Some(timeout))
+                .keep_alive_timeout(timeout);
+            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), hyper_service));
+            let mut stopping = false;
+            loop {
+                tokio::select! {
+                    _ = conn.as_mut() => break,
+                    _ = stop.wait_for(|s| *s), if !stopping => {
+                        stopping = true;
+                        conn.as_mut().graceful_shutdown();
+                    }
+                }
+            }
+            drop(permit);
+            drop(done);
+        });
+    }
+    drop(listener);
+    drop(done_rx);
+    done_tx.closed().await;
+}
