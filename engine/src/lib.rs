@@ -24,6 +24,7 @@ pub mod chat_template;
 pub mod detok;
 pub mod device;
 pub mod error;
+mod fault;
 pub mod gguf;
 pub mod handle;
 pub mod hf;

@@ -505,6 +505,9 @@ impl Engine {
     }
 
     fn step(&mut self) {
+        if crate::fault::scheduler_panic() {
+            panic!("injected scheduler fault (ENGINE_FAULT_INJECT)");
+        }
         let plan = self.schedule();
         if plan.is_empty() {
             if !self.waiting.is_empty() && self.running.is_empty() {

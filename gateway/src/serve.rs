@@ -38,6 +38,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     );
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
     let drain_state = state.clone();
+    watch_engine_health(state.clone());
     let app = app(
         state,
         HttpLimits {
@@ -94,6 +95,30 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Exit status when an engine thread has died.
+const ENGINE_DIED: i32 = 70;
+
+/// An engine thread that died (a bug: a panic outside the model's guard) leaves its model
+/// unservable while the process looks alive. Its waiters get their errors as its channels
+/// close; then the process exits non-zero so that a supervisor restarts it.
+fn watch_engine_health(state: Arc<AppState>) {
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_millis(250));
+        loop {
+            tick.tick().await;
+            if !state.engine.is_healthy() {
+                tracing::error!(
+                    status = ENGINE_DIED,
+                    "an engine thread stopped: exiting so that a supervisor restarts the server"
+                );
+                // Let the failed requests' error responses go out first.
+                tokio::time::sleep(Duration::from_millis(500)).await;
+                std::process::exit(ENGINE_DIED);
+            }
+        }
+    });
 }
 
 /// Keep one short timer always pending in the runtime. Every request arms a timeout; when no

@@ -146,6 +146,11 @@ pub struct Gateway {
 impl Gateway {
     /// Starts `gateway serve` with `args` and waits for `/health` to answer 200.
     pub async fn start(args: &[&str]) -> Result<Self, String> {
+        Self::start_with_env(args, &[]).await
+    }
+
+    /// [`Gateway::start`] with extra environment variables.
+    pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
         let bin = gateway_bin()?;
         let port = free_port()?;
         let dir = TempDir::new("gateway")?;
@@ -156,6 +161,7 @@ impl Gateway {
             .map_err(|err| format!("cloning log handle: {err}"))?;
         let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
         let child = serve_command(&bin, port, &args)
+            .envs(env.iter().copied())
             .stdout(Stdio::from(stdout))
             .stderr(Stdio::from(stderr))
             .spawn()
@@ -208,6 +214,11 @@ impl Gateway {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
+        self.wait_exit(limit).await
+    }
+
+    /// Wait up to `limit` for the process to exit by itself.
+    pub async fn wait_exit(&mut self, limit: Duration) -> Option<ExitStatus> {
         let started = Instant::now();
         while started.elapsed() < limit {
             if let Ok(Some(status)) = self.child.try_wait() {
