@@ -115,6 +115,8 @@ pub struct ModelHandle {
 struct ModelInner {
     card: ModelCard,
     tokenizer: Arc<Tokenizer>,
+    /// The most bytes of text one token stands for (the longest vocabulary entry).
+    max_token_bytes: usize,
     template: Option<ChatTemplate>,
     bos_token: Option<String>,
     eos_token: Option<String>,
@@ -254,6 +256,13 @@ impl ModelHandle {
             Backend::Decoder(_) => ModelKind::Decoder,
             Backend::Encoder(_) => ModelKind::Encoder,
         }
+    }
+
+    /// The fewest tokens a text of `bytes` bytes can encode to: no token stands for more than
+    /// the longest vocabulary entry, and normalisers are given a factor of two. A prompt this
+    /// bound already proves too long is refused before it is tokenised.
+    pub fn min_tokens_for(&self, bytes: usize) -> usize {
+        bytes / (2 * self.inner.max_token_bytes.max(1))
     }
 
     /// The most sequences the decoder holds at once (`--max-num-seqs`); `None` for encoders.

@@ -161,3 +161,46 @@ async fn health_is_503_once_draining() {
         .store(true, std::sync::atomic::Ordering::SeqCst);
     assert_eq!(call(&app, "GET", "/health", None).await.0, 503);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prompt_too_long_by_its_bytes_is_refused_before_tokenising() {
+    let app = server(&[]);
+    // 4 MB of text: at least ~100k tokens for a 2048-token model, whatever they are.
+    let huge = "lorem ipsum ".repeat(350_000);
+    let started = std::time::Instant::now();
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": huge, "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "prompt");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(msg.contains("at least"), "{msg}");
+    assert!(started.elapsed() < Duration::from_secs(2));
+    // The same prompt with truncate_prompt_tokens is cut to fit, not refused.
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"model": MODEL, "prompt": "lorem ipsum ".repeat(20_000),
+                    "max_tokens": 2, "truncate_prompt_tokens": 100}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    // And chat.
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": huge}]})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "messages");
+}

@@ -89,6 +89,7 @@ pub(super) fn start_decoder(
     );
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
+            max_token_bytes: max_token_bytes(&d.tokenizer),
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
@@ -143,6 +144,7 @@ pub(super) fn start_encoder(
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
+            max_token_bytes: max_token_bytes(&e.tokenizer),
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
@@ -164,4 +166,14 @@ pub(super) fn start_encoder(
             }),
         }),
     })
+}
+
+/// The longest vocabulary entry in bytes (added tokens included).
+fn max_token_bytes(tokenizer: &tokenizers::Tokenizer) -> usize {
+    tokenizer
+        .get_vocab(true)
+        .keys()
+        .map(String::len)
+        .max()
+        .unwrap_or(1)
 }

@@ -228,6 +228,12 @@ pub async fn handler(
             tools: req.tools.as_deref(),
         },
     )?;
+    generate::refuse_oversized_text(
+        &model,
+        prompt.len(),
+        req.sampling.truncate_prompt_tokens,
+        "messages",
+    )?;
     let mut ids = model.encode(&prompt, req.add_special_tokens.unwrap_or(false))?;
     // (5) media: fetched and decoded under the merged kwargs, then the placeholders expanded
     // and the encoders run (both off the async reactor).

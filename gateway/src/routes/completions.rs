@@ -68,6 +68,7 @@ impl CompletionRequest {
 fn tokenize_prompts(
     model: &ModelHandle,
     prompt: &PromptField,
+    truncate: Option<i64>,
     add_special: bool,
 ) -> ApiResult<Vec<Vec<u32>>> {
     let vocab = model.vocab_size();
@@ -78,6 +79,7 @@ fn tokenize_prompts(
                 Some("prompt"),
             ));
         }
+        generate::refuse_oversized_text(model, t.len(), truncate, "prompt")?;
         Ok(model.encode(t, add_special)?)
     };
     match prompt {
@@ -120,7 +122,12 @@ pub async fn handler(
         ));
     };
     let max_len = model.card().max_model_len;
-    let mut prompts = tokenize_prompts(&model, prompt, req.add_special_tokens.unwrap_or(true))?;
+    let mut prompts = tokenize_prompts(
+        &model,
+        prompt,
+        req.sampling.truncate_prompt_tokens,
+        req.add_special_tokens.unwrap_or(true),
+    )?;
     let mut params = Vec::with_capacity(prompts.len());
     for ids in &mut prompts {
         generate::truncate_prompt(ids, req.sampling.truncate_prompt_tokens, max_len)?;

@@ -30,6 +30,26 @@ pub fn truncate_prompt(
     Ok(())
 }
 
+/// Refuse a prompt of `bytes` bytes that cannot fit the context whatever its tokens, before
+/// tokenising it (a megabytes-long prompt would otherwise be tokenised in full first). With
+/// `truncate_prompt_tokens` the prompt is cut to fit, so nothing is refused here.
+pub fn refuse_oversized_text(
+    model: &ModelHandle,
+    bytes: usize,
+    truncate: Option<i64>,
+    param: &str,
+) -> ApiResult<()> {
+    let max_model_len = model.card().max_model_len;
+    let at_least = model.min_tokens_for(bytes);
+    if truncate.is_none() && at_least >= max_model_len {
+        return Err(ApiError::bad_request(
+            format!("This model's maximum context length is {max_model_len} tokens. However, your request has at least {at_least} input tokens ({bytes} bytes of text). Please reduce the length of the input messages."),
+            Some(param),
+        ));
+    }
+    Ok(())
+}
+
 /// The new-token budget: the request's, checked against the context; else what is left of it.
 pub fn resolve_max_tokens(
     prompt_len: usize,
