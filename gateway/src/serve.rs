@@ -67,9 +67,16 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         let _ = drain_tx.send(true);
     };
     let cap = crate::http::listener::raise_file_limit();
+    if let Some(asked) = args.max_connections.filter(|&m| m > cap) {
+        tracing::warn!(
+            asked,
+            max_connections = cap,
+            "--max-connections is above what the open-file limit allows: using the limit's cap"
+        );
+    }
     let limits = crate::http::listener::ConnLimits {
-        header_read_timeout: Duration::from_secs(args.header_read_timeout.max(1)),
-        max_connections: args.max_connections.unwrap_or(cap).min(cap).max(1),
+        header_read_timeout: Duration::from_secs(args.header_read_timeout),
+        max_connections: args.max_connections.map_or(cap, |m| m.min(cap)),
     };
     let served = crate::http::listener::serve(listener, app, limits, signalled);
     // The drain is bounded: a stream that would run for minutes, or a client that never

@@ -253,6 +253,12 @@ impl Settings {
         if args.kv_cache_tokens == Some(0) {
             return Err(fail("--kv-cache-tokens must be at least 1"));
         }
+        if args.header_read_timeout == 0 {
+            return Err(fail("--header-read-timeout must be at least 1 second"));
+        }
+        if args.max_connections == Some(0) {
+            return Err(fail("--max-connections must be at least 1"));
+        }
         let util = args.gpu_memory_utilization;
         if !(util > 0.0 && util <= 1.0) {
             return Err(fail(format!(

@@ -134,3 +134,9 @@ fn gpu_memory_utilization_outside_zero_to_one_is_refused() {
         &["--gpu-memory-utilization"],
     );
 }
+
+#[test]
+fn zero_connection_limits_are_refused() {
+    refuses(&["--header-read-timeout", "0"], &["--header-read-timeout"]);
+    refuses(&["--max-connections", "0"], &["--max-connections"]);
+}

@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::pin::pin;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -92,8 +91,10 @@ pub async fn serve(
     });
     // Each connection task holds a clone; the loop waits for all of them to drop it.
     let (done_tx, done_rx) = watch::channel(());
-    let refused = AtomicU64::new(0);
-    let mut last_report = Instant::now() - Duration::from_secs(60);
+    let mut refused: u64 = 0;
+    // When a warning was last logged: at most one every 5 s, whatever the flood.
+    let mut last_report: Option<Instant> = None;
+    let due = |last: Option<Instant>| last.is_none_or(|t| t.elapsed() > Duration::from_secs(5));
     let mut stopping = stop_rx.clone();
     loop {
         let accepted = tokio::select! {
@@ -104,9 +105,9 @@ pub async fn serve(
             Ok(c) => c,
             Err(e) => {
                 // Out of file descriptors or a transient error: back off instead of spinning.
-                if last_report.elapsed() > Duration::from_secs(5) {
+                if due(last_report) {
                     tracing::warn!("accept error: {e}");
-                    last_report = Instant::now();
+                    last_report = Some(Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 continue;
@@ -114,14 +115,14 @@ pub async fn serve(
         };
         let Ok(permit) = slots.clone().try_acquire_owned() else {
             metrics::counter!("gateway_connections_refused_total").increment(1);
-            let n = refused.fetch_add(1, Ordering::Relaxed) + 1;
-            if last_report.elapsed() > Duration::from_secs(5) {
+            refused += 1;
+            if due(last_report) {
                 tracing::warn!(
                     max_connections = limits.max_connections,
-                    refused_so_far = n,
+                    refused_so_far = refused,
                     "connection limit reached: closing new connections"
                 );
-                last_report = Instant::now();
+                last_report = Some(Instant::now());
             }
             drop(stream);
             continue;
