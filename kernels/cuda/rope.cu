@@ -6,7 +6,7 @@
 //     h = w · (h · 1/sqrt(mean(h²) + eps)) as kernels::ops::rmsnorm computes it (sum of
 //     squares in f64);
 // (c) RoPE on the first rope_dim elements of every q and k head (v untouched). Frequency
-//     i < rope_dim/2 turns by angle = (float)pos · inv_freq[i] (f32 product, as
+//     i < rope_dim/2 turns by angle = ((float)pos · freq_scale) · inv_freq[i] (f32 products, as
 //     kernels::ops::rope_angles), cos/sin evaluated in f64 and rounded to f32 as it does;
 //     pos = max(positions[t·pos_axes + axis(i)], 0) with axis(i) = 0 when pos_axes == 1,
 //     else (M-RoPE, Qwen2-VL: temporal, row, column) 0 for i < section0, 1 for
@@ -25,7 +25,7 @@ DEV double rope_warp_sum_f64(double v) {
 KERNEL void rope_qk(float* qkv, const float* bias, const float* q_norm, const float* k_norm,
                     const float* inv_freq, const int* positions, int qkv_stride, int n_heads,
                     int n_kv_heads, int head_dim, int rope_dim, int neox, int pos_axes,
-                    int section0, int section1, float eps) {
+                    int section0, int section1, float freq_scale, float eps) {
   DYN_SHARED(float, rot);  // rot[i] = cos, rot[half + i] = sin of frequency i
   const int half = rope_dim / 2;
   const long t = blockIdx.x;
@@ -35,7 +35,7 @@ KERNEL void rope_qk(float* qkv, const float* bias, const float* q_norm, const fl
   for (int i = threadIdx.x; i < half; i += blockDim.x) {
     const int axis = pos_axes == 1 ? 0 : (i < section0 ? 0 : (i < section0 + section1 ? 1 : 2));
     const int pos = max(positions[t * pos_axes + axis], 0);
-    const float angle = (float)pos * inv_freq[i];
+    const float angle = ((float)pos * freq_scale) * inv_freq[i];
     rot[i] = (float)cos((double)angle);
     rot[half + i] = (float)sin((double)angle);
   }

@@ -233,7 +233,7 @@ fn check_rope(gpu: &Gpu, rng: &mut Rng, c: &RopeCase, positions: &[i32]) {
             .map(|_| 1.0 + 7.0 * rng.unit())
             .collect()
     });
-    let inv = rope_inv_freq(c.base, c.rope_dim, c.freq_scale, factors.as_deref());
+    let inv = rope_inv_freq(c.base, c.rope_dim, factors.as_deref());
 
     let qkvb = gpu.upload(&qkv).unwrap();
     let bb = bias.as_ref().map(|b| gpu.upload(b).unwrap());
@@ -256,6 +256,7 @@ fn check_rope(gpu: &Gpu, rng: &mut Rng, c: &RopeCase, positions: &[i32]) {
         head_dim: hd,
         rope_dim: c.rope_dim,
         neox: c.neox,
+        freq_scale: c.freq_scale,
         eps,
     }
     .launch(gpu)
@@ -344,7 +345,8 @@ fn rope_qk(gpu: &Gpu) {
             bias: true,
             norms: true,
             factors: true,
-            freq_scale: 0.25,
+            // Not a power of two: the kernel takes the scale as the CPU does, exactly.
+            freq_scale: 0.3,
             ..base
         },
         RopeCase {
@@ -640,6 +642,7 @@ fn launchers_refuse_bad_shapes(gpu: &Gpu) {
         head_dim: 16,
         rope_dim: 16,
         neox: true,
+        freq_scale: 1.0,
         eps: 1e-6,
     };
     invalid(

@@ -79,12 +79,7 @@ impl GpuLlama {
             ));
         }
         let weights = weights::upload(&gpu, model, dtype)?;
-        let inv_freq = rope_inv_freq(
-            cfg.rope_base,
-            cfg.rope_dim,
-            cfg.rope_freq_scale,
-            model.rope_factors.as_deref(),
-        );
+        let inv_freq = rope_inv_freq(cfg.rope_base, cfg.rope_dim, model.rope_factors.as_deref());
         let inv_freq = gpu.upload(&inv_freq).map_err(gpu_err)?;
         Ok(GpuLlama {
             info: model.info.clone(),
@@ -242,6 +237,7 @@ impl GpuLlama {
                 head_dim: hd,
                 rope_dim: cfg.rope_dim,
                 neox: cfg.rope_neox,
+                freq_scale: cfg.rope_freq_scale,
                 eps: cfg.eps,
             }
             .launch(gpu)

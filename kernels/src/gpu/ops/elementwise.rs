@@ -79,25 +79,17 @@ impl Embed {
     }
 }
 
-/// The inverse frequencies of rotary embeddings, `rope_dim / 2` of them, such that the angle of
-/// frequency `i` at position `pos` is `pos as f32 · inv_freq[i]` (the [`RopeQk`] kernel's
-/// rule).
+/// The inverse frequencies of rotary embeddings, `rope_dim / 2` of them: the angle of
+/// frequency `i` at position `pos` is `(pos as f32 · freq_scale) · inv_freq[i]` (the [`RopeQk`]
+/// kernel's rule, with `freq_scale` passed to it).
 ///
 /// Each is computed as [`crate::ops::rope_angles`] does: `1 / base^(2i / rope_dim)` in f64,
-/// rounded to f32, divided by `factors[i]` (Llama 3 `rope_freqs`) in f32. `rope_angles` then
-/// takes the angle as `(pos · freq_scale) · inv`; here `freq_scale` is folded into the table
-/// (`inv · freq_scale`), which is the same value when `freq_scale` is a power of two (1 with no
-/// scaling, 1/2, 1/4, ... for linear scaling) and otherwise can differ from it by an f32
-/// rounding of the angle.
+/// rounded to f32, divided by `factors[i]` (Llama 3 `rope_freqs`) in f32, so the kernel's
+/// angles are the CPU's bit for bit.
 ///
 /// # Panics
 /// If `factors` is shorter than `rope_dim / 2`.
-pub fn rope_inv_freq(
-    base: f32,
-    rope_dim: usize,
-    freq_scale: f32,
-    factors: Option<&[f32]>,
-) -> Vec<f32> {
+pub fn rope_inv_freq(base: f32, rope_dim: usize, factors: Option<&[f32]>) -> Vec<f32> {
     let half = rope_dim / 2;
     if let Some(f) = factors {
         assert!(
@@ -112,7 +104,7 @@ pub fn rope_inv_freq(
             if let Some(f) = factors {
                 inv /= f[i];
             }
-            inv * freq_scale
+            inv
         })
         .collect()
 }
@@ -153,6 +145,8 @@ pub struct RopeQk {
     pub rope_dim: usize,
     /// Pairs `(i, i + rope_dim/2)` (GPT-NeoX / HF layout) rather than `(2i, 2i + 1)`.
     pub neox: bool,
+    /// Linear RoPE scaling: positions are multiplied by it (1 / factor; 1 without scaling).
+    pub freq_scale: f32,
     /// RMSNorm epsilon of `q_norm`/`k_norm`.
     pub eps: f32,
 }
@@ -204,6 +198,7 @@ impl RopeQk {
                 Arg::I32(int("pos_axes", self.pos_axes)?),
                 Arg::I32(int("section 0", self.sections[0])?),
                 Arg::I32(int("section 1", self.sections[1])?),
+                Arg::F32(self.freq_scale),
                 Arg::F32(self.eps),
             ],
         )
@@ -368,12 +363,12 @@ mod tests {
             (0.25, Some(&factors[..])),
             (1.0, Some(&factors[..])),
         ] {
-            let inv = rope_inv_freq(500000.0, 64, scale, f);
+            let inv = rope_inv_freq(500000.0, 64, f);
             let (mut c, mut s) = (vec![0f32; 32], vec![0f32; 32]);
             for pos in [0usize, 1, 17, 4095, 30001] {
                 crate::ops::rope_angles(pos, 500000.0, 64, scale, f, &mut c, &mut s);
                 for i in 0..32 {
-                    let a = pos as f32 * inv[i];
+                    let a = (pos as f32 * scale) * inv[i];
                     assert_eq!(f64::from(a).cos() as f32, c[i], "pos {pos} freq {i}");
                     assert_eq!(f64::from(a).sin() as f32, s[i], "pos {pos} freq {i}");
                 }
