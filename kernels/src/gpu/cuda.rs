@@ -38,11 +38,21 @@ pub(crate) struct CudaBackend {
     sync_each_launch: bool,
     /// Kernels whose dynamic shared-memory limit was raised, and to what.
     raised: Mutex<HashMap<&'static str, u32>>,
+    /// The pinned buffers of staged uploads, made on the first and kept: pinning memory is
+    /// slow, and a model upload stages every weight matrix.
+    staging: Mutex<Option<Staging>>,
+}
+
+/// Two pinned buffers of [`UPLOAD_CHUNK`] bytes: one fills on the host while the other is
+/// copied; each one's event marks when its copy is done.
+struct Staging {
+    buffers: [PinnedBuffer; 2],
+    events: [Event; 2],
 }
 
 // SAFETY: driver handles may be used from any thread once the context is current, which every
-// call makes it; the cuBLAS handle, which is not thread-safe, is behind a mutex; the function
-// table is read-only after construction.
+// call makes it; the cuBLAS handle, which is not thread-safe, and the pinned staging buffers
+// are behind mutexes; the function table is read-only after construction.
 unsafe impl Send for CudaBackend {}
 unsafe impl Sync for CudaBackend {}
 
@@ -81,6 +91,7 @@ impl CudaBackend {
             modules: Vec::new(),
             sync_each_launch: std::env::var("GATEWAY_CUDA_SYNC").is_ok_and(|v| v == "1"),
             raised: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
         };
         backend.load_kernels()?;
         Ok(backend)
@@ -191,24 +202,31 @@ impl Backend for CudaBackend {
         fill: &mut dyn FnMut(usize, &mut [u8]) -> Result<()>,
     ) -> Result<()> {
         self.bind()?;
-        let chunk = bytes.min(UPLOAD_CHUNK);
-        if chunk == 0 {
+        if bytes == 0 {
             return Ok(());
         }
-        // Two pinned buffers: one fills on the host while the other is copied.
-        let staging = [PinnedBuffer::new(chunk)?, PinnedBuffer::new(chunk)?];
-        let events = [Event::new()?, Event::new()?];
+        let mut guard = self.staging.lock().unwrap_or_else(|e| e.into_inner());
+        let staging = match &mut *guard {
+            Some(s) => s,
+            none => none.insert(Staging {
+                buffers: [
+                    PinnedBuffer::new(UPLOAD_CHUNK)?,
+                    PinnedBuffer::new(UPLOAD_CHUNK)?,
+                ],
+                events: [Event::new()?, Event::new()?],
+            }),
+        };
         let mut off = 0;
         let mut i = 0;
         while off < bytes {
-            let n = (bytes - off).min(chunk);
-            events[i].wait()?;
-            let buf = staging[i].slice(n);
+            let n = (bytes - off).min(UPLOAD_CHUNK);
+            staging.events[i].wait()?;
+            let buf = staging.buffers[i].slice(n);
             fill(off, buf)?;
             // SAFETY: the pinned buffer stays untouched until its event has passed.
             unsafe { result::memcpy_htod_async(dst.offset(off).0, &*buf, self.stream) }
                 .map_err(driver("cuMemcpyHtoDAsync"))?;
-            events[i].record(self.stream)?;
+            staging.events[i].record(self.stream)?;
             off += n;
             i ^= 1;
         }
@@ -347,6 +365,13 @@ impl Drop for CudaBackend {
             return;
         }
         let _ = self.stream_sync();
+        // The pinned buffers and events go while the context is still current.
+        drop(
+            self.staging
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .take(),
+        );
         // SAFETY: each handle was created by this backend and is released once, after the
         // stream's work has finished.
         unsafe {
