@@ -157,7 +157,20 @@ impl EngineHandle {
     /// Resolve the device, load every model (decoders onto the device) and start the engine
     /// threads. Errors name the file or the device that failed.
     pub fn start(models: &[ModelSpec], config: &EngineConfig) -> Result<Self> {
-        let device = crate::device::resolve(config.device)?;
+        // Only decoders run on a GPU: with none, `auto` opens no device (no context, no kernel
+        // compile); an explicit `cuda` is still checked, so a wrong flag does not pass unseen.
+        // The device is settled before anything loads, so a bad flag fails at once.
+        let has_decoder = models.iter().any(|m| {
+            matches!(
+                crate::hf::detect(std::path::Path::new(&m.path)),
+                crate::hf::CheckpointKind::Gguf | crate::hf::CheckpointKind::Decoder
+            )
+        });
+        let device = if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) {
+            crate::device::resolve(config.device)?
+        } else {
+            Device::Cpu
+        };
         if matches!(device, Device::Cpu) && config.dtype != DTypeRequest::Auto {
             return Err(EngineError::BackendUnavailable(format!(
                 "--dtype {} applies to GPU models; the CPU engine computes in f32 over the checkpoint's stored weights (use --dtype auto)",
@@ -166,19 +179,22 @@ impl EngineHandle {
         }
         let mut loaded = Vec::with_capacity(models.len());
         for spec in models {
-            tracing::info!(path = %spec.path, name = %spec.served_name, device = %device.label(), "loading model");
-            let mut model = load(&spec.path)?;
-            if let (Device::Gpu(gpu), LoadedModel::Decoder(d)) = (&device, &mut model) {
-                d.model.set_activation_mode(config.activation_mode);
-                d.model = d.model.to_gpu(gpu, config.dtype).map_err(|e| match e {
-                    EngineError::BackendUnavailable(why) => EngineError::load(
-                        spec.path.clone(),
-                        format!("cannot run on {}: {why}", gpu.info().label()),
-                    ),
-                    other => other,
-                })?;
+            tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
+            loaded.push((spec.clone(), load(&spec.path)?));
+        }
+        if let Device::Gpu(gpu) = &device {
+            for (spec, model) in &mut loaded {
+                if let LoadedModel::Decoder(d) = model {
+                    d.model.set_activation_mode(config.activation_mode);
+                    d.model = d.model.to_gpu(gpu, config.dtype).map_err(|e| match e {
+                        EngineError::BackendUnavailable(why) => EngineError::load(
+                            spec.path.clone(),
+                            format!("cannot run on {}: {why}", gpu.info().label()),
+                        ),
+                        other => other,
+                    })?;
+                }
             }
-            loaded.push((spec.clone(), model));
         }
         Self::from_loaded(loaded, config)
     }
