@@ -146,9 +146,10 @@ pub struct ServeArgs {
     /// Compute threads (default: all cores).
     #[arg(long = "threads")]
     pub threads: Option<usize>,
-    /// Activation precision of the decoders' quantised matmuls: `q8` quantises decode
+    /// Activation precision of CPU decoders' quantised matmuls: `q8` quantises decode
     /// activations to 8 bits and uses integer dot products, as llama.cpp does (faster; top-5
-    /// logprobs move by up to ~0.6 from an f32 reference); `f32` keeps them exact.
+    /// logprobs move by up to ~0.6 from an f32 reference); `f32` keeps them exact. GPU decoders
+    /// compute in the `--dtype` type instead.
     #[arg(
         long = "activation-precision",
         value_name = "f32|q8",

@@ -83,7 +83,8 @@ pub(super) fn start_decoder(
         device = %device,
         kv_blocks = num_blocks,
         block_size = config.block_size,
-        activations = %config.activation_mode,
+        // GPU decoders compute in their --dtype type; the precision flag is the CPU's.
+        activations = %if device == "cpu" { config.activation_mode.as_str() } else { "dtype" },
         q8_kernels = ?kernels::q8_level(),
         "decoder ready"
     );
