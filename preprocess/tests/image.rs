@@ -224,12 +224,12 @@ fn gif_with_thousands_of_frames_takes_the_first() {
             enc.encode_frame(image::Frame::new(frame)).unwrap();
         }
     }
-    let start = std::time::Instant::now();
+    // Cut the file in the middle of its later frames: only the first frame is decoded, so
+    // the damage after it is never read.
+    bytes.truncate(bytes.len() / 2);
     let rgb = decode_image(&bytes, &opts()).unwrap().into_rgb();
     assert_eq!((rgb.width(), rgb.height()), (2, 2));
     assert_eq!(rgb.get_pixel(0, 0).0[0], 0, "first frame");
-    // Only the first frame is decoded: well under a second even unoptimised.
-    assert!(start.elapsed().as_secs_f64() < 2.0);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! The cases, one module per concern, and the context they are built from.
 
 pub mod auth;
+pub mod effects;
 pub mod errors;
 pub mod features;
 pub mod gate;
@@ -230,6 +231,7 @@ pub fn all(ctx: &Ctx) -> Vec<Case> {
     cases.extend(validation::cases(ctx));
     cases.extend(errors::cases(ctx));
     cases.extend(features::cases(ctx));
+    cases.extend(effects::cases(ctx));
     cases.extend(streaming::cases(ctx));
     cases.extend(ids::cases(ctx));
     cases

@@ -356,11 +356,9 @@ mod tests {
 
     #[tokio::test]
     async fn a_slow_handler_is_a_json_504() {
-        let started = std::time::Instant::now();
         let (status, _, body) = send(app(4, vec![]), "/slow", None).await;
         assert_eq!(status, 504);
         assert!(body.contains("\"type\":\"GatewayTimeoutError\""), "{body}");
-        assert!(started.elapsed() < Duration::from_secs(5));
     }
 
     #[tokio::test]
