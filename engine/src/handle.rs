@@ -26,11 +26,13 @@ use crate::scheduler::{Command, EngineStats, Shared, Submission};
 
 mod embed;
 mod load;
+mod media_worker;
 mod start;
 mod stream;
 
 use embed::EmbedJob;
 use load::load;
+use media_worker::MediaWorker;
 use start::{start_decoder, start_encoder};
 pub use stream::GenerationStream;
 
@@ -136,8 +138,8 @@ struct DecoderBackend {
     max_num_seqs: usize,
     /// Ids the model can embed (prompt validation).
     model_vocab: usize,
-    /// The checkpoint's vision or audio encoders.
-    media: Option<Box<crate::models::media::MediaEncoders>>,
+    /// The worker running the checkpoint's vision or audio encoders.
+    media: Option<MediaWorker>,
 }
 
 struct EncoderBackend {
@@ -353,26 +355,23 @@ impl ModelHandle {
     /// The modalities this model's encoders take besides text (empty for text-only models).
     /// The model card advertises them once the gateway feeds media through
     /// [`ModelHandle::prepare_media`].
-    pub fn media_modalities(&self) -> Vec<&'static str> {
+    pub fn media_modalities(&self) -> Vec<::media::Modality> {
         match &self.inner.backend {
             Backend::Decoder(DecoderBackend { media: Some(m), .. }) => m.modalities(),
             _ => Vec::new(),
         }
     }
 
-    /// Expands the rendered prompt's media placeholders and runs the encoders (CPU work: call
-    /// it off the async reactor). Returns the ids to submit and the media for
-    /// [`GenerateRequest::media`].
-    pub fn prepare_media(
+    /// Expands the rendered prompt's media placeholders (one per item, in prompt order) and
+    /// runs the encoders on the model's media worker. Returns the ids to submit and the media
+    /// for [`GenerateRequest::media`].
+    pub async fn prepare_media(
         &self,
-        ids: &[u32],
-        items: &[crate::models::media::MediaInput<'_>],
+        ids: Vec<u32>,
+        items: Vec<Arc<::media::ProcessedMedia>>,
     ) -> Result<(Vec<u32>, Arc<crate::api::PromptMedia>)> {
         match &self.inner.backend {
-            Backend::Decoder(DecoderBackend { media: Some(m), .. }) => {
-                let (ids, media) = m.prepare(ids, items)?;
-                Ok((ids, Arc::new(media)))
-            }
+            Backend::Decoder(DecoderBackend { media: Some(m), .. }) => m.prepare(ids, items).await,
             _ => Err(EngineError::invalid(
                 format!(
                     "The model `{}` accepts text input only.",

@@ -10,7 +10,6 @@ use std::path::PathBuf;
 
 use engine::hf::SafetensorsWeights;
 use engine::model::{ActivationMode, ChunkMedia, SeqChunk};
-use engine::models::media::MediaInput;
 use engine::models::qwen2_audio::{AudioConfig, AudioTower};
 use serde::Deserialize;
 
@@ -81,7 +80,7 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
             )
             .unwrap();
             assert_eq!(
-                AudioConfig::num_tokens(feats.valid_frames),
+                media::tokens::audio(feats.valid_frames),
                 ph.tokens,
                 "{}",
                 case.name
@@ -95,7 +94,7 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         // The serving path: one <|AUDIO|> per clip as rendered, expanded and encoded by the
         // checkpoint's own encoders.
         let encoders = loaded.media.as_ref().unwrap();
-        assert_eq!(encoders.modalities(), ["audio"]);
+        assert_eq!(encoders.modalities(), [media::Modality::Audio]);
         let audio_id = config["audio_token_index"].as_u64().unwrap() as u32;
         let mut rendered: Vec<u32> = Vec::new();
         for &t in ids {
@@ -103,12 +102,13 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
                 rendered.push(t);
             }
         }
-        let items: Vec<MediaInput<'_>> = all_feats
-            .iter()
-            .map(|f| MediaInput::Audio {
-                features: &f.data,
-                valid_frames: f.valid_frames,
-                hash: "clip",
+        let items: Vec<std::sync::Arc<media::ProcessedMedia>> = all_feats
+            .into_iter()
+            .map(|f| {
+                std::sync::Arc::new(media::ProcessedMedia {
+                    hash: media::ContentHash::of_parts([b"clip".as_slice()]),
+                    tensor: media::MediaTensor::Audio(f),
+                })
             })
             .collect();
         let (expanded, media) = encoders.prepare(&rendered, &items).unwrap();

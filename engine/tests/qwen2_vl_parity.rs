@@ -213,7 +213,8 @@ fn case_inputs(
             let processed = processor.process_frames(&frames).unwrap();
             assert_eq!(processed.grid_thw, Some(ph.grid_thw), "{}: grid", case.name);
             assert_eq!(
-                processed.num_tokens, ph.tokens,
+                media::tokens::vision(ph.grid_thw, processor.merge_size),
+                ph.tokens,
                 "{}: token count",
                 case.name
             );
@@ -221,7 +222,7 @@ fn case_inputs(
                 ph.kind.clone(),
                 processed.pixel_values.data,
                 ph.grid_thw,
-                ph.resized.files.join("+"),
+                media::ContentHash::of_parts([ph.resized.files.join("+").as_bytes()]).to_hex(),
             )
         })
         .collect()
@@ -388,8 +389,25 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
 async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media() {
     use engine::api::{GenerateRequest, PromptMedia, SamplingParams};
     use engine::handle::{EngineConfig, EngineHandle, LoadedModel, ModelSpec};
-    use engine::models::media::MediaInput;
+    use media::{ContentHash, MediaTensor, PixelValues, ProcessedImage, ProcessedMedia};
     use std::sync::Arc;
+    let patches = |pixels: &[f32], grid: [usize; 3]| ProcessedImage {
+        pixel_values: PixelValues {
+            data: pixels.to_vec(),
+            shape: vec![
+                grid.iter().product(),
+                pixels.len() / grid.iter().product::<usize>(),
+            ],
+        },
+        grid_thw: Some(grid),
+    };
+    let hash_of = |hex: &str| {
+        let mut bytes = [0u8; 32];
+        for (i, b) in bytes.iter_mut().enumerate() {
+            *b = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).unwrap();
+        }
+        ContentHash(bytes)
+    };
     let dir = data_dir();
     let config: serde_json::Value =
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
@@ -418,7 +436,10 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
     )
     .unwrap();
     let model = engine.model("tiny-vl").unwrap();
-    assert_eq!(model.media_modalities(), ["image", "video"]);
+    assert_eq!(
+        model.media_modalities(),
+        [media::Modality::Image, media::Modality::Video]
+    );
     // Mismatched media: more items than placeholders, and a modality the model lacks.
     let one_image = reference
         .cases
@@ -426,18 +447,40 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
         .find(|c| c.name == "image_single")
         .unwrap();
     let px = case_inputs(&dir, one_image);
-    let item = MediaInput::Image {
-        pixels: &px[0].1,
-        grid: px[0].2,
-        hash: "h",
-    };
-    assert!(model.prepare_media(&[1, 2, 3], &[item]).is_err());
-    let audio = MediaInput::Audio {
-        features: &[],
-        valid_frames: 10,
-        hash: "a",
-    };
-    assert!(model.prepare_media(&[1, image_id], &[audio]).is_err());
+    let item = Arc::new(ProcessedMedia {
+        hash: ContentHash::of_parts([b"h".as_slice()]),
+        tensor: MediaTensor::Image(patches(&px[0].1, px[0].2)),
+    });
+    assert!(model
+        .prepare_media(vec![1, 2, 3], vec![item])
+        .await
+        .is_err());
+    let audio = Arc::new(ProcessedMedia {
+        hash: ContentHash::of_parts([b"a".as_slice()]),
+        tensor: MediaTensor::Audio(media::AudioFeatures {
+            data: Vec::new(),
+            n_mels: 128,
+            n_frames: 3000,
+            valid_frames: 10,
+        }),
+    });
+    assert!(model
+        .prepare_media(vec![1, image_id], vec![audio])
+        .await
+        .is_err());
+    // An image without a patch grid (a CLIP-style processor's output) is refused by name.
+    let square = Arc::new(ProcessedMedia {
+        hash: ContentHash::of_parts([b"s".as_slice()]),
+        tensor: MediaTensor::Image(ProcessedImage {
+            grid_thw: None,
+            ..patches(&px[0].1, px[0].2)
+        }),
+    });
+    let err = model
+        .prepare_media(vec![1, image_id], vec![square])
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("patch grids"), "{err}");
     let run = |case: &MmCase, media: PromptMedia| {
         model
             .generate(GenerateRequest {
@@ -457,7 +500,7 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
     // The serving path: the prompt as the template renders it (one placeholder per item),
     // expanded and encoded by the model's own encoders; checked against the reference's ids
     // and against the media built step by step.
-    let media_of = |case: &MmCase| {
+    let media_of = async |case: &MmCase| {
         let mut rendered: Vec<u32> = Vec::new();
         for &t in &case.input_ids {
             let placeholder = t == image_id || t == video_id;
@@ -466,22 +509,23 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
             }
         }
         let inputs = case_inputs(&dir, case);
-        let items: Vec<MediaInput<'_>> = inputs
+        let items: Vec<Arc<ProcessedMedia>> = inputs
             .iter()
-            .map(|(kind, pixels, grid, hash)| match kind.as_str() {
-                "image" => MediaInput::Image {
-                    pixels,
-                    grid: *grid,
-                    hash,
-                },
-                _ => MediaInput::Video {
-                    pixels,
-                    grid: *grid,
-                    hash,
-                },
+            .map(|(kind, pixels, grid, hash)| {
+                let frames = patches(pixels, *grid);
+                Arc::new(ProcessedMedia {
+                    hash: hash_of(hash),
+                    tensor: match kind.as_str() {
+                        "image" => MediaTensor::Image(frames),
+                        _ => MediaTensor::Video {
+                            frames,
+                            timestamps_s: Vec::new(),
+                        },
+                    },
+                })
             })
             .collect();
-        let (ids, media) = model.prepare_media(&rendered, &items).unwrap();
+        let (ids, media) = model.prepare_media(rendered, items).await.unwrap();
         assert_eq!(ids, case.input_ids, "{}: expanded prompt", case.name);
         let direct = case_media(&dir, &tower, case, image_id, video_id);
         assert_eq!(media.rows, direct.rows, "{}", case.name);
@@ -508,7 +552,7 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
         (ids, cached)
     }
     for case in reference.cases.iter().filter(|c| c.transformers4.is_none()) {
-        let (ids, _) = collect(run(case, media_of(case))).await;
+        let (ids, _) = collect(run(case, media_of(case).await)).await;
         for (step, ((got, want), margin)) in ids
             .iter()
             .zip(&case.greedy.new_tokens)
@@ -527,21 +571,21 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
         .find(|c| c.name == "image_single")
         .unwrap();
     assert_eq!(case.placeholders[0].start, 20);
-    let (first, _) = collect(run(case, media_of(case))).await;
-    let (again, cached) = collect(run(case, media_of(case))).await;
+    let (first, _) = collect(run(case, media_of(case).await)).await;
+    let (again, cached) = collect(run(case, media_of(case).await)).await;
     assert_eq!(first, again);
     assert_eq!(
         cached,
         case.input_ids.len() / 4 * 4,
         "same media: every full prompt block"
     );
-    let mut other = media_of(case);
+    let mut other = media_of(case).await;
     other.items[0].hash = "another image".into();
     other.embeds.iter_mut().for_each(|v| *v = -*v);
     let (_, cached) = collect(run(case, other)).await;
     assert_eq!(cached, 20, "other media: only the blocks before the image");
     // Media that does not fit the prompt is refused before it reaches the engine.
-    let mut bad = media_of(case);
+    let mut bad = media_of(case).await;
     bad.rows.push(10_000);
     let err = model
         .generate(GenerateRequest {

@@ -246,29 +246,7 @@ fn composite(image: &DynamicImage, background: [u8; 3]) -> RgbImage {
     out
 }
 
-/// A float tensor with its shape (row-major).
-#[derive(Debug, Clone, PartialEq)]
-pub struct PixelValues {
-    pub data: Vec<f32>,
-    pub shape: Vec<usize>,
-}
-
-/// What a processor gives the model for one image (or one video's frames).
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProcessedImage {
-    pub pixel_values: PixelValues,
-    /// `[t, h, w]` in patches, for patch-based processors.
-    pub grid_thw: Option<[usize; 3]>,
-    /// Placeholder tokens the prompt needs for it.
-    pub num_tokens: usize,
-}
-
-impl ProcessedImage {
-    /// Bytes held (for cache budgets).
-    pub fn weight_bytes(&self) -> usize {
-        self.pixel_values.data.len() * std::mem::size_of::<f32>()
-    }
-}
+pub use media::{PixelValues, ProcessedImage};
 
 /// Per-channel lookup tables: byte -> (byte * rescale - mean) / std.
 struct NormTable([[f32; 256]; 3]);
@@ -319,8 +297,6 @@ pub struct ClipConfig {
     pub rescale_factor: f32,
     pub image_mean: [f32; 3],
     pub image_std: [f32; 3],
-    /// Placeholder tokens per image (model-specific, e.g. (448/14)^2).
-    pub num_image_tokens: usize,
 }
 
 impl ClipConfig {
@@ -335,7 +311,6 @@ impl ClipConfig {
             rescale_factor: 1.0 / 255.0,
             image_mean: CLIP_MEAN,
             image_std: CLIP_STD,
-            num_image_tokens: (448 / 14) * (448 / 14),
         }
     }
 
@@ -350,16 +325,12 @@ impl ClipConfig {
             rescale_factor: 1.0 / 255.0,
             image_mean: SIGLIP_MEAN,
             image_std: SIGLIP_STD,
-            num_image_tokens: ((size / 14) * (size / 14)) as usize,
         }
     }
 
     /// Reads a Hugging Face `preprocessor_config.json` (`size`, `crop_size`,
     /// `do_center_crop`, `rescale_factor`, `image_mean`, `image_std`).
-    pub fn from_preprocessor_config(
-        cfg: &Value,
-        num_image_tokens: usize,
-    ) -> Result<ClipConfig, ImageError> {
+    pub fn from_preprocessor_config(cfg: &Value) -> Result<ClipConfig, ImageError> {
         let bad = |key: &str, reason: &str| ImageError::InvalidConfig {
             key: key.to_owned(),
             reason: reason.to_owned(),
@@ -428,7 +399,6 @@ impl ClipConfig {
                 .map_or(1.0 / 255.0, |f| f as f32),
             image_mean: triple("image_mean", CLIP_MEAN)?,
             image_std,
-            num_image_tokens,
         })
     }
 
@@ -481,7 +451,6 @@ impl ClipConfig {
                 shape: vec![3, ch as usize, cw as usize],
             },
             grid_thw: None,
-            num_tokens: self.num_image_tokens,
         })
     }
 }
@@ -732,7 +701,6 @@ impl Qwen2VlConfig {
                 shape: vec![num_patches, patch_len],
             },
             grid_thw: Some([grid_t, gh, gw]),
-            num_tokens: num_patches / (m * m),
         })
     }
 }
@@ -837,7 +805,7 @@ mod tests {
         let out = q.process(&img).unwrap();
         assert_eq!(out.grid_thw, Some([1, 4, 4]));
         assert_eq!(out.pixel_values.shape, vec![16, 3 * 2 * 14 * 14]);
-        assert_eq!(out.num_tokens, 4);
+        assert_eq!(media::tokens::vision([1, 4, 4], q.merge_size), 4);
         // With std = 1/255 and mean 0 the value is the byte itself.
         let v = |patch: usize, c: usize, t: usize, y: usize, x: usize| {
             out.pixel_values.data[patch * 1176 + (c * 2 + t) * 196 + y * 14 + x]
@@ -870,7 +838,7 @@ mod tests {
         let out = q.process_frames(&frames).unwrap();
         assert_eq!(out.grid_thw, Some([2, 2, 2]));
         assert_eq!(out.pixel_values.shape, vec![8, 1176]);
-        assert_eq!(out.num_tokens, 2);
+        assert_eq!(media::tokens::vision([2, 2, 2], q.merge_size), 2);
         let d = &out.pixel_values.data;
         for patch in 0..8 {
             let (first, second) = if patch < 4 { (0.0, 1.0) } else { (2.0, 2.0) };
@@ -894,7 +862,6 @@ mod tests {
         let img = RgbImage::from_pixel(64, 32, image::Rgb([255, 0, 128]));
         let out = ClipConfig::clip_448().process(&img).unwrap();
         assert_eq!(out.pixel_values.shape, vec![3, 448, 448]);
-        assert_eq!(out.num_tokens, 1024);
         let plane = 448 * 448;
         let r = (1.0 - CLIP_MEAN[0]) / CLIP_STD[0];
         let g = (0.0 - CLIP_MEAN[1]) / CLIP_STD[1];

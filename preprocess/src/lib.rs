@@ -17,46 +17,10 @@ pub mod audio;
 pub mod cache;
 pub mod error;
 pub mod fetch;
-pub mod hash;
 pub mod image;
 pub mod pipeline;
 pub mod pool;
 pub mod video;
 
 pub use error::PreprocessError;
-pub use hash::ContentHash;
-
-/// The three media modalities, as CONTRACT section 4 and `--limit-mm-per-prompt` name them.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Modality {
-    Image,
-    Audio,
-    Video,
-}
-
-impl Modality {
-    /// The name used in kwargs, limits and messages (`image`, `audio`, `video`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Modality::Image => "image",
-            Modality::Audio => "audio",
-            Modality::Video => "video",
-        }
-    }
-
-    /// Parses `image` / `audio` / `video`.
-    pub fn parse(name: &str) -> Option<Modality> {
-        match name {
-            "image" => Some(Modality::Image),
-            "audio" => Some(Modality::Audio),
-            "video" => Some(Modality::Video),
-            _ => None,
-        }
-    }
-}
-
-impl std::fmt::Display for Modality {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
+pub use media::{ContentHash, Modality};

@@ -23,11 +23,11 @@ use bytes::Bytes;
 use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
 use serde_json::Value;
 
-use crate::audio::{self, AudioFeatures, AudioIoOptions, WhisperFeatureConfig};
+use crate::audio::{self, AudioIoOptions, WhisperFeatureConfig};
 use crate::cache::{UuidCache, Weigh};
 use crate::error::PreprocessError;
 use crate::fetch::{FetchLimits, MediaFetcher, Payload};
-use crate::image::{self, ImageIoOptions, ImageProcessor, ProcessedImage, Qwen2VlConfig};
+use crate::image::{self, ImageIoOptions, ImageProcessor, Qwen2VlConfig};
 use crate::pool::{DecodePool, PoolConfig};
 use crate::video::{self, VideoIoOptions, VideoLimits};
 use crate::{ContentHash, Modality};
@@ -109,39 +109,11 @@ pub struct MediaRequestItem {
     pub uuid: Option<String>,
 }
 
-/// The tensor of one processed item.
-#[derive(Debug, Clone, PartialEq)]
-pub enum MediaTensor {
-    Image(ProcessedImage),
-    Video {
-        frames: ProcessedImage,
-        /// Seconds from the start of the video, one per sampled frame.
-        timestamps_s: Vec<f64>,
-    },
-    Audio(AudioFeatures),
-}
-
-/// One processed media item.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ProcessedMedia {
-    pub modality: Modality,
-    pub hash: ContentHash,
-    /// Placeholder tokens the prompt needs for this item.
-    pub num_tokens: usize,
-    pub tensor: MediaTensor,
-}
+pub use media::{MediaTensor, ProcessedMedia};
 
 impl Weigh for ProcessedMedia {
     fn weight_bytes(&self) -> usize {
-        let tensor = match &self.tensor {
-            MediaTensor::Image(p) => p.weight_bytes(),
-            MediaTensor::Video {
-                frames,
-                timestamps_s,
-            } => frames.weight_bytes() + timestamps_s.len() * 8,
-            MediaTensor::Audio(a) => a.weight_bytes(),
-        };
-        tensor + std::mem::size_of::<ProcessedMedia>()
+        self.tensor.weight_bytes() + std::mem::size_of::<ProcessedMedia>()
     }
 }
 
@@ -344,7 +316,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
     let not_accepted = || PreprocessError::NotAccepted {
         modality: job.modality,
     };
-    let (num_tokens, tensor) = match job.modality {
+    let tensor = match job.modality {
         Modality::Image => {
             let processor = job.spec.image.as_ref().ok_or_else(not_accepted)?;
             let mut io = ImageIoOptions::from_kwargs(job.io.as_ref())?;
@@ -361,7 +333,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
                 }
                 other => other.process(&rgb)?,
             };
-            (processed.num_tokens, MediaTensor::Image(processed))
+            MediaTensor::Image(processed)
         }
         Modality::Video => {
             let processor = job.spec.video.as_ref().ok_or_else(not_accepted)?;
@@ -376,13 +348,10 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
                 .clone()
                 .with_kwargs(Some(&job.mm))?
                 .process_frames(&decoded.frames)?;
-            (
-                frames.num_tokens,
-                MediaTensor::Video {
-                    frames,
-                    timestamps_s: decoded.timestamps_s,
-                },
-            )
+            MediaTensor::Video {
+                frames,
+                timestamps_s: decoded.timestamps_s,
+            }
         }
         Modality::Audio => {
             let cfg = job.spec.audio.as_ref().ok_or_else(not_accepted)?;
@@ -393,18 +362,13 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
                     modality: job.modality,
                 });
             };
-            let features = audio::audio_to_features(bytes, job.mime.as_deref(), &io, cfg)?;
-            // One placeholder per two valid mel frames after the encoder's stride-2 conv and
-            // another 2x pooling (Qwen2-Audio): (frames - 1) / 2 + 1, then (n - 2) / 2 + 1.
-            let after_conv = features.valid_frames.saturating_sub(1) / 2 + 1;
-            let tokens = after_conv.saturating_sub(2) / 2 + 1;
-            (tokens, MediaTensor::Audio(features))
+            MediaTensor::Audio(audio::audio_to_features(
+                bytes,
+                job.mime.as_deref(),
+                &io,
+                cfg,
+            )?)
         }
     };
-    Ok(ProcessedMedia {
-        modality: job.modality,
-        hash,
-        num_tokens,
-        tensor,
-    })
+    Ok(ProcessedMedia { hash, tensor })
 }

@@ -100,7 +100,6 @@ fn bicubic_resize_matches_pillow() {
                 rescale_factor: 1.0,
                 image_mean: [0.0; 3],
                 image_std: [1.0; 3],
-                num_image_tokens: 1,
             };
             let out = cfg.process(&pic).unwrap();
             let plane = (rw * rh) as usize;
@@ -144,7 +143,6 @@ fn clip_tensor_matches_the_hf_processor() {
             rescale_factor: 1.0 / 255.0,
             image_mean: CLIP_MEAN,
             image_std: CLIP_STD,
-            num_image_tokens: 16,
         };
         let out = cfg.process(&pic).unwrap();
         let want_shape = usizes(&case["clip_56"]["shape"]);

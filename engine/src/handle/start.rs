@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc};
 
 use super::embed::{embed_worker, AliveFlag};
+use super::media_worker::MediaWorker;
 use super::{
     Backend, DecoderBackend, EncoderBackend, EngineConfig, ModelHandle, ModelInner, ModelSpec,
 };
@@ -75,6 +76,10 @@ pub(super) fn start_decoder(
         .name(format!("engine-{}", spec.served_name))
         .spawn(move || engine.run())
         .map_err(|e| EngineError::Internal(format!("cannot start the engine thread: {e}")))?;
+    let media = d
+        .media
+        .map(|encoders| MediaWorker::start(&spec.served_name, *encoders, config.max_num_seqs))
+        .transpose()?;
     let template = compile_template(spec, d.chat_template, &d.bos_token, &d.eos_token);
     tracing::info!(
         model = %spec.served_name,
@@ -98,7 +103,14 @@ pub(super) fn start_decoder(
                 device,
                 tasks: vec![Task::Generate],
                 input_modalities: std::iter::once("text")
-                    .chain(d.media.as_ref().map(|m| m.modalities()).unwrap_or_default())
+                    .chain(
+                        media
+                            .as_ref()
+                            .map(MediaWorker::modalities)
+                            .unwrap_or_default()
+                            .iter()
+                            .map(|m| m.as_str()),
+                    )
                     .map(str::to_string)
                     .collect(),
             },
@@ -113,7 +125,7 @@ pub(super) fn start_decoder(
                 next_id: AtomicU64::new(1),
                 max_num_seqs: config.max_num_seqs,
                 model_vocab: info.vocab_size,
-                media: d.media,
+                media,
             }),
         }),
     })

@@ -6,6 +6,7 @@
 
 use std::path::Path;
 
+use media::{MediaTensor, Modality, ProcessedMedia};
 use serde_json::Value;
 
 use crate::api::PromptMedia;
@@ -16,34 +17,66 @@ use crate::models::qwen2_audio::{AudioConfig, AudioTower};
 use crate::models::qwen2_vl::vision::{VisionConfig, VisionTower};
 use crate::models::qwen2_vl::{mrope_positions, TokenKind};
 
-/// One preprocessed media item, in prompt order.
-#[derive(Debug, Clone, Copy)]
-pub enum MediaInput<'a> {
-    /// Patches (`preprocess::image::Qwen2VlConfig` output) with their `(t, h, w)` grid.
+/// One media item as the encoders read it: a view of a [`ProcessedMedia`].
+#[derive(Debug, Clone)]
+enum MediaInput<'a> {
+    /// Patches (Qwen2-VL's processor output) with their `(t, h, w)` grid.
     Image {
         pixels: &'a [f32],
         grid: [usize; 3],
-        hash: &'a str,
+        hash: String,
     },
     Video {
         pixels: &'a [f32],
         grid: [usize; 3],
-        hash: &'a str,
+        hash: String,
     },
     /// A log-mel window (`[mel bins][frames]`) of which `valid_frames` are the clip.
     Audio {
         features: &'a [f32],
         valid_frames: usize,
-        hash: &'a str,
+        hash: String,
     },
 }
 
-impl MediaInput<'_> {
-    fn modality(&self) -> &'static str {
+impl<'a> MediaInput<'a> {
+    /// The encoders' view of `item`. A patch-based tower needs the processor's grid; an image
+    /// resized to a fixed square (CLIP-style) has none, and is refused naming the modality.
+    fn of(item: &'a ProcessedMedia) -> Result<Self> {
+        let hash = item.hash.to_hex();
+        let no_grid = || {
+            EngineError::invalid(
+                format!(
+                    "this model takes {} input as patch grids, and the processed item has none",
+                    item.modality()
+                ),
+                Some("messages"),
+            )
+        };
+        Ok(match &item.tensor {
+            MediaTensor::Image(img) => MediaInput::Image {
+                pixels: &img.pixel_values.data,
+                grid: img.grid_thw.ok_or_else(no_grid)?,
+                hash,
+            },
+            MediaTensor::Video { frames, .. } => MediaInput::Video {
+                pixels: &frames.pixel_values.data,
+                grid: frames.grid_thw.ok_or_else(no_grid)?,
+                hash,
+            },
+            MediaTensor::Audio(a) => MediaInput::Audio {
+                features: &a.data,
+                valid_frames: a.valid_frames,
+                hash,
+            },
+        })
+    }
+
+    fn modality(&self) -> Modality {
         match self {
-            MediaInput::Image { .. } => "image",
-            MediaInput::Video { .. } => "video",
-            MediaInput::Audio { .. } => "audio",
+            MediaInput::Image { .. } => Modality::Image,
+            MediaInput::Video { .. } => Modality::Video,
+            MediaInput::Audio { .. } => Modality::Audio,
         }
     }
 }
@@ -99,30 +132,27 @@ impl MediaEncoders {
     }
 
     /// The input modalities besides text.
-    pub fn modalities(&self) -> Vec<&'static str> {
+    pub fn modalities(&self) -> Vec<Modality> {
         let mut m = Vec::new();
         if self.vision.is_some() {
-            m.extend(["image", "video"]);
+            m.extend([Modality::Image, Modality::Video]);
         }
         if self.audio.is_some() {
-            m.push("audio");
+            m.push(Modality::Audio);
         }
         m
     }
 
-    /// Placeholder tokens an item will take (the gateway's count must agree).
-    pub fn num_tokens(&self, item: &MediaInput<'_>) -> Result<usize> {
+    /// Placeholder tokens an item takes: the one count ([`media::tokens`]).
+    fn num_tokens(&self, item: &MediaInput<'_>) -> Result<usize> {
         match (item, &self.vision, &self.audio) {
             (
                 MediaInput::Image { grid, .. } | MediaInput::Video { grid, .. },
                 Some((t, _, _)),
                 _,
-            ) => {
-                let m = t.config().spatial_merge_size;
-                Ok(grid[0] * grid[1] * grid[2] / (m * m))
-            }
+            ) => Ok(media::tokens::vision(*grid, t.config().spatial_merge_size)),
             (MediaInput::Audio { valid_frames, .. }, _, Some(_)) => {
-                Ok(AudioConfig::num_tokens(*valid_frames))
+                Ok(media::tokens::audio(*valid_frames))
             }
             _ => Err(self.refused(item)),
         }
@@ -133,7 +163,11 @@ impl MediaEncoders {
             format!(
                 "this model does not accept {} input (it accepts: text, {})",
                 item.modality(),
-                self.modalities().join(", ")
+                self.modalities()
+                    .iter()
+                    .map(|m| m.as_str())
+                    .collect::<Vec<_>>()
+                    .join(", ")
             ),
             Some("messages"),
         )
@@ -154,8 +188,12 @@ impl MediaEncoders {
     pub fn prepare(
         &self,
         ids: &[u32],
-        items: &[MediaInput<'_>],
+        items: &[std::sync::Arc<ProcessedMedia>],
     ) -> Result<(Vec<u32>, PromptMedia)> {
+        let items: Vec<MediaInput<'_>> = items
+            .iter()
+            .map(|item| MediaInput::of(item))
+            .collect::<Result<_>>()?;
         let placeholders: Vec<u32> = items
             .iter()
             .map(|i| self.placeholder(i))
@@ -193,11 +231,11 @@ impl MediaEncoders {
             let (embeds, hash) = match (item, &self.vision, &self.audio) {
                 (MediaInput::Image { pixels, grid, hash }, Some((t, _, _)), _) => {
                     image_grids.push(*grid);
-                    (t.encode(pixels, &[*grid])?, *hash)
+                    (t.encode(pixels, &[*grid])?, hash)
                 }
                 (MediaInput::Video { pixels, grid, hash }, Some((t, _, _)), _) => {
                     video_grids.push(*grid);
-                    (t.encode(pixels, &[*grid])?, *hash)
+                    (t.encode(pixels, &[*grid])?, hash)
                 }
                 (
                     MediaInput::Audio {
@@ -207,13 +245,13 @@ impl MediaEncoders {
                     },
                     _,
                     Some((a, _)),
-                ) => (a.encode(features, *valid_frames)?, *hash),
+                ) => (a.encode(features, *valid_frames)?, hash),
                 _ => return Err(self.refused(item)),
             };
             media.rows.extend((start..start + n).map(|r| r as u32));
             media.embeds.extend(embeds);
             media.items.push(MediaSpan {
-                hash: hash.to_string(),
+                hash: hash.clone(),
                 start,
                 len: n,
             });

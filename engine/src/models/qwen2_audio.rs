@@ -92,17 +92,6 @@ impl AudioConfig {
     pub fn window_frames(&self) -> usize {
         self.max_source_positions * 2
     }
-
-    /// Placeholder tokens for a clip of `valid_frames` mel frames (0 for a clip of 2 frames
-    /// or less, as the reference's floor division gives).
-    pub fn num_tokens(valid_frames: usize) -> usize {
-        let after_conv = valid_frames.saturating_sub(1) / 2 + 1;
-        if after_conv < 2 {
-            0
-        } else {
-            (after_conv - 2) / 2 + 1
-        }
-    }
 }
 
 /// A 1-D convolution with kernel 3 and padding 1; weights `[out, in, 3]`.
@@ -267,7 +256,7 @@ impl AudioTower {
                 None,
             ));
         }
-        if AudioConfig::num_tokens(valid_frames) == 0 || valid_frames > window {
+        if media::tokens::audio(valid_frames) == 0 || valid_frames > window {
             return Err(EngineError::invalid(
                 format!("an audio clip of {valid_frames} mel frames does not fit the {window}-frame window"),
                 None,
@@ -325,7 +314,7 @@ impl AudioTower {
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);
         }
         // Average pairs of rows, LayerNorm, project; keep the clip's tokens.
-        let tokens = AudioConfig::num_tokens(valid_frames);
+        let tokens = media::tokens::audio(valid_frames);
         let mut pooled = vec![0f32; tokens * d];
         for (t, out) in pooled.chunks_exact_mut(d).enumerate() {
             let (a, b) = (
@@ -340,19 +329,5 @@ impl AudioTower {
         let mut out = Vec::new();
         self.projector.forward(&h, tokens, &mut out);
         Ok(out)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn token_counts_follow_the_reference_formula() {
-        assert_eq!(AudioConfig::num_tokens(200), 50);
-        assert_eq!(AudioConfig::num_tokens(124), 31);
-        assert_eq!(AudioConfig::num_tokens(3000), 750);
-        assert_eq!(AudioConfig::num_tokens(3), 1);
-        assert_eq!(AudioConfig::num_tokens(2), 0);
     }
 }

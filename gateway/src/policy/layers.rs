@@ -9,7 +9,8 @@ use serde_json::value::RawValue;
 use serde_json::Value;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
-use super::media::MediaCounts;
+/// Media items per modality name (`image`, `audio`, `video`), for `--limit-mm-per-prompt`.
+pub type MediaCounts = std::collections::BTreeMap<String, usize>;
 use crate::error::ApiError;
 use crate::state::AppState;
 

@@ -8,10 +8,8 @@
 //! (whether the client is trusted, the merged kwargs).
 
 mod layers;
-mod media;
 
-pub use layers::{run_policies, Policed, PolicyRequest, RequestKwargs};
-pub use media::{count_media_parts, MediaCounts};
+pub use layers::{run_policies, MediaCounts, Policed, PolicyRequest, RequestKwargs};
 
 /// The pooling-family requests carry the kwargs in their flattened `pooling` fields.
 #[macro_export]

@@ -137,7 +137,7 @@ pub fn check_modalities(model: &ModelHandle, parsed: &ParsedMessages) -> ApiResu
             .card()
             .input_modalities
             .iter()
-            .any(|m| m == item.modality)
+            .any(|m| m == item.modality.as_str())
         {
             return Err(ApiError::bad_request(
                 format!(
@@ -319,8 +319,8 @@ pub async fn handler(
     .into_response())
 }
 
-/// Fetches and decodes the request's media with the model's processors, then expands the
-/// prompt's placeholders and runs the model's encoders on the blocking pool.
+/// Fetches and decodes the request's media with the model's processors; the engine expands
+/// the prompt's placeholders and runs the model's encoders on its media worker.
 async fn prepare_media(
     state: &AppState,
     model: &ModelHandle,
@@ -329,8 +329,7 @@ async fn prepare_media(
     trusted: bool,
     ids: Vec<u32>,
 ) -> ApiResult<(Vec<u32>, Arc<engine::api::PromptMedia>)> {
-    use engine::models::media::MediaInput;
-    use preprocess::pipeline::{MediaRequestItem, MediaTensor};
+    use preprocess::pipeline::MediaRequestItem;
     let (Some(pipeline), Some(spec)) = (&state.media, state.media_specs.get(&model.card().name))
     else {
         return Err(ApiError::bad_request(
@@ -341,48 +340,14 @@ async fn prepare_media(
     let items: Vec<MediaRequestItem> = parsed
         .media
         .iter()
-        .map(|m| {
-            preprocess::Modality::parse(m.modality)
-                .map(|modality| MediaRequestItem {
-                    modality,
-                    url: m.url.clone(),
-                    uuid: m.uuid.clone(),
-                })
-                .ok_or_else(|| ApiError::Internal(format!("unknown modality {}", m.modality)))
+        .map(|m| MediaRequestItem {
+            modality: m.modality,
+            url: m.url.clone(),
+            uuid: m.uuid.clone(),
         })
-        .collect::<ApiResult<_>>()?;
+        .collect();
     let processed = pipeline.process(&items, merged, trusted, spec).await?;
-    let model = model.clone();
-    tokio::task::spawn_blocking(move || {
-        let hashes: Vec<String> = processed.iter().map(|p| p.hash.to_hex()).collect();
-        let inputs = processed
-            .iter()
-            .zip(&hashes)
-            .map(|(p, hash)| match &p.tensor {
-                MediaTensor::Image(img) => img.grid_thw.map(|grid| MediaInput::Image {
-                    pixels: &img.pixel_values.data,
-                    grid,
-                    hash,
-                }),
-                MediaTensor::Video { frames, .. } => {
-                    frames.grid_thw.map(|grid| MediaInput::Video {
-                        pixels: &frames.pixel_values.data,
-                        grid,
-                        hash,
-                    })
-                }
-                MediaTensor::Audio(a) => Some(MediaInput::Audio {
-                    features: &a.data,
-                    valid_frames: a.valid_frames,
-                    hash,
-                }),
-            })
-            .collect::<Option<Vec<_>>>()
-            .ok_or_else(|| ApiError::Internal("an image processed without a patch grid".into()))?;
-        Ok(model.prepare_media(&ids, &inputs)?)
-    })
-    .await
-    .map_err(|e| ApiError::Internal(format!("media encoding stopped: {e}")))?
+    Ok(model.prepare_media(ids, processed).await?)
 }
 
 pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprobs {

@@ -1,6 +1,7 @@
 //! Chat messages: shape checks of content parts (CONTRACT section 4) and the conversion into
 //! what the chat template sees.
 
+use media::Modality;
 use serde_json::{Map, Value};
 
 use crate::error::{ApiError, ApiResult};
@@ -10,7 +11,7 @@ use crate::protocol::chat::ChatMessage;
 /// One media item found in the messages.
 #[derive(Debug, Clone, PartialEq)]
 pub struct MediaItem {
-    pub modality: &'static str,
+    pub modality: Modality,
     /// The URL (`data:`, `http(s):`, `file:`); `None` for a uuid-only reference.
     pub url: Option<String>,
     pub uuid: Option<String>,
@@ -84,7 +85,7 @@ impl ParsedMessages {
     pub fn counts(&self) -> MediaCounts {
         let mut c = MediaCounts::new();
         for m in &self.media {
-            *c.entry(m.modality.to_string()).or_default() += 1;
+            *c.entry(m.modality.as_str().to_string()).or_default() += 1;
         }
         c
     }
@@ -147,9 +148,18 @@ fn parse_part(
             }
             return Ok(());
         }
-        "image_url" => ("image", url_field(obj, "image_url", i)?.map(str::to_string)),
-        "audio_url" => ("audio", url_field(obj, "audio_url", i)?.map(str::to_string)),
-        "video_url" => ("video", url_field(obj, "video_url", i)?.map(str::to_string)),
+        "image_url" => (
+            Modality::Image,
+            url_field(obj, "image_url", i)?.map(str::to_string),
+        ),
+        "audio_url" => (
+            Modality::Audio,
+            url_field(obj, "audio_url", i)?.map(str::to_string),
+        ),
+        "video_url" => (
+            Modality::Video,
+            url_field(obj, "video_url", i)?.map(str::to_string),
+        ),
         "input_audio" => {
             let url = match obj.get("input_audio") {
                 None | Some(Value::Null) => None,
@@ -177,7 +187,7 @@ fn parse_part(
                     ))
                 }
             };
-            ("audio", url)
+            (Modality::Audio, url)
         }
         other => {
             return Err(bad(

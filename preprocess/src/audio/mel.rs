@@ -44,25 +44,7 @@ pub struct WhisperFeatureConfig {
     pub chunk_length_s: usize,
 }
 
-/// Log-mel features.
-#[derive(Debug, Clone, PartialEq)]
-pub struct AudioFeatures {
-    /// `[n_mels, n_frames]`, row-major.
-    pub data: Vec<f32>,
-    pub n_mels: usize,
-    /// 3000 for Whisper's 30 s window.
-    pub n_frames: usize,
-    /// Frames covering real audio before the padding: `ceil(len / hop)`, at
-    /// most `n_frames`.
-    pub valid_frames: usize,
-}
-
-impl AudioFeatures {
-    /// Bytes the feature tensor occupies.
-    pub fn weight_bytes(&self) -> usize {
-        std::mem::size_of_val(self.data.as_slice())
-    }
-}
+pub use media::AudioFeatures;
 
 impl WhisperFeatureConfig {
     /// Whisper's settings with `n_mels` bins: 16 kHz, `n_fft` 400, hop 160, 30 s.
