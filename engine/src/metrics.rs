@@ -22,6 +22,34 @@ pub const REQUEST_SUCCESS: &str = "vllm:request_success_total";
 pub const TIME_TO_FIRST_TOKEN: &str = "vllm:time_to_first_token_seconds";
 pub const INTER_TOKEN_LATENCY: &str = "vllm:inter_token_latency_seconds";
 pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
+pub const REQUEST_QUEUE_TIME: &str = "vllm:request_queue_time_seconds";
+pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
+
+/// vLLM's bucket boundaries for time to first token, so its Grafana dashboards read ours.
+pub const TTFT_BUCKETS: &[f64] = &[
+    0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0,
+    20.0, 40.0, 80.0, 160.0, 640.0, 2560.0,
+];
+/// vLLM's bucket boundaries for inter-token latency.
+pub const ITL_BUCKETS: &[f64] = &[
+    0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
+    40.0, 80.0,
+];
+/// vLLM's bucket boundaries for whole-request intervals (end to end, queue time).
+pub const REQUEST_LATENCY_BUCKETS: &[f64] = &[
+    0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
+    480.0, 960.0, 1920.0, 7680.0,
+];
+
+/// Every engine histogram with its bucket boundaries, for the exporter the gateway installs.
+pub fn histogram_buckets() -> [(&'static str, &'static [f64]); 4] {
+    [
+        (TIME_TO_FIRST_TOKEN, TTFT_BUCKETS),
+        (INTER_TOKEN_LATENCY, ITL_BUCKETS),
+        (E2E_REQUEST_LATENCY, REQUEST_LATENCY_BUCKETS),
+        (REQUEST_QUEUE_TIME, REQUEST_LATENCY_BUCKETS),
+    ]
+}
 
 /// Register the descriptions of every engine metric with the installed recorder.
 pub fn describe() {
@@ -88,6 +116,16 @@ pub fn describe() {
         Unit::Seconds,
         "Histogram of e2e request latency in seconds."
     );
+    describe_histogram!(
+        REQUEST_QUEUE_TIME,
+        Unit::Seconds,
+        "Histogram of time spent in WAITING phase for request."
+    );
+    describe_counter!(
+        NUM_PREEMPTIONS,
+        Unit::Count,
+        "Cumulative number of preemption from the engine."
+    );
 }
 
 /// The vLLM label value of a finish reason.
@@ -115,6 +153,8 @@ pub struct ModelMetrics {
     ttft: Histogram,
     itl: Histogram,
     e2e: Histogram,
+    queue_time: Histogram,
+    preemptions: Counter,
 }
 
 impl ModelMetrics {
@@ -132,6 +172,8 @@ impl ModelMetrics {
             ttft: metrics::histogram!(TIME_TO_FIRST_TOKEN, "model_name" => name.clone()),
             itl: metrics::histogram!(INTER_TOKEN_LATENCY, "model_name" => name.clone()),
             e2e: metrics::histogram!(E2E_REQUEST_LATENCY, "model_name" => name.clone()),
+            queue_time: metrics::histogram!(REQUEST_QUEUE_TIME, "model_name" => name.clone()),
+            preemptions: metrics::counter!(NUM_PREEMPTIONS, "model_name" => name.clone()),
             model_name: name,
         }
     }
@@ -190,6 +232,15 @@ impl ModelMetrics {
 
     pub fn inter_token(&self, d: Duration) {
         self.itl.record(d.as_secs_f64());
+    }
+
+    /// A request's wait from arrival to its first scheduling.
+    pub fn queued(&self, d: Duration) {
+        self.queue_time.record(d.as_secs_f64());
+    }
+
+    pub fn preempted(&self) {
+        self.preemptions.increment(1);
     }
 
     /// A request ended (on the async side, where stop strings are known).

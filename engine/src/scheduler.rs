@@ -417,6 +417,7 @@ impl Engine {
         seq.computed = 0;
         seq.registered = 0;
         self.stats.preemptions += 1;
+        self.metrics.preempted();
         tracing::debug!(request_id = %seq.request_id, "sequence preempted for recompute");
         self.waiting.push_front(seq);
     }
@@ -496,6 +497,7 @@ impl Engine {
                 self.stats.prefix_cache_hits += hit as u64;
                 self.metrics.prefix_cache(seq.prompt_len, hit);
                 self.metrics.prompt_tokens(seq.prompt_len);
+                self.metrics.queued(seq.arrived.elapsed());
             }
             self.running.push(seq);
             plan.push((self.running.len() - 1, n));

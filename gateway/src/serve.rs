@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engine::handle::EngineHandle;
-use metrics_exporter_prometheus::PrometheusBuilder;
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
 use crate::cli::ServeArgs;
 use crate::server::{app, HttpLimits};
@@ -12,7 +12,13 @@ use crate::state::{AppState, Settings, StartupError};
 
 pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     let settings = Settings::from_args(&args)?;
-    let metrics = PrometheusBuilder::new()
+    let mut exporter = PrometheusBuilder::new();
+    for (name, buckets) in engine::metrics::histogram_buckets() {
+        exporter = exporter
+            .set_buckets_for_metric(Matcher::Full(name.to_string()), buckets)
+            .map_err(|e| StartupError(format!("bad buckets for {name}: {e}")))?;
+    }
+    let metrics = exporter
         .install_recorder()
         .map_err(|e| StartupError(format!("cannot install the metrics recorder: {e}")))?;
     engine::metrics::describe();

@@ -8,6 +8,7 @@ pub mod gate;
 pub mod ids;
 pub mod media;
 pub mod meta;
+pub mod metrics;
 pub mod ordering;
 pub mod streaming;
 pub mod validation;
@@ -224,6 +225,7 @@ impl Case {
 pub fn all(ctx: &Ctx) -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(meta::cases(ctx));
+    cases.extend(metrics::cases(ctx));
     cases.extend(auth::cases(ctx));
     cases.extend(gate::cases(ctx));
     cases.extend(ordering::cases(ctx));
