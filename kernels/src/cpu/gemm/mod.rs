@@ -227,10 +227,9 @@ pub(crate) fn gemm_at(
         return Err(KernelError::Shape(format!("gemm: bias shorter than n={n}")));
     }
     let c = &mut c[..(m - 1) * ldc + n];
-    let kernel = Kernel::for_isa(isa);
     let threads = rayon::current_num_threads();
     if !parallel || threads < 2 || m * n * k < PAR_MIN_FLOPS || m <= MR {
-        gemm_rows(kernel, 0, m, a, lda, b, c, ldc, post);
+        gemm_rows(isa, 0, m, a, lda, b, c, ldc, post);
         return Ok(());
     }
     // Enough row blocks to balance the threads, each a whole number of micro-tiles.
@@ -243,7 +242,7 @@ pub(crate) fn gemm_at(
         .for_each(|(blk, c_blk)| {
             let r0 = blk * mc;
             let rows = mc.min(m - r0);
-            gemm_rows(kernel, r0, rows, a, lda, b, c_blk, ldc, post);
+            gemm_rows(isa, r0, rows, a, lda, b, c_blk, ldc, post);
         });
     Ok(())
 }
@@ -252,7 +251,7 @@ pub(crate) fn gemm_at(
 /// most [`MC_MAX`] rows so that a block of A stays in L2 while it meets every B panel.
 #[allow(clippy::too_many_arguments)]
 fn gemm_rows(
-    kernel: Kernel,
+    isa: Isa,
     r0: usize,
     rows: usize,
     a: &[f32],
@@ -266,7 +265,7 @@ fn gemm_rows(
     while done < rows {
         let block = MC_MAX.min(rows - done);
         let c_blk = &mut c[done * ldc..];
-        gemm_block(kernel, r0 + done, block, a, lda, b, c_blk, ldc, post);
+        gemm_block(isa, r0 + done, block, a, lda, b, c_blk, ldc, post);
         done += block;
     }
 }
@@ -276,7 +275,7 @@ fn gemm_rows(
 /// once for all k) stays in L2.
 #[allow(clippy::too_many_arguments)]
 fn gemm_block(
-    kernel: Kernel,
+    isa: Isa,
     r0: usize,
     rows: usize,
     a: &[f32],
@@ -286,6 +285,7 @@ fn gemm_block(
     ldc: usize,
     post: Epilogue<'_>,
 ) {
+    let kernel = Kernel::for_isa(isa);
     let (k, n) = (b.k, b.n);
     let data = b.data();
     let panels = b.panels();
@@ -360,7 +360,7 @@ fn gemm_block(
                     if let (true, Some(act)) = (last, post.act) {
                         for r in 0..tile_rows {
                             let off = tile.c_off + r * ldc;
-                            act.apply(&mut c[off..off + cols]);
+                            act.apply_at(isa, &mut c[off..off + cols]);
                         }
                     }
                 }
