@@ -1,11 +1,17 @@
 //! Lists the CUDA kernel sources for the crate (so adding a `.cu` file to `cuda/` is all it
 //! takes), and with the `emu` feature compiles them for the CPU emulator. Nothing here looks
 //! for a CUDA toolkit: NVRTC compiles the sources at run time.
+//!
+//! It also sets a `host_<level>` cfg for each CPU kernel level the build machine runs (when it
+//! builds for itself), so that a per-level test of a level the CPU lacks shows as ignored, with
+//! the reason, instead of passing. Tests run where they are built, so this is the CPU they run
+//! on.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 fn main() {
+    host_cpu_levels();
     let manifest = PathBuf::from(std::env::var("CARGO_MANIFEST_DIR").unwrap_or_default());
     let cuda = manifest.join("cuda");
     println!("cargo:rerun-if-changed=cuda");
@@ -38,6 +44,36 @@ fn main() {
 
     #[cfg(feature = "emu")]
     emulator(&cuda, &files, &out);
+}
+
+/// The `host_*` cfgs: one per CPU kernel level (see `src/cpu/features.rs`) this machine runs.
+fn host_cpu_levels() {
+    const LEVELS: [&str; 4] = ["avx2", "avxvnni", "avx512", "avx512vnni"];
+    for level in LEVELS {
+        println!("cargo::rustc-check-cfg=cfg(host_{level})");
+    }
+    let host = std::env::var("HOST").unwrap_or_default();
+    let target = std::env::var("TARGET").unwrap_or_default();
+    if host != target {
+        return;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let avx2 = has!("avx2") && has!("fma") && has!("f16c");
+        let avx512 = avx2 && has!("avx512f") && has!("avx512bw") && has!("avx512vl");
+        let runs = [
+            avx2,
+            avx2 && has!("avxvnni"),
+            avx512,
+            avx512 && has!("avx512vnni"),
+        ];
+        for (level, runs) in LEVELS.into_iter().zip(runs) {
+            if runs {
+                println!("cargo::rustc-cfg=host_{level}");
+            }
+        }
+    }
 }
 
 fn write(path: &Path, text: &str) {

@@ -314,8 +314,8 @@ fn greedy_tokens_and_logprobs_match_reference() {
 /// llama.cpp): every clear-margin step (reference margin >= 0.3) still picks the reference
 /// token, and the top-5 logprobs stay within [`Q8_LOGPROB_TOL`]. Measured (2026-12-03, AMD EPYC
 /// with AVX-512 VNNI), max |logprob diff| and argmax agreement: AVX-512 VNNI kernels (the
-/// default there) 0.566 and 376/384; `KERNELS_Q8_LEVEL=avx2` 0.358 and 376/384;
-/// `KERNELS_Q8_LEVEL=scalar` 0.444 and 375/384. The integer sums are exact on every level; only
+/// default there) 0.566 and 376/384; `KERNELS_CPU_LEVEL=avx2` 0.358 and 376/384; scalar
+/// integer kernels 0.444 and 375/384. The integer sums are exact on every level; only
 /// the order of the f32 accumulation differs, and 30 layers amplify that. llama.cpp's own Q4_1
 /// path measured 0.50-0.64 and 374-376/384 on the same cases. The difference must also be a
 /// real one: this mode does not silently run in f32.

@@ -5,7 +5,7 @@
 //! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [q4_1|q4_0|q8_0] [M] [THREADS]
 //! ```
 //! Defaults: 1536 x 576 (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread.
-//! `KERNELS_Q8_LEVEL=avx2|avxvnni|avx512vnni|scalar` picks the integer kernels.
+//! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level.
 
 use std::time::Instant;
 
@@ -70,9 +70,9 @@ fn run() -> Result<(), String> {
     let blocks = (n * k / 32) as f64;
     for (i, name) in ["f32", "q8"].iter().enumerate() {
         println!(
-            "{name} activations, {dtype} {n}x{k}, m={m}, {threads} thread(s), {:?}: best {:.1} us \
+            "{name} activations, {dtype} {n}x{k}, m={m}, {threads} thread(s), {}: best {:.1} us \
              ({:.2} ns/weight block, {:.1} GB/s of weights), mean {:.1} us",
-            kernels::q8_level(),
+            kernels::cpu_level(),
             best[i] * 1e6,
             best[i] * 1e9 / blocks / m as f64,
             (n * dtype.row_bytes(k)) as f64 / best[i] / 1e9,

@@ -9,30 +9,28 @@
 //!   f32 accuracy.
 //! - [`matmul_q8`] / [`matmul_multi_q8`]: the same products with the activations quantised to
 //!   8-bit blocks ([`Q8Block`], [`quantize_row_q8`]) and integer dot products against Q4_0,
-//!   Q4_1 and Q8_0 weights (AVX2, AVX-VNNI or AVX-512 VNNI, chosen at run time by
-//!   [`q8_level`]). Faster for decode; the activations carry quantisation error.
+//!   Q4_1 and Q8_0 weights (AVX2, AVX-VNNI or AVX-512 VNNI). Faster for decode; the
+//!   activations carry quantisation error.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
+//! - The encoder's f32 compute: [`PackedB`] / [`gemm_packed`], [`add_layer_norm`],
+//!   [`Activation`], [`softmax_rows`], [`fused_attention`].
 //!
-//! SIMD is chosen at run time (AVX2+FMA+F16C on x86_64, with a scalar fallback everywhere).
+//! SIMD is chosen at run time by one detector, [`cpu_isa`] (AVX2+FMA+F16C, AVX-VNNI, AVX-512,
+//! AVX-512 VNNI on x86_64, with a scalar fallback everywhere); the environment variable
+//! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps it.
 //! Parallel work runs on the current rayon pool: install a pool of the wanted size around
 //! calls (or build the global pool once) to control the thread count.
 
-mod dense;
-mod dequant;
-mod dot;
+mod cpu;
 mod dtype;
 pub mod gpu;
-mod matmul;
-pub mod ops;
-mod q8;
-mod simd;
 
-pub use dense::{gemm_ab, gemm_abt};
-pub use dequant::dequantize_row;
+pub use cpu::ops;
+pub use cpu::{
+    add_layer_norm, cpu_features, cpu_isa, cpu_level, dequantize_row, erf, fused_attention,
+    fused_attention_available, gemm_ab, gemm_abt, gemm_packed, gemm_packed_post, matmul,
+    matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8, softmax_rows,
+    Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob, PackedB, Q8Block, CPU_LEVEL_VAR,
+    Q8_BLOCK,
+};
 pub use dtype::{DType, KernelError, QMatrix};
-pub use matmul::{matmul, matmul_multi, matmul_multi_q8, matmul_q8, MatmulJob};
-pub use q8::{q8_level, q8_supports, quantize_row_q8, Q8Block, Q8Level, Q8_BLOCK};
-pub use simd::{simd_level, SimdLevel};
-
-#[cfg(test)]
-mod tests;

@@ -90,7 +90,7 @@ pub(super) fn start_decoder(
         block_size = config.block_size,
         // GPU decoders compute in their --dtype type; the precision flag is the CPU's.
         activations = %if device == "cpu" { config.activation_mode.as_str() } else { "dtype" },
-        q8_kernels = ?kernels::q8_level(),
+        cpu_kernels = %kernels::cpu_level(),
         "decoder ready"
     );
     Ok(ModelHandle {

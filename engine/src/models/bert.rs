@@ -13,18 +13,14 @@
 //! bound it), each forward pass mostly on one thread; a batch too small to cut runs its layers'
 //! loops in parallel instead.
 
-mod attention;
 mod dense;
-mod gemm;
-pub(crate) mod ops;
 
 use std::sync::Mutex;
 
+use kernels::{add_layer_norm, gemm_packed, softmax_rows, Activation, PackedB};
 use rayon::prelude::*;
 
-use self::dense::Dense;
-use self::gemm::{gemm, PackedB};
-use self::ops::{add_layer_norm, softmax_rows, Activation};
+use self::dense::{activation_from_hf, internal, Dense};
 use crate::error::{EngineError, Result};
 use crate::hf::{HfConfig, SafetensorsWeights};
 use crate::model::{EmbeddingModel, EncoderInfo, Pooling};
@@ -156,7 +152,7 @@ impl BertEncoder {
         let type_vocab = cfg.type_vocab_size.unwrap_or(2);
         let eps = cfg.layer_norm_eps.unwrap_or(1e-12) as f32;
         let act_name = cfg.hidden_act.as_deref().unwrap_or("gelu");
-        let act = Activation::from_hf(act_name).ok_or_else(|| {
+        let act = activation_from_hf(act_name).ok_or_else(|| {
             EngineError::load(
                 "config.json",
                 format!("unsupported hidden_act `{act_name}`"),
@@ -411,7 +407,7 @@ impl BertEncoder {
         let (h, hd) = (d.hidden, d.head_dim);
         let ld = 3 * h;
         let scale = 1.0 / (hd as f32).sqrt();
-        let fused = attention::fused_available(hd);
+        let fused = kernels::fused_attention_available(hd);
         let mut tasks = Vec::with_capacity(d.heads * spans.len());
         let mut rest = out;
         for head in 0..d.heads {
@@ -428,19 +424,20 @@ impl BertEncoder {
                 if fused {
                     let k = &qkv[t0 * ld + h + head * hd..];
                     let v = &qkv[t0 * ld + 2 * h + head * hd..];
-                    return attention::attend(
+                    return kernels::fused_attention(
                         q, k, v, ld, len, hd, scale, keys, values, scores, mine,
-                    );
+                    )
+                    .map_err(internal);
                 }
                 keys.pack_transposed(&qkv[t0 * ld + h + head * hd..], ld, hd, len);
                 if scores.len() < len * len {
                     scores.resize(len * len, 0.0);
                 }
                 let scores = &mut scores[..len * len];
-                gemm(len, q, ld, keys, scores, len, None, false)?;
+                gemm_packed(len, q, ld, keys, scores, len, None, false).map_err(internal)?;
                 softmax_rows(scores, len, scale);
                 values.pack_rows(&qkv[t0 * ld + 2 * h + head * hd..], ld, len, hd);
-                gemm(len, scores, len, values, mine, hd, None, false)
+                gemm_packed(len, scores, len, values, mine, hd, None, false).map_err(internal)
             },
         )
     }

@@ -82,6 +82,6 @@ impl LayerNorm {
 /// `0.5 x (1 + erf(x / sqrt 2))`, in place.
 pub(crate) fn gelu_erf(x: &mut [f32]) {
     for v in x {
-        *v = 0.5 * *v * (1.0 + crate::models::bert::ops::erf(*v * std::f32::consts::FRAC_1_SQRT_2));
+        *v = 0.5 * *v * (1.0 + kernels::erf(*v * std::f32::consts::FRAC_1_SQRT_2));
     }
 }

@@ -1,10 +1,10 @@
 //! The encoder's dense layers (`y = x · Wᵀ + b`): weights packed once at load time into the
-//! panels of [`super::gemm`], so a forward pass only multiplies (no per-call packing of the
+//! panels of [`kernels::PackedB`], so a forward pass only multiplies (no per-call packing of the
 //! weights), and a row's result does not depend on the batch it was computed in. Large
 //! products are split over the current rayon pool.
 
-use super::gemm::{gemm_post, Epilogue, PackedB};
-use super::ops::Activation;
+use kernels::{gemm_packed_post, Activation, Epilogue, KernelError, PackedB};
+
 use crate::error::{EngineError, Result};
 
 /// One `Linear` layer's weight (`n` outputs × `k` inputs), packed, and bias.
@@ -52,8 +52,23 @@ impl Dense {
             bias: Some(&self.bias),
             act,
         };
-        gemm_post(m, x, k, &self.weight, out, n, post, true)
+        gemm_packed_post(m, x, k, &self.weight, out, n, post, true).map_err(internal)
     }
+}
+
+/// The activation a config's `hidden_act` names.
+pub(super) fn activation_from_hf(name: &str) -> Option<Activation> {
+    match name {
+        "gelu" => Some(Activation::GeluErf),
+        "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Activation::GeluTanh),
+        "relu" => Some(Activation::Relu),
+        _ => None,
+    }
+}
+
+/// A kernel's shape error here is a bug in the layer wiring.
+pub(super) fn internal(e: KernelError) -> EngineError {
+    EngineError::Internal(e.to_string())
 }
 
 #[cfg(test)]
@@ -112,6 +127,14 @@ mod tests {
             layer.forward_act(m, &x, &mut got, Some(act)).unwrap();
             assert_eq!(got, want, "{act:?}");
         }
+    }
+
+    #[test]
+    fn hidden_act_names() {
+        assert_eq!(activation_from_hf("gelu"), Some(Activation::GeluErf));
+        assert_eq!(activation_from_hf("gelu_new"), Some(Activation::GeluTanh));
+        assert_eq!(activation_from_hf("relu"), Some(Activation::Relu));
+        assert_eq!(activation_from_hf("swish"), None);
     }
 
     #[test]

@@ -5,25 +5,34 @@
 //! to every probability. Elsewhere (other CPUs, other head sizes) the caller runs the generic
 //! path: two products through [`super::gemm`] with a row softmax between them.
 
+use super::features::{cpu_isa, CpuLevel, Isa};
 use super::gemm::PackedB;
-use crate::error::{EngineError, Result};
+use crate::KernelError;
 
 /// Queries per block (the rows of one micro-tile).
 const QB: usize = 6;
 /// Keys per packed panel.
 const NR: usize = 16;
 
-/// Whether [`attend`] serves this head size on this CPU (AVX-512F, and the encoder's products
-/// not capped below it by `ENGINE_F32_GEMM_LEVEL`).
-pub(crate) fn fused_available(head_dim: usize) -> bool {
-    matches!(head_dim, 32 | 64) && super::gemm::avx512_enabled()
+/// Whether [`fused_attention`] serves this head size here (an AVX-512 level).
+pub fn fused_attention_available(head_dim: usize) -> bool {
+    fused_at(cpu_isa(), head_dim)
+}
+
+/// Whether the fused kernel serves this head size on `isa`.
+pub(crate) fn fused_at(isa: Isa, head_dim: usize) -> bool {
+    matches!(head_dim, 32 | 64) && matches!(isa.level(), CpuLevel::Avx512 | CpuLevel::Avx512Vnni)
 }
 
 /// `out[len × hd] = softmax(scale · Q Kᵀ) V` for one head of one sequence. Row `i` of Q, K and
 /// V starts at `i * ld` in `q`, `k` and `v` (the head's `hd` values). `keys`, `values` and
 /// `scores` are scratch space kept by the caller between calls.
+///
+/// # Errors
+/// [`KernelError::Shape`] if the operands are short or the kernel does not serve this head
+/// size here ([`fused_attention_available`]).
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn attend(
+pub fn fused_attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
@@ -35,19 +44,39 @@ pub(crate) fn attend(
     values: &mut PackedB,
     scores: &mut Vec<f32>,
     out: &mut [f32],
-) -> Result<()> {
+) -> Result<(), KernelError> {
+    let isa = cpu_isa();
+    attend_at(isa, q, k, v, ld, len, hd, scale, keys, values, scores, out)
+}
+
+/// [`fused_attention`] for `isa`.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn attend_at(
+    isa: Isa,
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    ld: usize,
+    len: usize,
+    hd: usize,
+    scale: f32,
+    keys: &mut PackedB,
+    values: &mut PackedB,
+    scores: &mut Vec<f32>,
+    out: &mut [f32],
+) -> Result<(), KernelError> {
     if len == 0 {
         return Ok(());
     }
     let rows_end = (len - 1) * ld + hd;
-    if !fused_available(hd)
+    if !fused_at(isa, hd)
         || ld < hd
         || q.len() < rows_end
         || k.len() < rows_end
         || v.len() < rows_end
         || out.len() < len * hd
     {
-        return Err(EngineError::Internal(format!(
+        return Err(KernelError::Shape(format!(
             "fused attention: len={len} hd={hd} ld={ld} q={} k={} v={} out={}",
             q.len(),
             k.len(),
@@ -55,7 +84,7 @@ pub(crate) fn attend(
             out.len()
         )));
     }
-    keys.pack_transposed(k, ld, hd, len);
+    keys.pack_transposed_at(isa, k, ld, hd, len);
     values.pack_rows(v, ld, len, hd);
     let width = len.next_multiple_of(NR);
     if scores.len() < QB * width {
@@ -63,14 +92,12 @@ pub(crate) fn attend(
     }
     let (kp, vp) = (keys.packed(), values.packed());
     if kp.len() < width * hd || vp.len() < len * hd {
-        return Err(EngineError::Internal(
-            "fused attention: short packing".into(),
-        ));
+        return Err(KernelError::Shape("fused attention: short packing".into()));
     }
     #[cfg(target_arch = "x86_64")]
     {
         let s = &mut scores[..QB * width];
-        // SAFETY: AVX-512F is available (`fused_available`); the lengths of Q, K, V, the
+        // SAFETY: `isa` is an AVX-512 level that runs here (`fused_at`); the lengths of Q, K, V, the
         // packings, the scores block and `out` were checked above, as `avx512::attend` needs.
         unsafe {
             match hd {
@@ -85,7 +112,7 @@ pub(crate) fn attend(
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use super::{NR, QB};
-    use crate::models::bert::ops::exp512;
+    use crate::cpu::encoder::exp512;
     use std::arch::x86_64::*;
 
     /// One head of one sequence, `D` vectors of 16 per row (`hd = 16 * D`).
@@ -237,93 +264,4 @@ mod avx512 {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::models::bert::gemm::gemm;
-    use crate::models::bert::gemm::tests::values;
-    use crate::models::bert::ops::softmax_rows;
-
-    /// The generic path: two products and a row softmax.
-    fn reference(q: &[f32], k: &[f32], v: &[f32], ld: usize, len: usize, hd: usize) -> Vec<f32> {
-        let scale = 1.0 / (hd as f32).sqrt();
-        let mut keys = PackedB::default();
-        keys.pack_transposed(k, ld, hd, len);
-        let mut s = vec![0.0; len * len];
-        gemm(len, q, ld, &keys, &mut s, len, None, false).unwrap();
-        softmax_rows(&mut s, len, scale);
-        let mut vals = PackedB::default();
-        vals.pack_rows(v, ld, len, hd);
-        let mut out = vec![0.0; len * hd];
-        gemm(len, &s, len, &vals, &mut out, hd, None, false).unwrap();
-        out
-    }
-
-    #[test]
-    fn fused_matches_the_two_products() {
-        if !fused_available(32) {
-            eprintln!("no AVX-512 on this CPU: the fused path is not used here");
-            assert!(!fused_available(64));
-            return;
-        }
-        for hd in [32, 64] {
-            // Every shape of the last panel and of the last query block.
-            for len in [1, 2, 5, 6, 7, 15, 16, 17, 33, 47, 48, 49, 100, 204, 256] {
-                let ld = 3 * 12 * hd + 5;
-                // Spread the scores: the test values are in [-1, 1).
-                let qkv: Vec<f32> = values(len * ld, (len * hd) as u32)
-                    .iter()
-                    .map(|x| 2.0 * x)
-                    .collect();
-                let (q, k, v) = (&qkv[..], &qkv[hd..], &qkv[2 * hd..]);
-                let want = reference(q, k, v, ld, len, hd);
-                let (mut keys, mut vals, mut scores) =
-                    (PackedB::default(), PackedB::default(), Vec::new());
-                let mut got = vec![f32::NAN; len * hd];
-                let scale = 1.0 / (hd as f32).sqrt();
-                attend(
-                    q,
-                    k,
-                    v,
-                    ld,
-                    len,
-                    hd,
-                    scale,
-                    &mut keys,
-                    &mut vals,
-                    &mut scores,
-                    &mut got,
-                )
-                .unwrap();
-                for (i, (x, y)) in got.iter().zip(&want).enumerate() {
-                    assert!(
-                        (x - y).abs() <= 2e-6 * (1.0 + y.abs()),
-                        "hd={hd} len={len} [{i}]: {x} vs {y}"
-                    );
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn bad_shapes_are_errors() {
-        let (mut keys, mut vals, mut scores) = (PackedB::default(), PackedB::default(), Vec::new());
-        let mut out = vec![0.0; 32];
-        let short = vec![0.0; 40];
-        let r = attend(
-            &short,
-            &short,
-            &short,
-            96,
-            2,
-            32,
-            0.2,
-            &mut keys,
-            &mut vals,
-            &mut scores,
-            &mut out,
-        );
-        assert!(r.is_err());
-        // Other head sizes are never fused.
-        assert!(!fused_available(48));
-    }
-}
+mod tests;

@@ -1,6 +1,6 @@
 //! `out = x · Wᵀ` for quantised or float weights and f32 activations.
 //!
-//! - Few activation rows (decode): [`crate::dot`]'s fused kernels, parallel over output rows.
+//! - Few activation rows (decode): [`super::dot`]'s fused kernels, parallel over output rows.
 //! - Many rows (prefill, big batches): each task dequantises a tile of weight rows into a
 //!   thread-local f32 buffer and multiplies it with the `gemm` crate, parallel over tiles.
 
@@ -8,10 +8,11 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use crate::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
-use crate::q8::Q8_BLOCK;
-use crate::q8::{dot_q8, q8_level, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
-use crate::{simd_level, DType, KernelError, QMatrix};
+use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
+use super::features::cpu_isa;
+use super::q8::Q8_BLOCK;
+use super::q8::{dot_q8, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
+use crate::{DType, KernelError, QMatrix};
 
 /// Up to this many activation rows use the fused kernels; more use tiles + GEMM.
 pub const FUSED_MAX_ROWS: usize = 16;
@@ -158,7 +159,7 @@ fn split_rows(
 }
 
 fn fused(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
-    let level = simd_level();
+    let isa = cpu_isa();
     let nb = k / 32;
     let need_sums = jobs.iter().any(|j| needs_block_sums(j.w.dtype()));
     let mut xsum = Vec::new();
@@ -195,7 +196,7 @@ fn fused(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumula
                     xsum: if need_sums { &xsum[g * nb..] } else { &[] },
                     xsum_stride: nb,
                 };
-                dot_rows(level, &args, &mut vals[..rows]);
+                dot_rows(isa, &args, &mut vals[..rows]);
                 for (i, v) in vals[..rows].iter().enumerate() {
                     let idx = (g + i) * n + row;
                     // SAFETY: `idx < m * n` (the output length checked by `matmul_multi`), and
@@ -264,7 +265,7 @@ fn tiled(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumula
 }
 
 fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
-    let level = q8_level();
+    let isa = cpu_isa();
     let nb = k / Q8_BLOCK;
     let mut xq = vec![Q8Block::default(); m * nb];
     for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
@@ -303,7 +304,7 @@ fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accum
                     x: &xq[g * nb..(g + xr) * nb],
                     nb,
                 };
-                dot_q8(level, &args, wr, w_step, xr, &mut vals);
+                dot_q8(isa, &args, wr, w_step, xr, &mut vals);
                 for i in 0..wr {
                     for jx in 0..xr {
                         let v = vals[i * xr + jx];

@@ -3,7 +3,7 @@
 //! All take plain slices and panic only on mismatched lengths (a caller bug, documented per
 //! function).
 
-use crate::{simd_level, SimdLevel};
+use super::features::{cpu_isa, CpuLevel, Isa};
 
 /// `out = x / sqrt(mean(x²) + eps) * w` (Llama RMSNorm), for one row.
 ///
@@ -102,11 +102,18 @@ pub fn rope(
 /// # Panics
 /// If the lengths differ.
 pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+    silu_mul_at(cpu_isa(), gate, up);
+}
+
+/// [`silu_mul`] on `isa`'s kernel.
+pub(crate) fn silu_mul_at(isa: Isa, gate: &mut [f32], up: &[f32]) {
     assert_eq!(gate.len(), up.len(), "silu_mul: length mismatch");
-    match simd_level() {
+    match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2 is reported only when the features are present.
-        SimdLevel::Avx2 => unsafe { x86::silu_mul(gate, up) },
+        // SAFETY: every level above Scalar has the features, and `isa` runs here.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::silu_mul(gate, up)
+        },
         _ => {
             for (g, &u) in gate.iter_mut().zip(up) {
                 *g = *g / (1.0 + (-*g).exp()) * u;
@@ -117,14 +124,21 @@ pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
 
 /// Softmax in place (max-subtracted, f32).
 pub fn softmax(x: &mut [f32]) {
+    softmax_at(cpu_isa(), x);
+}
+
+/// [`softmax`] on `isa`'s kernel.
+pub(crate) fn softmax_at(isa: Isa, x: &mut [f32]) {
     if x.is_empty() {
         return;
     }
     let max = x.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum = match simd_level() {
+    let sum = match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2 is reported only when the features are present.
-        SimdLevel::Avx2 => unsafe { x86::exp_sub_sum(x, max) },
+        // SAFETY: every level above Scalar has the features, and `isa` runs here.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::exp_sub_sum(x, max)
+        },
         _ => {
             let mut s = 0f32;
             for v in x.iter_mut() {
@@ -145,11 +159,18 @@ pub fn softmax(x: &mut [f32]) {
 /// # Panics
 /// If the lengths differ.
 pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    dot_at(cpu_isa(), a, b)
+}
+
+/// [`dot`] on `isa`'s kernel.
+pub(crate) fn dot_at(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "dot: length mismatch");
-    match simd_level() {
+    match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2 is reported only when the features are present.
-        SimdLevel::Avx2 => unsafe { x86::dot(a, b) },
+        // SAFETY: every level above Scalar has the features, and `isa` runs here.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::dot(a, b)
+        },
         _ => a.iter().zip(b).map(|(x, y)| x * y).sum(),
     }
 }
@@ -159,11 +180,18 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 /// # Panics
 /// If the lengths differ.
 pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
+    axpy_at(cpu_isa(), alpha, x, y);
+}
+
+/// [`axpy`] on `isa`'s kernel.
+pub(crate) fn axpy_at(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     assert_eq!(x.len(), y.len(), "axpy: length mismatch");
-    match simd_level() {
+    match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: Avx2 is reported only when the features are present.
-        SimdLevel::Avx2 => unsafe { x86::axpy(alpha, x, y) },
+        // SAFETY: every level above Scalar has the features, and `isa` runs here.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::axpy(alpha, x, y)
+        },
         _ => {
             for (yi, &xi) in y.iter_mut().zip(x) {
                 *yi += alpha * xi;
@@ -185,18 +213,8 @@ pub fn add_assign(y: &mut [f32], x: &[f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::x86::hsum;
     use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
 
     /// e^x for 8 lanes (Cephes-style range reduction and polynomial; relative error about
     /// 1e-7 on the clamped range [-87.3, 88.3]).

@@ -3,8 +3,9 @@
 //! For the 4-bit types the per-block offset term is applied through precomputed block sums of
 //! the activations: `Σ (d·q + m)·x = d·Σ q·x + m·Σ x` (Q4_0 has `m = −8d`).
 
-use crate::dequant::{bf16_at, f16_at};
-use crate::{DType, SimdLevel};
+use super::dequant::{bf16_at, f16_at};
+use super::features::{CpuLevel, Isa};
+use crate::DType;
 
 /// Most activation rows one kernel call handles.
 pub(crate) const MAX_R: usize = 8;
@@ -39,7 +40,7 @@ pub(crate) struct DotArgs<'a> {
 ///
 /// # Panics
 /// If the slices are shorter than the arguments claim (a bug in the caller).
-pub(crate) fn dot_rows(level: SimdLevel, a: &DotArgs<'_>, out: &mut [f32]) {
+pub(crate) fn dot_rows(isa: Isa, a: &DotArgs<'_>, out: &mut [f32]) {
     let rows = out.len();
     assert!((1..=MAX_R).contains(&rows), "dot_rows: {rows} rows");
     assert!(
@@ -56,11 +57,12 @@ pub(crate) fn dot_rows(level: SimdLevel, a: &DotArgs<'_>, out: &mut [f32]) {
             "dot_rows: block sums too short"
         );
     }
-    match level {
+    match isa.level() {
+        CpuLevel::Scalar => scalar_dot(a, out),
         #[cfg(target_arch = "x86_64")]
-        SimdLevel::Avx2 => {
-            // SAFETY: Avx2 is only reported when avx2, fma and f16c are detected; the bounds
-            // were checked above.
+        _ => {
+            // SAFETY: every level above Scalar has avx2, fma and f16c, and `isa` says this CPU
+            // runs its level; the bounds were checked above.
             unsafe {
                 match rows {
                     1 => x86::dot::<1>(a, out),
@@ -74,6 +76,7 @@ pub(crate) fn dot_rows(level: SimdLevel, a: &DotArgs<'_>, out: &mut [f32]) {
                 }
             }
         }
+        #[cfg(not(target_arch = "x86_64"))]
         _ => scalar_dot(a, out),
     }
 }
@@ -90,7 +93,7 @@ fn scalar_dot(a: &DotArgs<'_>, out: &mut [f32]) {
     let per_group_bytes = group / be * bb;
     for g in 0..full / group {
         let wb = &a.w[g * per_group_bytes..(g + 1) * per_group_bytes];
-        crate::dequantize_row(a.dtype, wb, &mut buf);
+        super::dequant::dequantize_row(a.dtype, wb, &mut buf);
         for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
             let xr = &a.x[r * a.x_stride + g * group..][..group];
             let mut s = 0f32;
@@ -120,21 +123,11 @@ fn scalar_dot(a: &DotArgs<'_>, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::dequant::{bf16_at, f16_at};
+    use super::super::x86::hsum;
     use super::DotArgs;
-    use crate::dequant::{bf16_at, f16_at};
     use crate::DType;
     use std::arch::x86_64::*;
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    #[inline]
-    fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps::<1>(v);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
-        _mm_cvtss_f32(s)
-    }
 
     /// `Σ_i w_i·x_r[i]` for a group of 32 weights (`$w`: four vectors) and each of the `R`
     /// activation rows at `$x` (row stride `$xs`), as `[__m256; R]`. A macro so that it is
