@@ -233,3 +233,87 @@ async fn chat_template_kwargs_reach_the_template_over_the_defaults() {
     assert!(cleared < default, "cleared {cleared}, default {default}");
     assert!(longer > default, "request {longer}, default {default}");
 }
+
+/// Chat `echo` prefixes the reply with a continued assistant message, streamed or not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_echo_prefixes_the_continued_assistant_message() {
+    let app = server(&[]);
+    let body = |echo: bool| {
+        json!({"model": MODEL, "max_tokens": 3, "temperature": 0, "echo": echo,
+            "continue_final_message": true, "add_generation_prompt": false,
+            "messages": [{"role": "user", "content": "Hi"},
+                         {"role": "assistant", "content": "Hello there"}]})
+    };
+    let (status, plain) = call(&app, "POST", "/v1/chat/completions", Some(body(false))).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, echoed) = call(&app, "POST", "/v1/chat/completions", Some(body(true))).await;
+    assert_eq!(status, 200, "{echoed}");
+    let text = |v: &Value| {
+        v["choices"][0]["message"]["content"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    assert_eq!(text(&echoed), format!("Hello there{}", text(&plain)));
+    // Without a final assistant message there is nothing to echo.
+    let (_, user_last) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            json!({"model": MODEL, "max_tokens": 3, "temperature": 0, "echo": true,
+            "messages": [{"role": "user", "content": "Hi"}]}),
+        ),
+    )
+    .await;
+    assert!(!text(&user_last).starts_with("Hi"), "{user_last}");
+}
+
+/// Fields the server cannot honour are 400s naming them, never silently ignored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_fields_are_400s_naming_them() {
+    let app = server(&[]);
+    let chat = |extra: Value| {
+        let mut body = json!({"model": MODEL, "max_tokens": 2,
+            "messages": [{"role": "user", "content": "Hi"}]});
+        for (k, v) in extra.as_object().unwrap() {
+            body[k] = v.clone();
+        }
+        body
+    };
+    for (extra, param) in [
+        (json!({"prompt_logprobs": "2"}), "prompt_logprobs"),
+        (json!({"use_beam_search": true}), "use_beam_search"),
+        (json!({"priority": 3}), "priority"),
+        (json!({"tool_choice": "auto"}), "tool_choice"),
+        (json!({"vllm_xargs": {"k": 1}}), "vllm_xargs"),
+    ] {
+        let (status, body) = call(&app, "POST", "/v1/chat/completions", Some(chat(extra))).await;
+        assert_eq!(status, 400, "{body}");
+        assert_eq!(body["error"]["param"], param, "{body}");
+    }
+    // Neutral values and fields ignored on purpose are fine.
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(chat(
+            json!({"use_beam_search": false, "priority": 0, "best_of": 1,
+            "request_id": "mine", "tool_choice": "none"}),
+        )),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "suffix": "!"})),
+    )
+    .await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(
+        body["error"]["message"],
+        "suffix is not currently supported"
+    );
+}

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeMap;
 
-
 use super::{Case, Ctx, FlowOutcome};
 use crate::expect::summarize;
 use crate::http::{Client, RequestSpec};

@@ -161,6 +161,10 @@ pub struct ChatRequest via ChatRequestWire {
     pub add_special_tokens: Option<bool>,
     pub mm_processor_kwargs: Option<super::RawKwargs>,
     pub media_io_kwargs: Option<super::RawKwargs>,
+    pub documents: Option<Box<Value>>,
+    pub parallel_tool_calls: Option<Box<Value>>,
+    pub reasoning_effort: Option<Box<Value>>,
+    pub include_reasoning: Option<Box<Value>>,
 }
 }
 

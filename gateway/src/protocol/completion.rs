@@ -28,6 +28,7 @@ pub struct CompletionRequest via CompletionRequestWire {
     /// and gated (CONTRACT section 2).
     pub mm_processor_kwargs: Option<super::RawKwargs>,
     pub media_io_kwargs: Option<super::RawKwargs>,
+    pub prompt_embeds: Option<Box<Value>>,
 }
 }
 

@@ -3,6 +3,7 @@
 
 pub mod chat;
 pub mod completion;
+pub mod fields;
 pub mod pooling;
 pub mod sampling;
 pub mod tokenize;

@@ -49,6 +49,38 @@ pub struct SamplingFields {
     pub truncate_prompt_tokens: Option<i64>,
     pub response_format: Option<Box<Value>>,
     pub user: Option<String>,
+    /// vLLM's other generation fields, kept raw: each is honoured, refused with a 400 naming
+    /// it, or ignored on purpose, as [`super::fields`] decides.
+    #[serde(flatten)]
+    pub vllm: VllmFields,
+}
+
+/// vLLM's generation fields beyond the OpenAI set, as the client sent them.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct VllmFields {
+    pub logit_bias: Option<Box<Value>>,
+    pub allowed_token_ids: Option<Box<Value>>,
+    pub bad_words: Option<Box<Value>>,
+    pub prompt_logprobs: Option<Box<Value>>,
+    pub structured_outputs: Option<Box<Value>>,
+    pub guided_json: Option<Box<Value>>,
+    pub guided_regex: Option<Box<Value>>,
+    pub guided_choice: Option<Box<Value>>,
+    pub guided_grammar: Option<Box<Value>>,
+    pub guided_decoding_backend: Option<Box<Value>>,
+    pub guided_whitespace_pattern: Option<Box<Value>>,
+    pub structural_tag: Option<Box<Value>>,
+    pub best_of: Option<Box<Value>>,
+    pub use_beam_search: Option<Box<Value>>,
+    pub length_penalty: Option<Box<Value>>,
+    pub spaces_between_special_tokens: Option<Box<Value>>,
+    pub priority: Option<Box<Value>>,
+    pub request_id: Option<Box<Value>>,
+    pub logits_processors: Option<Box<Value>>,
+    pub return_tokens_as_token_ids: Option<Box<Value>>,
+    pub return_token_ids: Option<Box<Value>>,
+    pub kv_transfer_params: Option<Box<Value>>,
+    pub vllm_xargs: Option<Box<Value>>,
 }
 
 /// Declares a request type whose sampling fields sit at the top level of the JSON object and
@@ -96,6 +128,29 @@ macro_rules! request_with_sampling {
             truncate_prompt_tokens: Option<i64>,
             response_format: Option<Box<serde_json::Value>>,
             user: Option<String>,
+            logit_bias: Option<Box<serde_json::Value>>,
+            allowed_token_ids: Option<Box<serde_json::Value>>,
+            bad_words: Option<Box<serde_json::Value>>,
+            prompt_logprobs: Option<Box<serde_json::Value>>,
+            structured_outputs: Option<Box<serde_json::Value>>,
+            guided_json: Option<Box<serde_json::Value>>,
+            guided_regex: Option<Box<serde_json::Value>>,
+            guided_choice: Option<Box<serde_json::Value>>,
+            guided_grammar: Option<Box<serde_json::Value>>,
+            guided_decoding_backend: Option<Box<serde_json::Value>>,
+            guided_whitespace_pattern: Option<Box<serde_json::Value>>,
+            structural_tag: Option<Box<serde_json::Value>>,
+            best_of: Option<Box<serde_json::Value>>,
+            use_beam_search: Option<Box<serde_json::Value>>,
+            length_penalty: Option<Box<serde_json::Value>>,
+            spaces_between_special_tokens: Option<Box<serde_json::Value>>,
+            priority: Option<Box<serde_json::Value>>,
+            request_id: Option<Box<serde_json::Value>>,
+            logits_processors: Option<Box<serde_json::Value>>,
+            return_tokens_as_token_ids: Option<Box<serde_json::Value>>,
+            return_token_ids: Option<Box<serde_json::Value>>,
+            kv_transfer_params: Option<Box<serde_json::Value>>,
+            vllm_xargs: Option<Box<serde_json::Value>>,
         }
 
         impl<'de> serde::Deserialize<'de> for $name {
@@ -126,6 +181,31 @@ macro_rules! request_with_sampling {
                         truncate_prompt_tokens: w.truncate_prompt_tokens,
                         response_format: w.response_format,
                         user: w.user,
+                        vllm: $crate::protocol::sampling::VllmFields {
+                            logit_bias: w.logit_bias,
+                            allowed_token_ids: w.allowed_token_ids,
+                            bad_words: w.bad_words,
+                            prompt_logprobs: w.prompt_logprobs,
+                            structured_outputs: w.structured_outputs,
+                            guided_json: w.guided_json,
+                            guided_regex: w.guided_regex,
+                            guided_choice: w.guided_choice,
+                            guided_grammar: w.guided_grammar,
+                            guided_decoding_backend: w.guided_decoding_backend,
+                            guided_whitespace_pattern: w.guided_whitespace_pattern,
+                            structural_tag: w.structural_tag,
+                            best_of: w.best_of,
+                            use_beam_search: w.use_beam_search,
+                            length_penalty: w.length_penalty,
+                            spaces_between_special_tokens: w.spaces_between_special_tokens,
+                            priority: w.priority,
+                            request_id: w.request_id,
+                            logits_processors: w.logits_processors,
+                            return_tokens_as_token_ids: w.return_tokens_as_token_ids,
+                            return_token_ids: w.return_token_ids,
+                            kv_transfer_params: w.kv_transfer_params,
+                            vllm_xargs: w.vllm_xargs,
+                        },
                     },
                 })
             }
@@ -278,7 +358,7 @@ impl SamplingFields {
         if let Some(rf) = &self.response_format {
             validate_response_format(rf)?;
         }
-        Ok(())
+        self.vllm.check()
     }
 
     pub fn stop_strings(&self) -> Vec<String> {
@@ -346,10 +426,13 @@ fn validate_response_format(rf: &Value) -> ApiResult<()> {
         ));
     };
     match obj.get("type").and_then(Value::as_str) {
-        Some("text") | Some("json_object") | Some("structural_tag") => Ok(()),
+        Some("text") => Ok(()),
+        Some("json_object") | Some("structural_tag") => {
+            super::fields::refuse("response_format", rf, super::fields::SHARED)
+        }
         Some("json_schema") => {
             if obj.get("json_schema").is_some_and(|v| v.is_object()) {
-                Ok(())
+                super::fields::refuse("response_format", rf, super::fields::SHARED)
             } else {
                 Err(bad(
                     "When response_format type is 'json_schema', the 'json_schema' field must be provided."

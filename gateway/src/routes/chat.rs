@@ -51,6 +51,25 @@ pub fn validate_chat(req: &ChatRequest, state: &AppState) -> ApiResult<Option<us
         "max_tokens"
     };
     req.sampling.validate(max_tokens, field)?;
+    for (name, value) in [
+        ("tool_choice", &req.tool_choice),
+        ("documents", &req.documents),
+        ("reasoning_effort", &req.reasoning_effort),
+    ] {
+        if let Some(value) = value.as_deref() {
+            // `none` asks for no tool call, which is what the server does.
+            if name == "tool_choice" && value == "none" {
+                continue;
+            }
+            if name == "tool_choice" && value == "auto" {
+                return Err(ApiError::bad_request(
+                    "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
+                    Some("tool_choice"),
+                ));
+            }
+            crate::protocol::fields::refuse(name, value, crate::protocol::fields::CHAT)?;
+        }
+    }
     let top = match req.top_logprobs.as_deref() {
         None | Some(Value::Null) => None,
         Some(Value::Number(n)) if n.as_i64().is_some() => n.as_i64(),
@@ -264,6 +283,11 @@ pub async fn handler(
     let id = format!("chatcmpl-{rid}");
     let n = req.sampling.n();
     let prompt_len = ids.len();
+    let echo = if req.echo == Some(true) {
+        echoed_text(&parsed, &req.messages)
+    } else {
+        String::new()
+    };
     let choices = generate::submit(
         &model,
         &rid.to_string(),
@@ -277,8 +301,7 @@ pub async fn handler(
     if req.sampling.stream == Some(true) {
         return Ok(stream_response(
             model,
-            id,
-            served,
+            StreamHead { id, served, echo },
             choices,
             prompt_len,
             req.sampling.include_usage(),
@@ -297,7 +320,7 @@ pub async fn handler(
             stop_reason: generate::stop_reason(&c.finish),
             message: ChatMessageOut {
                 role: "assistant",
-                content: c.text,
+                content: format!("{echo}{}", c.text),
                 tool_calls: Vec::new(),
             },
         })
@@ -378,15 +401,33 @@ pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprob
     }
 }
 
-fn stream_response(
-    model: ModelHandle,
+/// `echo`: the reply is prefixed with the last message when that message is the assistant's
+/// (a continued reply), as vLLM does; otherwise nothing is echoed.
+fn echoed_text(parsed: &ParsedMessages, messages: &[crate::protocol::chat::ChatMessage]) -> String {
+    parsed
+        .template_messages(messages)
+        .last()
+        .filter(|m| m.get("role").and_then(Value::as_str) == Some("assistant"))
+        .and_then(|m| m.get("content").and_then(Value::as_str).map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// What every chunk of a streamed reply repeats, and the echoed text its first chunk carries.
+struct StreamHead {
     id: String,
     served: String,
+    echo: String,
+}
+
+fn stream_response(
+    model: ModelHandle,
+    head: StreamHead,
     choices: Vec<generate::Choice>,
     prompt_len: usize,
     include_usage: bool,
     want_logprobs: bool,
 ) -> Response {
+    let StreamHead { id, served, echo } = head;
     let created = now_secs();
     let n = choices.len();
     let first: Vec<Bytes> = (0..n)
@@ -400,7 +441,7 @@ fn stream_response(
                     index,
                     delta: ChatDelta {
                         role: Some("assistant"),
-                        content: Some(String::new()),
+                        content: Some(echo.clone()),
                     },
                     logprobs: None,
                     finish_reason: None,

@@ -34,6 +34,20 @@ impl PolicyRequest for CompletionRequest {
 
 fn validate(req: &CompletionRequest, state: &AppState) -> ApiResult<Option<usize>> {
     req.sampling.validate(req.max_tokens(), "max_tokens")?;
+    if req.suffix.is_some() {
+        // vLLM's answer, word for word.
+        return Err(ApiError::bad_request(
+            "suffix is not currently supported",
+            Some("suffix"),
+        ));
+    }
+    if let Some(embeds) = req.prompt_embeds.as_deref() {
+        crate::protocol::fields::refuse(
+            "prompt_embeds",
+            embeds,
+            crate::protocol::fields::COMPLETION,
+        )?;
+    }
     if req.prompt.is_none() {
         return Err(ApiError::bad_request(
             "Either `prompt` or `prompt_embeds` must be provided.",
