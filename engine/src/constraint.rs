@@ -411,3 +411,42 @@ impl TokenRules {
         self.guide.as_ref().is_some_and(|g| g.matcher.is_stopped())
     }
 }
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used)]
+mod tests {
+    use super::*;
+
+    fn rules(bias: Vec<(u32, f32)>, allowed: Option<Vec<u32>>, bad: Vec<Vec<u32>>) -> TokenRules {
+        TokenRules {
+            logit_bias: bias,
+            allowed,
+            bad_words: bad,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn bias_then_allowed_ids() {
+        let mut r = rules(vec![(0, 5.0), (2, -1.0)], Some(vec![0, 2]), Vec::new());
+        let mut l = vec![1.0; 4];
+        r.apply(&mut l, &[]).unwrap();
+        assert_eq!(l, vec![6.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY]);
+    }
+
+    #[test]
+    fn bad_words_ban_the_last_token_after_the_rest() {
+        let mut r = rules(Vec::new(), None, vec![vec![3], vec![1, 2]]);
+        let mut l = vec![0.0; 4];
+        r.apply(&mut l, &[]).unwrap();
+        assert_eq!(l, vec![0.0, 0.0, 0.0, f32::NEG_INFINITY]);
+        r.record(1, &[]).unwrap();
+        let mut l = vec![0.0; 4];
+        r.apply(&mut l, &[]).unwrap();
+        assert_eq!(l, vec![0.0, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
+        r.record(0, &[]).unwrap();
+        let mut l = vec![0.0; 4];
+        r.apply(&mut l, &[]).unwrap();
+        assert_eq!(l[2], 0.0);
+    }
+}
