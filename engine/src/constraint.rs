@@ -60,6 +60,13 @@ impl TokenizerEnv for VocabEnv {
     }
 }
 
+/// The first line of an llguidance error (the rest dumps the parser's state, too much for a
+/// client or a log line).
+fn first_line(e: &impl std::fmt::Display) -> String {
+    let text = e.to_string();
+    text.lines().next().unwrap_or_default().to_string()
+}
+
 fn special_name(id: usize) -> Vec<u8> {
     let mut name = format!(".<[{id}]>").into_bytes();
     name[0] = TokTrie::SPECIAL_TOKEN_MARKER;
@@ -353,10 +360,9 @@ impl TokenRules {
             }
         }
         if let Some(g) = &mut self.guide {
-            let mask = g
-                .matcher
-                .compute_mask_or_eos()
-                .map_err(|e| EngineError::Internal(format!("structured output mask: {e}")))?;
+            let mask = g.matcher.compute_mask_or_eos().map_err(|e| {
+                EngineError::Internal(format!("structured output mask: {}", first_line(&e)))
+            })?;
             // The trie knows one EOS; the model may end on any of its EOS ids.
             let eos_kept: Vec<(usize, f32)> = if mask.is_allowed(g.eos) {
                 eos_ids
@@ -400,7 +406,10 @@ impl TokenRules {
                 token
             };
             g.matcher.consume_token(t).map_err(|e| {
-                EngineError::Internal(format!("structured output rejected token {token}: {e}"))
+                EngineError::Internal(format!(
+                    "structured output rejected token {token}: {}",
+                    first_line(&e)
+                ))
             })?;
         }
         Ok(())
