@@ -12,15 +12,16 @@
 //! array of at least 64 objects), so both runs decode the same number of tokens. Decode
 //! tok/s counts every token after each sequence's first, over the time from the first
 //! sequence's first token to the last token (best of `--rounds`, alternating which runs first). The line also gives the
-//! one-off costs: the token trie (first constrained request) and compiling the schema, and
-//! the mean time of a mask (`compute_mask`) over the constrained output.
+//! one-off costs (the token trie, built on a model's first constrained request, and compiling
+//! the schema) and the mean per-token costs on the engine thread over the constrained output
+//! (applying the grammar's mask to a row of logits, advancing the matcher).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
 use engine::api::{ChatTemplateOptions, Constraint, GenerateRequest, SamplingParams};
-use engine::constraint::GuideFactory;
+use engine::constraint::{prepare, GuideFactory};
 use engine::handle::{EngineConfig, EngineHandle, ModelHandle, ModelSpec};
 use serde_json::json;
 
@@ -135,28 +136,51 @@ async fn decode(
     Ok((tokens as f64 / secs.max(1e-9), sample))
 }
 
-/// One-off costs and the mean mask time over `ids` (the constrained output).
+/// One-off costs, and the mean per-token cost on the engine thread over `ids` (the constrained
+/// output): applying the rules to a row of logits (the grammar's mask included) and advancing
+/// the matcher.
 fn mask_costs(m: &ModelHandle, ids: &[u32], eos: &str) -> Result<serde_json::Value, String> {
     let t0 = Instant::now();
-    let factory = GuideFactory::new(Arc::new(m.tokenizer().clone()), m.vocab_size(), Some(eos))
-        .map_err(|e| e.to_string())?;
+    let factory = Arc::new(
+        GuideFactory::new(Arc::new(m.tokenizer().clone()), m.vocab_size(), Some(eos))
+            .map_err(|e| e.to_string())?,
+    );
     let trie_ms = t0.elapsed().as_secs_f64() * 1e3;
+    let params = SamplingParams {
+        constraint: Some(Constraint::JsonSchema(schema())),
+        ..Default::default()
+    };
     let t1 = Instant::now();
-    let mut matcher = factory
-        .compile(&Constraint::JsonSchema(schema()))
-        .map_err(|e| e.to_string())?;
+    let mut rules = prepare(&params, m.tokenizer(), m.vocab_size(), || {
+        Ok(factory.clone())
+    })
+    .map_err(|e| e.to_string())?
+    .ok_or("no rules compiled")?;
     let compile_ms = t1.elapsed().as_secs_f64() * 1e3;
-    let mut mask_s = 0.0;
+    let eos_ids = m
+        .tokenizer()
+        .token_to_id(eos)
+        .into_iter()
+        .collect::<Vec<_>>();
+    let mut logits = vec![0f32; m.vocab_size()];
+    let (mut apply_s, mut advance_s) = (0.0, 0.0);
     for &id in ids {
+        logits.fill(0.0);
         let t = Instant::now();
-        matcher.compute_mask().map_err(|e| e.to_string())?;
-        mask_s += t.elapsed().as_secs_f64();
-        matcher.consume_token(id).map_err(|e| e.to_string())?;
+        rules
+            .apply(&mut logits, &eos_ids)
+            .map_err(|e| e.to_string())?;
+        apply_s += t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        rules.record(id, &eos_ids).map_err(|e| e.to_string())?;
+        advance_s += t.elapsed().as_secs_f64();
     }
+    let n = ids.len().max(1) as f64;
     Ok(json!({
         "trie_build_ms": trie_ms,
         "schema_compile_ms": compile_ms,
-        "mask_us_mean": mask_s * 1e6 / ids.len().max(1) as f64,
+        "mask_apply_us_mean": apply_s * 1e6 / n,
+        "matcher_advance_us_mean": advance_s * 1e6 / n,
     }))
 }
 

@@ -378,6 +378,10 @@ impl TokenRules {
                 if bits == u32::MAX {
                     continue;
                 }
+                if bits == 0 {
+                    chunk.fill(f32::NEG_INFINITY);
+                    continue;
+                }
                 for (b, l) in chunk.iter_mut().enumerate() {
                     if bits & (1 << b) == 0 {
                         *l = f32::NEG_INFINITY;
