@@ -123,7 +123,14 @@ impl GuideFactory {
     /// `InvalidRequest` naming what is wrong.
     pub fn compile(&self, c: &Constraint) -> Result<Matcher> {
         let (what, grammar) = grammar_of(c)?;
-        let invalid = |e: String| EngineError::invalid(format!("Invalid {what}: {e}"), None);
+        // vLLM's other backends take GBNF; say so rather than leave a Lark parse error alone.
+        let hint = match c {
+            Constraint::Grammar(text) if text.contains("::=") => {
+                " (GBNF rules `name ::= ...` are not supported: write the grammar in Lark syntax, `name: ...`)"
+            }
+            _ => "",
+        };
+        let invalid = |e: String| EngineError::invalid(format!("Invalid {what}: {e}{hint}"), None);
         let parser = catch_unwind(AssertUnwindSafe(|| self.factory.create_parser(grammar)))
             .map_err(|_| invalid("the grammar compiler failed".into()))?
             .map_err(|e| invalid(e.to_string()))?;
@@ -323,8 +330,7 @@ fn bad_word_ids(words: &[String], tokenizer: &Tokenizer, vocab: usize) -> Result
 }
 
 impl TokenRules {
-    /// True for rules only the host sampler applies (a device sampler must hand these rows
-    /// to the host).
+    /// True when there is nothing to apply.
     pub fn is_empty(&self) -> bool {
         self.guide.is_none()
             && self.bad_words.is_empty()

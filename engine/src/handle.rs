@@ -434,7 +434,12 @@ impl ModelHandle {
                     d.model_vocab,
                     self.inner.eos_token.as_deref(),
                 );
-                tracing::info!(model = %self.inner.card.name, ms = started.elapsed().as_millis() as u64, ok = built.is_ok(), "structured-output token trie built");
+                tracing::info!(
+                    model = %self.inner.card.name,
+                    ms = started.elapsed().as_millis() as u64,
+                    ok = built.is_ok(),
+                    "structured-output token trie built"
+                );
                 built.map(Arc::new).map_err(|e| e.to_string())
             })
             .clone()

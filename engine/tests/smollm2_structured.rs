@@ -300,6 +300,7 @@ fn unsupported_and_malformed_constraints_are_invalid_requests() {
         ),
         (Constraint::Regex("([a-z".into()), "regex"),
         (Constraint::Grammar("start: missing_rule".into()), "grammar"),
+        (Constraint::Grammar("root ::= \"yes\"".into()), "Lark"),
         (Constraint::Choice(Vec::new()), "choice"),
     ];
     for (c, needle) in cases {
