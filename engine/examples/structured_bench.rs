@@ -168,7 +168,7 @@ fn mask_costs(m: &ModelHandle, ids: &[u32], eos: &str) -> Result<serde_json::Val
         logits.fill(0.0);
         let t = Instant::now();
         rules
-            .apply(&mut logits, &eos_ids)
+            .apply_grammar(&mut logits, &eos_ids)
             .map_err(|e| e.to_string())?;
         apply_s += t.elapsed().as_secs_f64();
         let t = Instant::now();

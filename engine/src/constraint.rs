@@ -338,14 +338,9 @@ impl TokenRules {
             && self.logit_bias.is_empty()
     }
 
-    /// `logit_bias`, `allowed_token_ids`, `bad_words`, then the grammar's mask (EOS allowed
-    /// by the grammar allows every id in `eos_ids`).
-    pub fn apply(&mut self, logits: &mut [f32], eos_ids: &[u32]) -> Result<()> {
-        for &(id, bias) in &self.logit_bias {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l += bias;
-            }
-        }
+    /// `allowed_token_ids`, `bad_words`, then `logit_bias`: vLLM applies these before the
+    /// penalties, so the sampler calls this first.
+    pub fn apply_rules(&self, logits: &mut [f32]) {
         if let Some(allowed) = &self.allowed {
             let mut next = allowed.iter().peekable();
             for (i, l) in logits.iter_mut().enumerate() {
@@ -365,6 +360,17 @@ impl TokenRules {
                 }
             }
         }
+        for &(id, bias) in &self.logit_bias {
+            if let Some(l) = logits.get_mut(id as usize) {
+                *l += bias;
+            }
+        }
+    }
+
+    /// The structured-output grammar's mask (EOS allowed by the grammar allows every id in
+    /// `eos_ids`). A mask only removes tokens, so where it runs among the other transforms
+    /// changes nothing but the logprobs, which stay the raw model's.
+    pub fn apply_grammar(&mut self, logits: &mut [f32], eos_ids: &[u32]) -> Result<()> {
         if let Some(g) = &mut self.guide {
             let mask = g.matcher.compute_mask_or_eos().map_err(|e| {
                 EngineError::Internal(format!("structured output mask: {}", first_line(&e)))
@@ -446,10 +452,10 @@ mod tests {
     }
 
     #[test]
-    fn bias_then_allowed_ids() {
-        let mut r = rules(vec![(0, 5.0), (2, -1.0)], Some(vec![0, 2]), Vec::new());
+    fn allowed_ids_and_bias() {
+        let r = rules(vec![(0, 5.0), (2, -1.0)], Some(vec![0, 2]), Vec::new());
         let mut l = vec![1.0; 4];
-        r.apply(&mut l, &[]).unwrap();
+        r.apply_rules(&mut l);
         assert_eq!(l, vec![6.0, f32::NEG_INFINITY, 0.0, f32::NEG_INFINITY]);
     }
 
@@ -457,15 +463,15 @@ mod tests {
     fn bad_words_ban_the_last_token_after_the_rest() {
         let mut r = rules(Vec::new(), None, vec![vec![3], vec![1, 2]]);
         let mut l = vec![0.0; 4];
-        r.apply(&mut l, &[]).unwrap();
+        r.apply_rules(&mut l);
         assert_eq!(l, vec![0.0, 0.0, 0.0, f32::NEG_INFINITY]);
         r.record(1, &[]).unwrap();
         let mut l = vec![0.0; 4];
-        r.apply(&mut l, &[]).unwrap();
+        r.apply_rules(&mut l);
         assert_eq!(l, vec![0.0, 0.0, f32::NEG_INFINITY, f32::NEG_INFINITY]);
         r.record(0, &[]).unwrap();
         let mut l = vec![0.0; 4];
-        r.apply(&mut l, &[]).unwrap();
+        r.apply_rules(&mut l);
         assert_eq!(l[2], 0.0);
     }
 }

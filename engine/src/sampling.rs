@@ -5,12 +5,15 @@
 //!    logits before any penalty or sampling transform: vLLM's default `raw_logprobs` mode);
 //! 2. `min_tokens`: EOS (unless `ignore_eos`) and `stop_token_ids` are masked until that many
 //!    tokens were generated;
-//! 3. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
+//! 3. the request's token rules ([`crate::constraint`]): `allowed_token_ids`, `bad_words`, then
+//!    `logit_bias` (vLLM applies them with `min_tokens`, before the penalties);
+//! 4. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
 //!    divided by the penalty, a negative one multiplied), then frequency and presence (over output
 //!    tokens: `logit -= frequency * count + presence * (count > 0)`);
-//! 4. the request's token rules ([`crate::constraint`]): `logit_bias`, `allowed_token_ids`,
-//!    `bad_words`, then the structured-output grammar's mask;
-//! 5. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
+//! 5. the structured-output grammar's mask. A mask commutes with every transform here, so its
+//!    place only matters for logprobs, which stay raw (vLLM masks before its sampler, so its
+//!    logprobs of a constrained request are renormalised over the allowed tokens);
+//! 6. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
 //!    top_p, then a draw from the remaining distribution.
 //!
 //! A seeded request draws from its own `StdRng` (one draw per sampled token), so the same seed
@@ -193,9 +196,12 @@ impl SequenceSampler {
                 }
             }
         }
+        if let Some(r) = &self.rules {
+            r.apply_rules(logits);
+        }
         self.apply_penalties(logits);
         if let Some(r) = self.rules.as_mut() {
-            r.apply(logits, eos_ids)?;
+            r.apply_grammar(logits, eos_ids)?;
         }
 
         let token = if self.is_greedy() {
@@ -612,6 +618,26 @@ mod tests {
         };
         let mut s = SequenceSampler::new(&p, &[]);
         assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 0);
+    }
+
+    #[test]
+    fn logit_bias_comes_before_the_penalties() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            logit_bias: vec![(1, 3.0)],
+            ..params()
+        };
+        let tok = tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        let rules = crate::constraint::prepare(&p, &tok, 3, || {
+            Err(EngineError::Internal("no grammar here".into()))
+        })
+        .unwrap();
+        let mut s = SequenceSampler::new(&p, &[1]).with_rules(rules);
+        let mut l = vec![0.0, 1.0, 0.5];
+        s.sample(&mut l, &[], &mut rng()).unwrap();
+        // vLLM: (1 + 3) / 2, not 1 / 2 + 3.
+        assert_eq!(l, vec![0.0, 2.0, 0.5]);
     }
 
     #[test]
