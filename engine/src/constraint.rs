@@ -474,4 +474,25 @@ mod tests {
         r.apply_rules(&mut l);
         assert_eq!(l[2], 0.0);
     }
+
+    #[test]
+    fn logit_bias_comes_before_the_penalties() {
+        let p = SamplingParams {
+            temperature: 0.0,
+            repetition_penalty: 2.0,
+            logit_bias: vec![(1, 3.0)],
+            ..Default::default()
+        };
+        let tok = tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default());
+        let rules = prepare(&p, &tok, 3, || {
+            Err(EngineError::Internal("no grammar here".into()))
+        })
+        .unwrap();
+        let mut s = crate::sampling::SequenceSampler::new(&p, &[1]).with_rules(rules);
+        let mut l = vec![0.0, 1.0, 0.5];
+        s.sample(&mut l, &[], &mut rand::SeedableRng::seed_from_u64(7))
+            .unwrap();
+        // vLLM: (1 + 3) / 2, not 1 / 2 + 3.
+        assert_eq!(l, vec![0.0, 2.0, 0.5]);
+    }
 }

@@ -621,26 +621,6 @@ mod tests {
     }
 
     #[test]
-    fn logit_bias_comes_before_the_penalties() {
-        let p = SamplingParams {
-            temperature: 0.0,
-            repetition_penalty: 2.0,
-            logit_bias: vec![(1, 3.0)],
-            ..params()
-        };
-        let tok = tokenizers::Tokenizer::new(tokenizers::models::bpe::BPE::default());
-        let rules = crate::constraint::prepare(&p, &tok, 3, || {
-            Err(EngineError::Internal("no grammar here".into()))
-        })
-        .unwrap();
-        let mut s = SequenceSampler::new(&p, &[1]).with_rules(rules);
-        let mut l = vec![0.0, 1.0, 0.5];
-        s.sample(&mut l, &[], &mut rng()).unwrap();
-        // vLLM: (1 + 3) / 2, not 1 / 2 + 3.
-        assert_eq!(l, vec![0.0, 2.0, 0.5]);
-    }
-
-    #[test]
     fn logprobs_are_raw_distribution() {
         let p = SamplingParams {
             temperature: 0.0,
