@@ -52,6 +52,38 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// `Some(k)`: report the chosen token's logprob and the top `k` alternatives.
     pub logprobs: Option<usize>,
+    /// Structured output: a grammar the generated text must match.
+    pub constraint: Option<Constraint>,
+    /// `(token id, bias)` pairs added to the logits (the gateway checks -100..=100; the engine
+    /// checks the ids against the vocabulary).
+    pub logit_bias: Vec<(u32, f32)>,
+    /// Only these tokens may be generated (`None`: any).
+    pub allowed_token_ids: Option<Vec<u32>>,
+    /// Words whose token sequence may not be completed (vLLM semantics: each word is
+    /// tokenised as given and with a leading space; the last token of either is forbidden
+    /// whenever the output ends with the rest of it).
+    pub bad_words: Vec<String>,
+}
+
+/// A grammar the output must match. Checked (compiled) by
+/// [`crate::handle::ModelHandle::check_constraint`]; errors carry no `param`, which the
+/// gateway fills in with the request field it came from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Constraint {
+    /// Any JSON object.
+    JsonObject,
+    /// A JSON Schema (llguidance's subset: `type`, `properties`, `required`,
+    /// `additionalProperties`, `items`, `prefixItems`, `enum`, `const`, `anyOf`/`oneOf`/`allOf`,
+    /// local `$ref`, string `pattern`/`format`/lengths, numeric bounds; other validation
+    /// keywords such as `uniqueItems` are refused, naming the keyword).
+    JsonSchema(serde_json::Value),
+    /// A regular expression (Rust `regex` syntax) the whole output must match.
+    Regex(String),
+    /// Exactly one of these strings.
+    Choice(Vec<String>),
+    /// A grammar in llguidance's Lark dialect; a JSON llguidance grammar list (text starting
+    /// with `{`) is also accepted. GBNF is not.
+    Grammar(String),
 }
 
 impl Default for SamplingParams {
@@ -73,6 +105,10 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             skip_special_tokens: true,
             logprobs: None,
+            constraint: None,
+            logit_bias: Vec::new(),
+            allowed_token_ids: None,
+            bad_words: Vec::new(),
         }
     }
 }

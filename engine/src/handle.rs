@@ -14,7 +14,7 @@ use tokenizers::Tokenizer;
 use tokio::sync::mpsc::unbounded_channel;
 use tokio::sync::oneshot;
 
-use crate::api::{ChatTemplateOptions, GenerateRequest, ModelCard};
+use crate::api::{ChatTemplateOptions, Constraint, GenerateRequest, ModelCard};
 use crate::block_manager::HashContext;
 use crate::chat_template::{ChatTemplate, NO_TEMPLATE_MESSAGE};
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
@@ -410,6 +410,41 @@ impl ModelHandle {
         }
     }
 
+    /// Compile a structured-output constraint without generating, so a bad grammar is refused
+    /// before a response starts. `InvalidRequest` (with no `param`) names what is unsupported.
+    /// CPU work of a few milliseconds (more on a model's first constrained request, which builds
+    /// its token trie): call it off the async reactor.
+    pub fn check_constraint(&self, c: &Constraint) -> Result<()> {
+        let Backend::Decoder(d) = &self.inner.backend else {
+            return Err(EngineError::UnsupportedTask {
+                task: "generate".into(),
+            });
+        };
+        self.guides(d)?.compile(c).map(drop)
+    }
+
+    fn guides(&self, d: &DecoderBackend) -> Result<Arc<crate::constraint::GuideFactory>> {
+        d.shared
+            .guides
+            .get_or_init(|| {
+                let started = Instant::now();
+                let built = crate::constraint::GuideFactory::new(
+                    self.inner.tokenizer.clone(),
+                    d.model_vocab,
+                    self.inner.eos_token.as_deref(),
+                );
+                tracing::info!(
+                    model = %self.inner.card.name,
+                    ms = started.elapsed().as_millis() as u64,
+                    ok = built.is_ok(),
+                    "structured-output token trie built"
+                );
+                built.map(Arc::new).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| EngineError::invalid(e, None))
+    }
+
     pub fn generate(&self, req: GenerateRequest) -> Result<GenerationStream> {
         let Backend::Decoder(d) = &self.inner.backend else {
             return Err(EngineError::UnsupportedTask {
@@ -449,6 +484,10 @@ impl ModelHandle {
                 Some("prompt"),
             ));
         }
+        let rules =
+            crate::constraint::prepare(&req.params, &self.inner.tokenizer, d.model_vocab, || {
+                self.guides(d)
+            })?;
         let reserved = d
             .shared
             .held
@@ -497,6 +536,7 @@ impl ModelHandle {
                 ..Default::default()
             },
             media: req.media,
+            rules,
             events: tx,
             arrived: Instant::now(),
         };

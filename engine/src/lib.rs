@@ -15,12 +15,14 @@
 //! - [`chat_template`]: HF chat templates with minijinja.
 //! - [`models`]: the model code (Llama-family decoder, BERT-family encoder).
 //! - [`sampling`], [`block_manager`], [`scheduler`]: serving.
+//! - [`constraint`]: structured outputs (llguidance) and the other per-request token rules.
 //! - [`api`]: the request and output types the gateway uses.
 //! - [`handle`]: the engine handle the gateway holds.
 
 pub mod api;
 pub mod block_manager;
 pub mod chat_template;
+pub mod constraint;
 pub mod detok;
 pub mod device;
 pub mod error;

@@ -5,10 +5,15 @@
 //!    logits before any penalty or sampling transform: vLLM's default `raw_logprobs` mode);
 //! 2. `min_tokens`: EOS (unless `ignore_eos`) and `stop_token_ids` are masked until that many
 //!    tokens were generated;
-//! 3. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
+//! 3. the request's token rules ([`crate::constraint`]): `allowed_token_ids`, `bad_words`, then
+//!    `logit_bias` (vLLM applies them with `min_tokens`, before the penalties);
+//! 4. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
 //!    divided by the penalty, a negative one multiplied), then frequency and presence (over output
 //!    tokens: `logit -= frequency * count + presence * (count > 0)`);
-//! 4. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
+//! 5. the structured-output grammar's mask. A mask commutes with every transform here, so its
+//!    place only matters for logprobs, which stay raw (vLLM masks before its sampler, so its
+//!    logprobs of a constrained request are renormalised over the allowed tokens);
+//! 6. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
 //!    top_p, then a draw from the remaining distribution.
 //!
 //! A seeded request draws from its own `StdRng` (one draw per sampled token), so the same seed
@@ -23,6 +28,7 @@ use rand::{Rng, SeedableRng};
 use kernels::gpu::ops::{SampleParams, SampleRow, SampledRow};
 
 use crate::api::{SamplingParams, StepLogprobs, TokenLogprob};
+use crate::constraint::TokenRules;
 use crate::error::{EngineError, Result};
 
 /// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
@@ -45,6 +51,8 @@ pub struct SequenceSampler {
     /// Distinct prompt tokens; only built when a repetition penalty is set.
     prompt_set: HashSet<u32>,
     generated: usize,
+    /// Structured output and the other token rules; `None` when the request has none.
+    rules: Option<Box<TokenRules>>,
 }
 
 fn total_cmp_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
@@ -117,7 +125,25 @@ impl SequenceSampler {
             output_counts: HashMap::new(),
             prompt_set,
             generated: 0,
+            rules: None,
         }
+    }
+
+    /// This sampler with the request's compiled token rules.
+    pub fn with_rules(mut self, rules: Option<Box<TokenRules>>) -> Self {
+        self.rules = rules.filter(|r| !r.is_empty());
+        self
+    }
+
+    /// True when the request has token rules (a device sampler cannot apply them: such rows
+    /// are sampled on the host).
+    pub fn needs_host(&self) -> bool {
+        self.rules.is_some()
+    }
+
+    /// True once the structured-output grammar is complete: the sequence stops.
+    pub fn is_complete(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| r.is_complete())
     }
 
     pub fn params(&self) -> &SamplingParams {
@@ -133,10 +159,15 @@ impl SequenceSampler {
         self.generated
     }
 
-    /// Record a generated token (for penalties and `min_tokens`).
-    pub fn record(&mut self, token: u32) {
+    /// Record a generated token (for penalties, `min_tokens`, bad words and the grammar).
+    /// Called once per generated token: a recomputed sequence does not record again.
+    pub fn record(&mut self, token: u32, eos_ids: &[u32]) -> Result<()> {
         *self.output_counts.entry(token).or_insert(0) += 1;
         self.generated += 1;
+        match self.rules.as_mut() {
+            Some(r) => r.record(token, eos_ids),
+            None => Ok(()),
+        }
     }
 
     /// Sample the next token from `logits` (modified in place). `eos_ids` are the model's EOS
@@ -165,7 +196,13 @@ impl SequenceSampler {
                 }
             }
         }
+        if let Some(r) = &self.rules {
+            r.apply_rules(logits);
+        }
         self.apply_penalties(logits);
+        if let Some(r) = self.rules.as_mut() {
+            r.apply_grammar(logits, eos_ids)?;
+        }
 
         let token = if self.is_greedy() {
             argmax(logits)
@@ -176,8 +213,12 @@ impl SequenceSampler {
             };
             sample_random(logits, &self.params, rng)
         };
-        let token = token.ok_or_else(|| {
-            EngineError::Internal(format!("no finite logit to sample from (vocab {vocab})"))
+        let token = token.ok_or_else(|| match self.rules {
+            Some(_) => EngineError::invalid(
+                "no token satisfies the request: its structured output, logit_bias, allowed_token_ids, bad_words and min_tokens exclude every token",
+                None,
+            ),
+            None => EngineError::Internal(format!("no finite logit to sample from (vocab {vocab})")),
         })?;
         let logprobs = logprobs.map(|(norm, top)| StepLogprobs {
             token_id: token,
@@ -505,7 +546,7 @@ mod tests {
             (0..30)
                 .map(|_| {
                     let t = s.sample(&mut logits.clone(), &[], &mut g).unwrap().token;
-                    s.record(t);
+                    s.record(t, &[]).unwrap();
                     t
                 })
                 .collect::<Vec<_>>()
@@ -531,7 +572,7 @@ mod tests {
             ..params()
         };
         let mut s = SequenceSampler::new(&p, &[0]);
-        s.record(1);
+        s.record(1, &[]).unwrap();
         let mut l = vec![4.0, -1.0, 1.5, 0.0];
         s.sample(&mut l, &[], &mut rng()).unwrap();
         assert_eq!(l, vec![2.0, -2.0, 1.5, 0.0]);
@@ -546,9 +587,9 @@ mod tests {
             ..params()
         };
         let mut s = SequenceSampler::new(&p, &[3]);
-        s.record(0);
-        s.record(0);
-        s.record(1);
+        s.record(0, &[]).unwrap();
+        s.record(0, &[]).unwrap();
+        s.record(1, &[]).unwrap();
         let mut l = vec![1.0, 1.0, 1.0, 1.0];
         s.sample(&mut l, &[], &mut rng()).unwrap();
         assert_eq!(l, vec![0.0, 0.25, 1.0, 1.0]);
@@ -566,9 +607,9 @@ mod tests {
         let l = vec![9.0, 8.0, 7.0, 0.0];
         let t = s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token;
         assert_eq!(t, 2);
-        s.record(t);
+        s.record(t, &[]).unwrap();
         assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 2);
-        s.record(2);
+        s.record(2, &[]).unwrap();
         assert_eq!(s.sample(&mut l.clone(), &[0], &mut rng()).unwrap().token, 0);
         // ignore_eos leaves EOS unmasked (it is not a stop token then).
         let p = SamplingParams {

@@ -35,6 +35,7 @@ use crate::api::{Finish, FinishReason, SamplingParams, StepLogprobs, StopReason}
 use crate::block_manager::{
     extend_block_hashes, BlockHash, BlockId, BlockManager, BlockStats, HashContext,
 };
+use crate::constraint::GuideFactory;
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
 use crate::model::{CausalLm, KvBudget, SampleRequest, SeqChunk};
@@ -81,6 +82,8 @@ pub struct Submission {
     pub params: SamplingParams,
     pub hash_ctx: HashContext,
     pub media: Option<std::sync::Arc<crate::api::PromptMedia>>,
+    /// The request's compiled token rules ([`crate::constraint::prepare`]).
+    pub rules: Option<Box<crate::constraint::TokenRules>>,
     pub events: UnboundedSender<SeqEvent>,
     pub arrived: Instant,
 }
@@ -115,6 +118,9 @@ pub struct Shared {
     /// Sequences submitted and not yet finished (the `max_num_seqs` bound).
     pub held: AtomicUsize,
     pub stats: Mutex<EngineStats>,
+    /// The model's grammar compiler, built by the handle on the first constrained request (an
+    /// error is kept: it would fail the same way again).
+    pub guides: std::sync::OnceLock<std::result::Result<Arc<GuideFactory>, String>>,
 }
 
 impl Shared {
@@ -334,7 +340,7 @@ impl Engine {
         let prompt_len = sub.prompt_ids.len();
         let room = self.cfg.max_model_len.saturating_sub(prompt_len);
         let max_tokens = sub.params.max_tokens.min(room);
-        let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids);
+        let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids).with_rules(sub.rules);
         let seq = Sequence {
             id: sub.seq_id,
             request_id: sub.request_id,
@@ -644,7 +650,10 @@ impl Engine {
                 }
             };
             let token = sampled.token;
-            seq.sampler.record(token);
+            if let Err(e) = seq.sampler.record(token, &self.eos) {
+                failed.push((i, e));
+                continue;
+            }
             seq.tokens.push(token);
             match seq.last_token_at {
                 None => self.metrics.first_token(now.duration_since(seq.arrived)),
@@ -674,7 +683,8 @@ impl Engine {
         }
     }
 
-    /// vLLM's stop check order: length, then (past min_tokens) EOS, then stop token ids.
+    /// vLLM's stop check order: length, then (past min_tokens) EOS, then stop token ids; a
+    /// complete structured output stops after length.
     fn check_finish(
         seq: &Sequence,
         eos: &[u32],
@@ -686,6 +696,12 @@ impl Engine {
         let (reason, stop_reason) =
             if seq.tokens.len() >= max_model_len || generated >= seq.max_tokens {
                 (FinishReason::Length, None)
+            } else if seq.sampler.is_complete() {
+                // The grammar takes nothing more (its mask would allow only EOS), whatever
+                // min_tokens or ignore_eos say. Ending here saves the EOS step; as for an EOS
+                // stop, the stop reason is null (an EOS token itself stays out of the text).
+                let eos_token = eos.contains(&token).then_some(StopReason::Eos);
+                (FinishReason::Stop, eos_token)
             } else if generated < params.min_tokens {
                 return None;
             } else if !params.ignore_eos && eos.contains(&token) {

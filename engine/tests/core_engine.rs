@@ -7,7 +7,7 @@ mod core_support;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use core_support::{byte_tokenizer, expected, ToyEmbedder, ToyModel, EOS};
+use core_support::{byte_tokenizer, expected, request, ToyEmbedder, ToyModel, EOS};
 use engine::api::{Delta, Finish, FinishReason, GenerateRequest, SamplingParams, StopReason, Task};
 use engine::handle::{
     EngineConfig, EngineHandle, GenerationStream, LoadedModel, ModelHandle, ModelKind, ModelSpec,
@@ -63,16 +63,6 @@ fn greedy(max_tokens: usize) -> SamplingParams {
         temperature: 0.0,
         max_tokens,
         ..Default::default()
-    }
-}
-
-fn request(prompt: &str, params: SamplingParams) -> GenerateRequest {
-    GenerateRequest {
-        request_id: format!("req-{prompt}"),
-        prompt_ids: prompt.bytes().map(u32::from).collect(),
-        params,
-        cache_salt: None,
-        media: None,
     }
 }
 

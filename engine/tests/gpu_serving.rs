@@ -1,12 +1,13 @@
 //! The serving machinery on the GPU decoder (kernels on the CPU emulator): the scheduler, the
 //! block manager and the device sampler give the same tokens and logprobs as the same requests
 //! on the CPU decoder, for greedy and seeded sampling with every filter and penalty, with
-//! requests batched together (mixed prefill and decode steps).
+//! requests batched together (mixed prefill and decode steps). Requests with a structured
+//! output or token rules make their steps sample on the host, with the same outcome.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
 
-use engine::api::{GenerateRequest, SamplingParams};
+use engine::api::{Constraint, GenerateRequest, SamplingParams};
 use engine::device::DTypeRequest;
 use engine::handle::{EngineConfig, EngineHandle, LoadedModel, ModelSpec};
 use engine::model::ActivationMode;
@@ -78,6 +79,20 @@ fn requests() -> Vec<SamplingParams> {
             stop_token_ids: vec![129, 56],
             ..base.clone()
         },
+        SamplingParams {
+            temperature: 0.8,
+            seed: Some(15),
+            logit_bias: vec![(107, 5.0), (108, -100.0)],
+            allowed_token_ids: Some((100..140).collect()),
+            bad_words: vec!["the".into()],
+            ..base.clone()
+        },
+        SamplingParams {
+            temperature: 0.0,
+            logprobs: Some(2),
+            constraint: Some(Constraint::Regex("[a-z ]+".into())),
+            ..base.clone()
+        },
     ]
 }
 
@@ -145,4 +160,14 @@ async fn the_gpu_engine_generates_what_the_cpu_engine_generates() {
     }
     // min_tokens held off the stop ids for the first four tokens of request 4.
     assert!(cpu[4].0[..4].iter().all(|t| *t != 129 && *t != 56));
+    assert!(cpu[5].0.iter().all(|t| (100..140).contains(t) && *t != 108));
+    let text = gpu_engine
+        .model("tiny")
+        .unwrap()
+        .decode(&cpu[6].0, false)
+        .unwrap();
+    assert!(
+        text.bytes().all(|b| b == b' ' || b.is_ascii_lowercase()),
+        "{text:?}"
+    );
 }

@@ -220,3 +220,14 @@ impl EmbeddingModel for ToyEmbedder {
             .collect())
     }
 }
+
+/// A request for the toy models: the prompt's bytes as token ids.
+pub fn request(prompt: &str, params: engine::api::SamplingParams) -> engine::api::GenerateRequest {
+    engine::api::GenerateRequest {
+        request_id: format!("req-{prompt}"),
+        prompt_ids: prompt.bytes().map(u32::from).collect(),
+        params,
+        cache_salt: None,
+        media: None,
+    }
+}

@@ -486,13 +486,15 @@ impl CausalLm for GpuLlama {
         eos: &[u32],
         rng: &mut StdRng,
     ) -> Result<Vec<Result<Sampled>>> {
-        // The device sampler returns at most MAX_LOGPROBS alternatives; a larger
-        // --max-logprobs request is sampled on the host from the copied logits.
+        // The device sampler returns at most MAX_LOGPROBS alternatives, and knows nothing of
+        // structured outputs, logit_bias, allowed_token_ids or bad_words: a step with such a
+        // request is sampled on the host from the copied logits.
         let wide = requests.iter().any(|r| {
-            r.sampler
-                .params()
-                .logprobs
-                .is_some_and(|k| k > MAX_LOGPROBS)
+            r.sampler.needs_host()
+                || r.sampler
+                    .params()
+                    .logprobs
+                    .is_some_and(|k| k > MAX_LOGPROBS)
         });
         if wide || requests.is_empty() {
             let logits = self.forward(batch)?;
