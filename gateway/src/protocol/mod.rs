@@ -6,6 +6,7 @@ pub mod completion;
 pub mod fields;
 pub mod pooling;
 pub mod sampling;
+pub mod structured;
 pub mod tokenize;
 
 use serde::Serialize;

@@ -381,9 +381,15 @@ impl SamplingFields {
     }
 
     /// The engine's sampling parameters; `max_tokens` already resolved against the context.
-    pub fn to_params(&self, max_tokens: usize, logprobs: Option<usize>) -> SamplingParams {
+    /// A 400 for a malformed structured-output or token-rule field.
+    pub fn to_params(
+        &self,
+        max_tokens: usize,
+        logprobs: Option<usize>,
+    ) -> ApiResult<SamplingParams> {
+        use super::structured;
         let d = SamplingParams::default();
-        SamplingParams {
+        Ok(SamplingParams {
             temperature: self.temperature.map(|t| t as f32).unwrap_or(d.temperature),
             top_p: self.top_p.map(|t| t as f32).unwrap_or(d.top_p),
             top_k: self
@@ -414,7 +420,11 @@ impl SamplingFields {
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             logprobs,
-        }
+            constraint: structured::constraint(self)?.map(|(c, _)| c),
+            logit_bias: structured::logit_bias(self)?,
+            allowed_token_ids: structured::allowed_token_ids(self)?,
+            bad_words: structured::bad_words(self)?,
+        })
     }
 }
 
@@ -426,13 +436,14 @@ fn validate_response_format(rf: &Value) -> ApiResult<()> {
         ));
     };
     match obj.get("type").and_then(Value::as_str) {
-        Some("text") => Ok(()),
-        Some("json_object") | Some("structural_tag") => {
-            super::fields::refuse("response_format", rf, super::fields::SHARED)
-        }
+        Some("text") | Some("json_object") => Ok(()),
+        Some("structural_tag") => Err(bad(
+            "response_format type 'structural_tag' is not supported.".into(),
+            "response_format",
+        )),
         Some("json_schema") => {
             if obj.get("json_schema").is_some_and(|v| v.is_object()) {
-                super::fields::refuse("response_format", rf, super::fields::SHARED)
+                Ok(())
             } else {
                 Err(bad(
                     "When response_format type is 'json_schema', the 'json_schema' field must be provided."
@@ -543,7 +554,7 @@ mod tests {
     #[test]
     fn params_conversion() {
         let f = fields(r#"{"temperature": 0, "seed": 7, "stop": "x", "top_k": -1}"#);
-        let p = f.to_params(10, Some(2));
+        let p = f.to_params(10, Some(2)).unwrap();
         assert_eq!(p.temperature, 0.0);
         assert_eq!(p.seed, Some(7));
         assert_eq!(p.stop, vec!["x".to_string()]);

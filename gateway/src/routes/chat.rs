@@ -278,7 +278,8 @@ pub async fn handler(
         field,
     )?;
     // (6) model work
-    let params = req.sampling.to_params(max_tokens, logprobs);
+    let params = req.sampling.to_params(max_tokens, logprobs)?;
+    generate::check_constraint(&model, &req.sampling).await?;
 
     let id = format!("chatcmpl-{rid}");
     let n = req.sampling.n();

@@ -151,8 +151,9 @@ pub async fn handler(
             max_len,
             "max_tokens",
         )?;
-        params.push(req.sampling.to_params(max_tokens, logprobs));
+        params.push(req.sampling.to_params(max_tokens, logprobs)?);
     }
+    generate::check_constraint(&model, &req.sampling).await?;
 
     let id = format!("cmpl-{rid}");
     let n = req.sampling.n();

@@ -228,6 +228,29 @@ pub fn token_text(model: &ModelHandle, id: u32) -> String {
         .unwrap_or_default()
 }
 
+/// Compiles the request's structured-output constraint before any work is submitted, so a
+/// schema or grammar the engine cannot take is a 400 naming the field that carried it. The
+/// compile (and, on a model's first constrained request, building its token trie) is CPU work
+/// and runs on the blocking pool.
+pub async fn check_constraint(
+    model: &ModelHandle,
+    sampling: &crate::protocol::sampling::SamplingFields,
+) -> ApiResult<()> {
+    let Some((constraint, field)) = crate::protocol::structured::constraint(sampling)? else {
+        return Ok(());
+    };
+    let model = model.clone();
+    tokio::task::spawn_blocking(move || model.check_constraint(&constraint))
+        .await
+        .map_err(|e| ApiError::Internal(format!("the constraint check stopped: {e}")))?
+        .map_err(|e| match e {
+            engine::EngineError::InvalidRequest { message, .. } => {
+                ApiError::bad_request(message, Some(field))
+            }
+            other => other.into(),
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
