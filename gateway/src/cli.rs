@@ -76,6 +76,13 @@ pub struct ServeArgs {
     /// Accept a per-request `chat_template`.
     #[arg(long = "trust-request-chat-template")]
     pub trust_request_chat_template: bool,
+    /// Let the model decide on tool calls (`tool_choice: auto`, the default with tools); needs
+    /// --tool-call-parser.
+    #[arg(long = "enable-auto-tool-choice")]
+    pub enable_auto_tool_choice: bool,
+    /// How tool calls are found in a reply: hermes or llama3_json.
+    #[arg(long = "tool-call-parser", value_name = "NAME")]
+    pub tool_call_parser: Option<String>,
     /// Chat template kwargs every request gets (a JSON object; the request's win).
     #[arg(long = "default-chat-template-kwargs", value_name = "JSON")]
     pub default_chat_template_kwargs: Option<String>,

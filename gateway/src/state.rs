@@ -32,6 +32,8 @@ pub struct AppState {
     pub url_policy: MediaUrlPolicy,
     pub trust_request_chat_template: bool,
     pub default_chat_template_kwargs: Map<String, Value>,
+    /// `--enable-auto-tool-choice` with its `--tool-call-parser`.
+    pub tool_parser: Option<crate::routes::tools::ToolParser>,
     pub max_logprobs: usize,
     pub api_keys: Vec<String>,
     /// `--max-request-body-bytes`.
@@ -86,6 +88,7 @@ impl AppState {
             url_policy: settings.url_policy,
             trust_request_chat_template: args.trust_request_chat_template,
             default_chat_template_kwargs: settings.default_chat_template_kwargs,
+            tool_parser: settings.tool_parser,
             max_logprobs: args.max_logprobs,
             api_keys: args.api_key.clone(),
             max_body_bytes: args.max_request_body_bytes,
@@ -116,6 +119,7 @@ pub struct Settings {
     pub profile: Option<TrustedClientPolicy>,
     pub url_policy: MediaUrlPolicy,
     pub default_chat_template_kwargs: Map<String, Value>,
+    pub tool_parser: Option<crate::routes::tools::ToolParser>,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -278,7 +282,25 @@ impl Settings {
             gpu_memory_utilization: util,
             ..EngineConfig::default()
         };
+        let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
+            (None, false) => None,
+            (None, true) => {
+                return Err(fail(
+                    "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)",
+                ))
+            }
+            (Some(name), enabled) => {
+                let parser = crate::routes::tools::ToolParser::parse(name).ok_or_else(|| {
+                    fail(format!(
+                        "--tool-call-parser {name} is not supported: use one of {}",
+                        crate::routes::tools::ToolParser::NAMES.join(", ")
+                    ))
+                })?;
+                enabled.then_some(parser)
+            }
+        };
         Ok(Settings {
+            tool_parser,
             models,
             engine,
             trust_all: args.trust_request_mm_kwargs,

@@ -317,3 +317,110 @@ async fn unsupported_fields_are_400s_naming_them() {
         "suffix is not currently supported"
     );
 }
+
+/// The body of a reply as text (for SSE).
+async fn call_text(app: &App, body: Value) -> (u16, String) {
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/chat/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(body.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// Tool calls from a stream, assembled as the OpenAI SDK does: by `index`, names and ids
+/// taken once, arguments concatenated.
+fn assemble_calls(sse: &str) -> (Vec<(String, String)>, String) {
+    let mut calls: Vec<(String, String)> = Vec::new();
+    let mut finish = String::new();
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        let choice = &chunk["choices"][0];
+        if let Some(f) = choice["finish_reason"].as_str() {
+            finish = f.to_string();
+        }
+        for delta in choice["delta"]["tool_calls"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            let i = delta["index"].as_u64().unwrap() as usize;
+            if calls.len() <= i {
+                calls.resize(i + 1, (String::new(), String::new()));
+            }
+            if let Some(name) = delta["function"]["name"].as_str() {
+                calls[i].0 = name.to_string();
+            }
+            calls[i].1 += delta["function"]["arguments"].as_str().unwrap_or_default();
+        }
+    }
+    (calls, finish)
+}
+
+/// A named or required `tool_choice` constrains the reply to the function's parameters, so
+/// the arguments always parse and carry the required keys, whole and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn named_and_required_tool_choice_give_calls_that_validate() {
+    let app = server(&["--enable-auto-tool-choice", "--tool-call-parser", "hermes"]);
+    let tools = json!([{"type": "function", "function": {"name": "get_weather",
+        "parameters": {"type": "object", "additionalProperties": false,
+            "properties": {"city": {"type": "string", "maxLength": 12},
+                           "unit": {"enum": ["c", "f"]}},
+            "required": ["city", "unit"]}}}]);
+    let named = json!({"type": "function", "function": {"name": "get_weather"}});
+    let valid = |args: &str| {
+        let v: Value = serde_json::from_str(args).unwrap_or_else(|e| panic!("{e}: {args}"));
+        assert!(v["city"].is_string(), "{v}");
+        assert!(v["unit"] == "c" || v["unit"] == "f", "{v}");
+    };
+    for (choice, want_finish) in [(named, "stop"), (json!("required"), "tool_calls")] {
+        for temperature in [0.0, 1.0] {
+            let body = json!({"model": MODEL, "max_tokens": 200, "temperature": temperature,
+                "seed": 3, "tools": tools, "tool_choice": choice,
+                "messages": [{"role": "user", "content": "Weather in Oslo?"}]});
+            let (status, reply) =
+                call(&app, "POST", "/v1/chat/completions", Some(body.clone())).await;
+            assert_eq!(status, 200, "{reply}");
+            let message = &reply["choices"][0]["message"];
+            // `required` may make several calls; each must validate.
+            let calls = message["tool_calls"].as_array().unwrap();
+            assert!(!calls.is_empty(), "{reply}");
+            for call in calls {
+                assert_eq!(call["function"]["name"], "get_weather");
+                valid(call["function"]["arguments"].as_str().unwrap());
+            }
+            assert_eq!(reply["choices"][0]["finish_reason"], want_finish, "{reply}");
+            let mut streamed = body;
+            streamed["stream"] = json!(true);
+            let (status, sse) = call_text(&app, streamed).await;
+            assert_eq!(status, 200, "{sse}");
+            let (calls, finish) = assemble_calls(&sse);
+            assert!(!calls.is_empty(), "{sse}");
+            for (name, arguments) in &calls {
+                assert_eq!(name, "get_weather");
+                valid(arguments);
+            }
+            assert_eq!(finish, want_finish, "{sse}");
+        }
+    }
+    // A function that is not in `tools`, and `required` without tools: 400s naming tool_choice.
+    for (tool_choice, tools) in [
+        (
+            json!({"type": "function", "function": {"name": "nope"}}),
+            tools.clone(),
+        ),
+        (json!("required"), json!([])),
+    ] {
+        let body = json!({"model": MODEL, "tools": tools, "tool_choice": tool_choice,
+            "messages": [{"role": "user", "content": "Hi"}]});
+        let (status, reply) = call(&app, "POST", "/v1/chat/completions", Some(body)).await;
+        assert_eq!(status, 400, "{reply}");
+        assert_eq!(reply["error"]["param"], "tool_choice", "{reply}");
+    }
+}

@@ -190,8 +190,9 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
-    pub content: String,
-    pub tool_calls: Vec<Value>,
+    /// `null` when the reply is tool calls only.
+    pub content: Option<String>,
+    pub tool_calls: Vec<crate::routes::tools::ToolCall>,
 }
 
 #[derive(Debug, Serialize, Default)]
@@ -241,6 +242,8 @@ pub struct ChatDelta {
     pub role: Option<&'static str>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<Value>>,
 }
 
 #[cfg(test)]

@@ -111,7 +111,7 @@ pub const CHAT: &[(&str, Handling)] = &[
     ("logprobs", Honoured),
     ("top_logprobs", Honoured),
     ("tools", Honoured),
-    ("tool_choice", Refused(NOT_YET)),
+    ("tool_choice", Honoured),
     ("chat_template", Honoured),
     ("chat_template_kwargs", Honoured),
     ("add_generation_prompt", Honoured),
@@ -119,7 +119,7 @@ pub const CHAT: &[(&str, Handling)] = &[
     ("documents", Refused(NOT_YET)),
     (
         "parallel_tool_calls",
-        Ignored("tool calls are not parsed from the output yet"),
+        Ignored("the parsers return every call the reply makes"),
     ),
     ("reasoning_effort", Refused(NOT_YET)),
     (

@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::generate::{self, token_text};
 use super::messages::{parse_messages, ParsedMessages};
+use super::tools::{self, ToolMode};
 use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
@@ -52,21 +53,10 @@ pub fn validate_chat(req: &ChatRequest, state: &AppState) -> ApiResult<Option<us
     };
     req.sampling.validate(max_tokens, field)?;
     for (name, value) in [
-        ("tool_choice", &req.tool_choice),
         ("documents", &req.documents),
         ("reasoning_effort", &req.reasoning_effort),
     ] {
         if let Some(value) = value.as_deref() {
-            // `none` asks for no tool call, which is what the server does.
-            if name == "tool_choice" && value == "none" {
-                continue;
-            }
-            if name == "tool_choice" && value == "auto" {
-                return Err(ApiError::bad_request(
-                    "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
-                    Some("tool_choice"),
-                ));
-            }
             crate::protocol::fields::refuse(name, value, crate::protocol::fields::CHAT)?;
         }
     }
@@ -278,8 +268,23 @@ pub async fn handler(
         field,
     )?;
     // (6) model work
-    let params = req.sampling.to_params(max_tokens, logprobs)?;
+    let mut params = req.sampling.to_params(max_tokens, logprobs)?;
     generate::check_constraint(&model, &req.sampling).await?;
+    let tool_mode = tools::mode(
+        req.tool_choice.as_deref(),
+        req.tools.as_deref(),
+        state.tool_parser,
+    )?;
+    if let Some(c) = tools::constraint(&tool_mode, req.tools.as_deref()) {
+        if params.constraint.is_some() {
+            return Err(ApiError::bad_request(
+                "A required or named tool_choice cannot be combined with another structured-output constraint.",
+                Some("tool_choice"),
+            ));
+        }
+        generate::check_one(&model, c.clone(), "tool_choice").await?;
+        params.constraint = Some(c);
+    }
 
     let id = format!("chatcmpl-{rid}");
     let n = req.sampling.n();
@@ -302,7 +307,13 @@ pub async fn handler(
     if req.sampling.stream == Some(true) {
         return Ok(stream_response(
             model,
-            StreamHead { id, served, echo },
+            StreamHead {
+                id,
+                served,
+                echo,
+                tools: tool_mode,
+                call_ids: rid.to_string(),
+            },
             choices,
             prompt_len,
             req.sampling.include_usage(),
@@ -314,16 +325,25 @@ pub async fn handler(
     let cached = done.first().map(|c| c.finish.cached_tokens).unwrap_or(0);
     let choices = done
         .into_iter()
-        .map(|c| ChatChoice {
-            index: c.index,
-            logprobs: logprobs.map(|_| chat_logprobs(&model, &c.logprobs)),
-            finish_reason: Some(generate::finish_reason(&c.finish)),
-            stop_reason: generate::stop_reason(&c.finish),
-            message: ChatMessageOut {
-                role: "assistant",
-                content: format!("{echo}{}", c.text),
-                tool_calls: Vec::new(),
-            },
+        .map(|c| {
+            let text = format!("{echo}{}", c.text);
+            let (content, tool_calls) =
+                tools::extract(&tool_mode, &text, &format!("{rid}-{}", c.index));
+            ChatChoice {
+                index: c.index,
+                logprobs: logprobs.map(|_| chat_logprobs(&model, &c.logprobs)),
+                finish_reason: Some(tools::finish_reason(
+                    &tool_mode,
+                    &tool_calls,
+                    generate::finish_reason(&c.finish),
+                )),
+                stop_reason: generate::stop_reason(&c.finish),
+                message: ChatMessageOut {
+                    role: "assistant",
+                    content,
+                    tool_calls,
+                },
+            }
         })
         .collect();
     let mut usage = Usage::new(prompt_len, completion_tokens);
@@ -418,6 +438,10 @@ struct StreamHead {
     id: String,
     served: String,
     echo: String,
+    /// When calls may be made, each choice's text is held back and sent, split into content
+    /// and calls, with its finish.
+    tools: ToolMode,
+    call_ids: String,
 }
 
 fn stream_response(
@@ -428,9 +452,20 @@ fn stream_response(
     include_usage: bool,
     want_logprobs: bool,
 ) -> Response {
-    let StreamHead { id, served, echo } = head;
+    let StreamHead {
+        id,
+        served,
+        echo,
+        tools: tool_mode,
+        call_ids,
+    } = head;
     let created = now_secs();
     let n = choices.len();
+    let mut held: Vec<String> = if tool_mode == ToolMode::Off {
+        Vec::new()
+    } else {
+        vec![String::new(); n]
+    };
     let first: Vec<Bytes> = (0..n)
         .map(|index| {
             let chunk = ChatChunk {
@@ -442,7 +477,12 @@ fn stream_response(
                     index,
                     delta: ChatDelta {
                         role: Some("assistant"),
-                        content: Some(echo.clone()),
+                        content: Some(if held.is_empty() {
+                            echo.clone()
+                        } else {
+                            String::new()
+                        }),
+                        tool_calls: None,
                     },
                     logprobs: None,
                     finish_reason: None,
@@ -476,7 +516,28 @@ fn stream_response(
                             completion_tokens += f.completion_tokens;
                             remaining -= 1;
                         }
-                        if !d.text.is_empty() || finish.is_some() || !d.token_ids.is_empty() {
+                        let mut tool_calls = None;
+                        let mut text = d.text.clone();
+                        let mut finish_reason = finish.map(generate::finish_reason);
+                        if let Some(buffer) = held.get_mut(index) {
+                            buffer.push_str(&d.text);
+                            text.clear();
+                            if let Some(f) = finish_reason {
+                                let whole = format!("{echo}{buffer}");
+                                let (content, calls) = tools::extract(
+                                    &tool_mode,
+                                    &whole,
+                                    &format!("{call_ids}-{index}"),
+                                );
+                                text = content.unwrap_or_default();
+                                finish_reason = Some(tools::finish_reason(&tool_mode, &calls, f));
+                                tool_calls = (!calls.is_empty()).then(|| tools::deltas(&calls));
+                            }
+                        }
+                        if !text.is_empty()
+                            || finish.is_some()
+                            || (!d.token_ids.is_empty() && held.is_empty())
+                        {
                             let chunk = ChatChunk {
                                 id: &id,
                                 object: "chat.completion.chunk",
@@ -486,15 +547,16 @@ fn stream_response(
                                     index,
                                     delta: ChatDelta {
                                         role: None,
-                                        content: if d.text.is_empty() && finish.is_some() {
+                                        content: if text.is_empty() && finish.is_some() {
                                             None
                                         } else {
-                                            Some(d.text.clone())
+                                            Some(text)
                                         },
+                                        tool_calls,
                                     },
                                     logprobs: want_logprobs
                                         .then(|| chat_logprobs(&model, &d.logprobs)),
-                                    finish_reason: finish.map(generate::finish_reason),
+                                    finish_reason,
                                     stop_reason: finish.and_then(generate::stop_reason),
                                 }],
                                 usage: None,

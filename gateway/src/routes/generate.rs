@@ -236,9 +236,18 @@ pub async fn check_constraint(
     model: &ModelHandle,
     sampling: &crate::protocol::sampling::SamplingFields,
 ) -> ApiResult<()> {
-    let Some((constraint, field)) = crate::protocol::structured::constraint(sampling)? else {
-        return Ok(());
-    };
+    match crate::protocol::structured::constraint(sampling)? {
+        Some((constraint, field)) => check_one(model, constraint, field).await,
+        None => Ok(()),
+    }
+}
+
+/// [`check_constraint`] for one constraint that `field` asked for.
+pub async fn check_one(
+    model: &ModelHandle,
+    constraint: engine::api::Constraint,
+    field: &'static str,
+) -> ApiResult<()> {
     let model = model.clone();
     tokio::task::spawn_blocking(move || model.check_constraint(&constraint))
         .await

@@ -14,6 +14,7 @@ pub mod pooling_common;
 pub mod rerank;
 pub mod score;
 pub mod tokenize;
+pub mod tools;
 
 use std::sync::Arc;
 
