@@ -83,6 +83,9 @@ pub struct ServeArgs {
     /// How tool calls are found in a reply: hermes or llama3_json.
     #[arg(long = "tool-call-parser", value_name = "NAME")]
     pub tool_call_parser: Option<String>,
+    /// Split `<think>` reasoning from the answer: deepseek_r1 or qwen3.
+    #[arg(long = "reasoning-parser", value_name = "NAME")]
+    pub reasoning_parser: Option<String>,
     /// Chat template kwargs every request gets (a JSON object; the request's win).
     #[arg(long = "default-chat-template-kwargs", value_name = "JSON")]
     pub default_chat_template_kwargs: Option<String>,

@@ -34,6 +34,8 @@ pub struct AppState {
     pub default_chat_template_kwargs: Map<String, Value>,
     /// `--enable-auto-tool-choice` with its `--tool-call-parser`.
     pub tool_parser: Option<crate::routes::tools::ToolParser>,
+    /// `--reasoning-parser`.
+    pub reasoning_parser: Option<crate::routes::reasoning::ReasoningParser>,
     pub max_logprobs: usize,
     pub api_keys: Vec<String>,
     /// `--max-request-body-bytes`.
@@ -89,6 +91,7 @@ impl AppState {
             trust_request_chat_template: args.trust_request_chat_template,
             default_chat_template_kwargs: settings.default_chat_template_kwargs,
             tool_parser: settings.tool_parser,
+            reasoning_parser: settings.reasoning_parser,
             max_logprobs: args.max_logprobs,
             api_keys: args.api_key.clone(),
             max_body_bytes: args.max_request_body_bytes,
@@ -120,6 +123,7 @@ pub struct Settings {
     pub url_policy: MediaUrlPolicy,
     pub default_chat_template_kwargs: Map<String, Value>,
     pub tool_parser: Option<crate::routes::tools::ToolParser>,
+    pub reasoning_parser: Option<crate::routes::reasoning::ReasoningParser>,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -299,8 +303,22 @@ impl Settings {
                 enabled.then_some(parser)
             }
         };
+        let reasoning_parser = args
+            .reasoning_parser
+            .as_deref()
+            .map(|name| {
+                use crate::routes::reasoning::ReasoningParser;
+                ReasoningParser::parse(name).ok_or_else(|| {
+                    fail(format!(
+                        "--reasoning-parser {name} is not supported: use one of {}",
+                        ReasoningParser::NAMES.join(", ")
+                    ))
+                })
+            })
+            .transpose()?;
         Ok(Settings {
             tool_parser,
+            reasoning_parser,
             models,
             engine,
             trust_all: args.trust_request_mm_kwargs,

@@ -424,3 +424,71 @@ async fn named_and_required_tool_choice_give_calls_that_validate() {
         assert_eq!(reply["error"]["param"], "tool_choice", "{reply}");
     }
 }
+
+/// `--reasoning-parser qwen3` splits `<think>` reasoning from the answer, whole and streamed
+/// (the reply is forced to a known text through `guided_choice`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reasoning_parser_splits_think_from_the_answer() {
+    let app = server(&["--reasoning-parser", "qwen3"]);
+    let body = json!({"model": MODEL, "max_tokens": 60,
+        "messages": [{"role": "user", "content": "Capital of France?"}],
+        "guided_choice": ["<think>the capital is Paris</think>Paris"]});
+    let (status, reply) = call(&app, "POST", "/v1/chat/completions", Some(body.clone())).await;
+    assert_eq!(status, 200, "{reply}");
+    let message = &reply["choices"][0]["message"];
+    assert_eq!(
+        message["reasoning_content"], "the capital is Paris",
+        "{reply}"
+    );
+    assert_eq!(message["content"], "Paris", "{reply}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (status, sse) = call_text(&app, streamed).await;
+    assert_eq!(status, 200, "{sse}");
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for data in sse.lines().filter_map(|l| l.strip_prefix("data: ")) {
+        let Ok(chunk) = serde_json::from_str::<Value>(data) else {
+            continue;
+        };
+        let delta = &chunk["choices"][0]["delta"];
+        reasoning += delta["reasoning_content"].as_str().unwrap_or_default();
+        content += delta["content"].as_str().unwrap_or_default();
+    }
+    assert_eq!(
+        (reasoning.as_str(), content.as_str()),
+        ("the capital is Paris", "Paris")
+    );
+    let mut hidden = body.clone();
+    hidden["include_reasoning"] = json!(false);
+    hidden["stream"] = json!(false);
+    let (_, reply) = call(&app, "POST", "/v1/chat/completions", Some(hidden)).await;
+    assert!(
+        reply["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{reply}"
+    );
+    assert_eq!(
+        reply["choices"][0]["message"]["content"], "Paris",
+        "{reply}"
+    );
+    // Without the tags the reply is all content.
+    let (_, plain) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(json!({"model": MODEL, "max_tokens": 10,
+            "messages": [{"role": "user", "content": "Hi"}], "guided_choice": ["Hello"]})),
+    )
+    .await;
+    assert_eq!(
+        plain["choices"][0]["message"]["content"], "Hello",
+        "{plain}"
+    );
+    assert!(
+        plain["choices"][0]["message"]
+            .get("reasoning_content")
+            .is_none(),
+        "{plain}"
+    );
+}

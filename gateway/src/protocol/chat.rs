@@ -190,6 +190,9 @@ pub struct ChatChoice {
 #[derive(Debug, Serialize)]
 pub struct ChatMessageOut {
     pub role: &'static str,
+    /// With `--reasoning-parser`: the reply's `<think>` part.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     /// `null` when the reply is tool calls only.
     pub content: Option<String>,
     pub tool_calls: Vec<crate::routes::tools::ToolCall>,
@@ -240,6 +243,8 @@ pub struct ChatChunkChoice {
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub role: Option<&'static str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -122,10 +122,7 @@ pub const CHAT: &[(&str, Handling)] = &[
         Ignored("the parsers return every call the reply makes"),
     ),
     ("reasoning_effort", Refused(NOT_YET)),
-    (
-        "include_reasoning",
-        Ignored("no reasoning parser splits the output yet"),
-    ),
+    ("include_reasoning", Honoured),
 ];
 
 /// Fields of completions only.

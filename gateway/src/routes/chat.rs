@@ -14,6 +14,7 @@ use serde_json::Value;
 
 use super::generate::{self, token_text};
 use super::messages::{parse_messages, ParsedMessages};
+use super::reasoning::{ReasoningParser, StreamSplit};
 use super::tools::{self, ToolMode};
 use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
@@ -289,6 +290,8 @@ pub async fn handler(
     let id = format!("chatcmpl-{rid}");
     let n = req.sampling.n();
     let prompt_len = ids.len();
+    // `include_reasoning: false` drops the reasoning the parser splits off.
+    let include_reasoning = req.include_reasoning.as_deref() != Some(&Value::Bool(false));
     let echo = if req.echo == Some(true) {
         echoed_text(&parsed, &req.messages)
     } else {
@@ -313,6 +316,8 @@ pub async fn handler(
                 echo,
                 tools: tool_mode,
                 call_ids: rid.to_string(),
+                reasoning: state.reasoning_parser,
+                include_reasoning,
             },
             choices,
             prompt_len,
@@ -327,8 +332,16 @@ pub async fn handler(
         .into_iter()
         .map(|c| {
             let text = format!("{echo}{}", c.text);
-            let (content, tool_calls) =
-                tools::extract(&tool_mode, &text, &format!("{rid}-{}", c.index));
+            let (reasoning_content, text) = match state.reasoning_parser {
+                Some(parser) => parser.split(&text),
+                None => (None, Some(text)),
+            };
+            let reasoning_content = reasoning_content.filter(|_| include_reasoning);
+            let (content, tool_calls) = tools::extract(
+                &tool_mode,
+                text.as_deref().unwrap_or_default(),
+                &format!("{rid}-{}", c.index),
+            );
             ChatChoice {
                 index: c.index,
                 logprobs: logprobs.map(|_| chat_logprobs(&model, &c.logprobs)),
@@ -340,6 +353,7 @@ pub async fn handler(
                 stop_reason: generate::stop_reason(&c.finish),
                 message: ChatMessageOut {
                     role: "assistant",
+                    reasoning_content,
                     content,
                     tool_calls,
                 },
@@ -442,6 +456,8 @@ struct StreamHead {
     /// and calls, with its finish.
     tools: ToolMode,
     call_ids: String,
+    reasoning: Option<ReasoningParser>,
+    include_reasoning: bool,
 }
 
 fn stream_response(
@@ -458,7 +474,17 @@ fn stream_response(
         echo,
         tools: tool_mode,
         call_ids,
+        reasoning,
+        include_reasoning,
     } = head;
+    let mut splits: Vec<StreamSplit> = match reasoning {
+        Some(parser) => (0..choices.len())
+            .map(|_| StreamSplit::new(parser))
+            .collect(),
+        None => Vec::new(),
+    };
+    // With a reasoning split the echo goes through it, ahead of the choice's first delta.
+    let mut echo_due = vec![!splits.is_empty(); choices.len()];
     let created = now_secs();
     let n = choices.len();
     let mut held: Vec<String> = if tool_mode == ToolMode::Off {
@@ -477,7 +503,8 @@ fn stream_response(
                     index,
                     delta: ChatDelta {
                         role: Some("assistant"),
-                        content: Some(if held.is_empty() {
+                        reasoning_content: None,
+                        content: Some(if held.is_empty() && splits.is_empty() {
                             echo.clone()
                         } else {
                             String::new()
@@ -518,12 +545,34 @@ fn stream_response(
                         }
                         let mut tool_calls = None;
                         let mut text = d.text.clone();
+                        let mut reasoning_text = String::new();
                         let mut finish_reason = finish.map(generate::finish_reason);
+                        if let Some(split) = splits.get_mut(index) {
+                            let first = if std::mem::take(&mut echo_due[index]) {
+                                echo.as_str()
+                            } else {
+                                ""
+                            };
+                            let (mut r, mut c) = split.push(&format!("{first}{}", d.text));
+                            if finish.is_some() {
+                                let (r2, c2) = split.finish();
+                                r += &r2;
+                                c += &c2;
+                            }
+                            if include_reasoning {
+                                reasoning_text = r;
+                            }
+                            text = c;
+                        }
                         if let Some(buffer) = held.get_mut(index) {
-                            buffer.push_str(&d.text);
+                            buffer.push_str(&text);
                             text.clear();
                             if let Some(f) = finish_reason {
-                                let whole = format!("{echo}{buffer}");
+                                let whole = if splits.is_empty() {
+                                    format!("{echo}{buffer}")
+                                } else {
+                                    buffer.clone()
+                                };
                                 let (content, calls) = tools::extract(
                                     &tool_mode,
                                     &whole,
@@ -535,8 +584,9 @@ fn stream_response(
                             }
                         }
                         if !text.is_empty()
+                            || !reasoning_text.is_empty()
                             || finish.is_some()
-                            || (!d.token_ids.is_empty() && held.is_empty())
+                            || (!d.token_ids.is_empty() && held.is_empty() && splits.is_empty())
                         {
                             let chunk = ChatChunk {
                                 id: &id,
@@ -547,7 +597,11 @@ fn stream_response(
                                     index,
                                     delta: ChatDelta {
                                         role: None,
-                                        content: if text.is_empty() && finish.is_some() {
+                                        reasoning_content: (!reasoning_text.is_empty())
+                                            .then_some(reasoning_text),
+                                        content: if text.is_empty()
+                                            && (finish.is_some() || splits.get(index).is_some())
+                                        {
                                             None
                                         } else {
                                             Some(text)
