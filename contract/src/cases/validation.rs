@@ -100,6 +100,15 @@ fn bad_values(ctx: &Ctx) -> Vec<Bad> {
             Route::Embeddings,
             "truncate_prompt_tokens",
             json!(embed_len),
+        )
+        .message(
+            "truncate_prompt_tokens value is greater than max_model_len. Please request a \
+             smaller truncation size.",
+        ),
+        bad(Route::Chat, "prompt_logprobs", json!("2")),
+        bad(Route::Completions, "suffix", json!("!")).message("suffix is not currently supported"),
+        bad(Route::Chat, "tool_choice", json!("auto")).message(
+            "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
         ),
         bad(Route::Embeddings, "normalize", json!(true))
             .message("Parameter `normalize` was removed; use `use_activation` instead."),

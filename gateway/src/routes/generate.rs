@@ -20,7 +20,7 @@ pub fn truncate_prompt(
     let k = if t == -1 { max_model_len } else { t as usize };
     if k > max_model_len {
         return Err(ApiError::bad_request(
-            format!("truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_model_len}). Please request a smaller truncation size."),
+            "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.",
             Some("truncate_prompt_tokens"),
         ));
     }

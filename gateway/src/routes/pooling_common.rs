@@ -144,7 +144,7 @@ pub fn fit(
         Some(-1) => max_len,
         Some(k) if k as usize > max_len => {
             return Err(ApiError::bad_request(
-                format!("truncate_prompt_tokens value ({k}) is greater than max_model_len ({max_len}). Please request a smaller truncation size."),
+                "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.",
                 Some("truncate_prompt_tokens"),
             ))
         }
