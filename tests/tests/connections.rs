@@ -112,3 +112,46 @@ async fn connections_past_the_cap_are_closed_and_the_rest_served() {
     assert!(healthy(&gateway.base_url).await);
     assert!(gateway.output().contains("connection limit reached"));
 }
+
+/// Tokenising large texts does not stall the server: while two 8 MB `/tokenize` requests (no
+/// length limit there, as in vLLM) are being tokenised, `/health` keeps answering within a
+/// second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn large_tokenize_requests_do_not_stall_health() {
+    let gateway = must(Gateway::start(&["--model", &tiny(), "--served-model-name", "tiny"]).await);
+    let base = gateway.base_url.clone();
+    let text = "lorem ipsum dolor sit amet ".repeat(300_000);
+    let mut big = Vec::new();
+    for _ in 0..2 {
+        let (base, text) = (base.clone(), text.clone());
+        big.push(tokio::spawn(async move {
+            let client = reqwest::Client::builder()
+                .no_proxy()
+                .build()
+                .unwrap_or_default();
+            client
+                .post(format!("{base}/tokenize"))
+                .json(&serde_json::json!({"model": "tiny", "prompt": text}))
+                .send()
+                .await
+                .map(|r| r.status().as_u16())
+        }));
+    }
+    // Probe while the tokenisers run.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut slowest = Duration::ZERO;
+    for _ in 0..5 {
+        let started = Instant::now();
+        assert!(
+            healthy(&base).await,
+            "/health failed during large tokenisation"
+        );
+        slowest = slowest.max(started.elapsed());
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
+    for task in big {
+        let status = task.await.unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(status.ok(), Some(200));
+    }
+}

@@ -244,7 +244,9 @@ pub async fn handler(
         req.sampling.truncate_prompt_tokens,
         "messages",
     )?;
-    let mut ids = model.encode(&prompt, req.add_special_tokens.unwrap_or(false))?;
+    let mut ids = generate::off_reactor(prompt.len(), || {
+        model.encode(&prompt, req.add_special_tokens.unwrap_or(false))
+    })?;
     // (5) media: fetched and decoded under the merged kwargs, then the placeholders expanded
     // and the encoders run (both off the async reactor).
     let media = if parsed.media.is_empty() {

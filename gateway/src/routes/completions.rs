@@ -136,12 +136,19 @@ pub async fn handler(
         ));
     };
     let max_len = model.card().max_model_len;
-    let mut prompts = tokenize_prompts(
-        &model,
-        prompt,
-        req.sampling.truncate_prompt_tokens,
-        req.add_special_tokens.unwrap_or(true),
-    )?;
+    let text_bytes = match prompt {
+        PromptField::Text(t) => t.len(),
+        PromptField::Texts(ts) => ts.iter().map(String::len).sum(),
+        PromptField::Ids(_) | PromptField::IdLists(_) => 0,
+    };
+    let mut prompts = generate::off_reactor(text_bytes, || {
+        tokenize_prompts(
+            &model,
+            prompt,
+            req.sampling.truncate_prompt_tokens,
+            req.add_special_tokens.unwrap_or(true),
+        )
+    })?;
     let mut params = Vec::with_capacity(prompts.len());
     for ids in &mut prompts {
         generate::truncate_prompt(ids, req.sampling.truncate_prompt_tokens, max_len)?;

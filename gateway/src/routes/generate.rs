@@ -33,6 +33,23 @@ pub fn truncate_prompt(
 /// Refuse a prompt of `bytes` bytes that cannot fit the context whatever its tokens, before
 /// tokenising it (a megabytes-long prompt would otherwise be tokenised in full first). With
 /// `truncate_prompt_tokens` the prompt is cut to fit, so nothing is refused here.
+/// Text above this many bytes is tokenised with the async worker handed over to the blocking
+/// work, so a large prompt does not stall the other connections that worker serves.
+const INLINE_TOKENIZE_BYTES: usize = 16 * 1024;
+
+/// Runs `work` (tokenising `bytes` of text) off the reactor when it is large: tokio moves this
+/// worker's other tasks to another thread while it blocks. On a single-threaded runtime (some
+/// tests) it runs inline.
+pub fn off_reactor<T>(bytes: usize, work: impl FnOnce() -> T) -> T {
+    let multi_thread = tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread);
+    if bytes > INLINE_TOKENIZE_BYTES && multi_thread {
+        tokio::task::block_in_place(work)
+    } else {
+        work()
+    }
+}
+
 pub fn refuse_oversized_text(
     model: &ModelHandle,
     bytes: usize,

@@ -169,13 +169,16 @@ pub fn tokenize_texts(
     fields: &PoolingFields,
 ) -> ApiResult<Vec<Vec<u32>>> {
     let add_special = fields.add_special_tokens.unwrap_or(true);
-    texts
-        .iter()
-        .map(|t| {
-            let ids = model.encode(t, add_special)?;
-            fit(model, ids, fields.truncate_prompt_tokens, add_special)
-        })
-        .collect()
+    let bytes = texts.iter().map(String::len).sum();
+    super::generate::off_reactor(bytes, || {
+        texts
+            .iter()
+            .map(|t| {
+                let ids = model.encode(t, add_special)?;
+                fit(model, ids, fields.truncate_prompt_tokens, add_special)
+            })
+            .collect()
+    })
 }
 
 /// Token ids for an `input` field.

@@ -76,7 +76,9 @@ pub async fn tokenize_handler(
     let ids = match parsed {
         None => {
             let prompt = req.prompt.as_deref().unwrap_or_default();
-            model.encode(prompt, req.add_special_tokens.unwrap_or(true))?
+            super::generate::off_reactor(prompt.len(), || {
+                model.encode(prompt, req.add_special_tokens.unwrap_or(true))
+            })?
         }
         Some(parsed) => {
             super::chat::check_text_only(&model, &parsed, "/tokenize")?;
@@ -92,7 +94,9 @@ pub async fn tokenize_handler(
                     tools: req.tools.as_ref(),
                 },
             )?;
-            model.encode(&text, req.add_special_tokens.unwrap_or(false))?
+            super::generate::off_reactor(text.len(), || {
+                model.encode(&text, req.add_special_tokens.unwrap_or(false))
+            })?
         }
     };
     let token_strs = req.return_token_strs.unwrap_or(false).then(|| {
