@@ -103,6 +103,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             tracing::warn!("drain timeout passed with requests still open: ending them, then exiting");
             // Streams still open end with an error event; give them a moment to go out.
             let _ = cut_tx.send(true);
+            crate::http::sse::fire_drain_cut();
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }

@@ -129,3 +129,41 @@ async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
         "took {took:?} with a 1 s drain"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_whole_reply_longer_than_the_drain_is_a_503() {
+    // As above, but not streamed: the reply's head has not gone out when the drain ends, so the
+    // client gets a 503 in the error envelope rather than a cut connection.
+    let mut gateway = must(Gateway::start(&["--shutdown-timeout", "1"]).await);
+    let client = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap_or_else(|e| panic!("client: {e}"));
+    let url = format!("{}/v1/completions", gateway.base_url);
+    let request = tokio::spawn(async move {
+        let resp = client
+            .post(url)
+            .json(&serde_json::json!({
+                "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "prompt": "Once upon a time",
+                "max_tokens": 2000, "ignore_eos": true
+            }))
+            .send()
+            .await
+            .unwrap_or_else(|e| panic!("request: {e}"));
+        let status = resp.status().as_u16();
+        (status, resp.text().await.unwrap_or_default())
+    });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let started = Instant::now();
+    let status = gateway.terminate(Duration::from_secs(10)).await;
+    let took = started.elapsed();
+    let (code, body) = request.await.unwrap_or_else(|e| panic!("join: {e}"));
+    assert_eq!(code, 503, "{body}");
+    assert!(body.contains("shutting down"), "{body}");
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?}; output:\n{}",
+        gateway.output()
+    );
+    assert!(took < Duration::from_secs(4), "took {took:?} with a 1 s drain");
+}

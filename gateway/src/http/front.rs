@@ -160,6 +160,7 @@ where
                     inner,
                     deadline,
                     timer: None,
+                    cut: None,
                     permit,
                     timeout: self.cfg.timeout,
                 },
@@ -203,6 +204,8 @@ pin_project_lite::pin_project! {
             // Armed on the first `Pending`: a request answered in one poll never touches the
             // timer wheel.
             timer: Option<Pin<Box<Sleep>>>,
+            // Armed with the timer: the end of a shutdown's drain.
+            cut: Option<Pin<Box<tokio::sync::futures::Notified<'static>>>>,
             permit: Option<OwnedSemaphorePermit>,
             timeout: Duration,
         },
@@ -246,22 +249,32 @@ where
                 inner,
                 deadline,
                 timer,
+                cut,
                 permit,
                 timeout,
             } => match catch_unwind(AssertUnwindSafe(|| inner.poll(cx))) {
                 Err(panic) => panic_response(panic),
                 Ok(Poll::Ready(Ok(resp))) => hold_permit_while_streaming(resp, permit.take()),
                 Ok(Poll::Pending) => {
-                    let timer =
-                        timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
-                    if timer.as_mut().poll(cx).is_pending() {
-                        return Poll::Pending;
-                    }
-                    ApiError::Timeout(format!(
+                    let cut =
+                        cut.get_or_insert_with(|| Box::pin(crate::http::sse::drain_cut_notified()));
+                    if cut.as_mut().poll(cx).is_ready() || crate::http::sse::drain_cut() {
+                        ApiError::Unavailable(
+                            "The server is shutting down: the request did not complete within --shutdown-timeout.".into(),
+                        )
+                        .into_response()
+                    } else {
+                        let timer = timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
+                        if timer.as_mut().poll(cx).is_pending() {
+                            return Poll::Pending;
+                        }
+                        ApiError::Timeout(format!(
                         "The request did not complete within the server's timeout ({} s, --request-timeout).",
                         timeout.as_secs()
                     ))
                     .into_response()
+                    }
                 }
             },
         };

@@ -20,6 +20,27 @@ use crate::error::ApiError;
 /// Set to true when the drain time of a shutdown has run out.
 static CUT: OnceLock<watch::Receiver<bool>> = OnceLock::new();
 
+/// The same moment for requests still waiting for their response head (non-streamed ones):
+/// the front service answers them 503 ([`drain_cut`], [`drain_cut_notified`]).
+static CUT_FIRED: AtomicBool = AtomicBool::new(false);
+static CUT_NOTIFY: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Ends the drain: streams close with an error event, waiting requests get a 503.
+pub fn fire_drain_cut() {
+    CUT_FIRED.store(true, Ordering::SeqCst);
+    CUT_NOTIFY.notify_waiters();
+}
+
+/// Whether the drain time has run out.
+pub fn drain_cut() -> bool {
+    CUT_FIRED.load(Ordering::SeqCst)
+}
+
+/// Completes when [`fire_drain_cut`] is called after this future was created.
+pub fn drain_cut_notified() -> tokio::sync::futures::Notified<'static> {
+    CUT_NOTIFY.notified()
+}
+
 /// Streams started from now on end with an error event once `cut` turns true (`serve` calls
 /// this once, with the end of the drain).
 pub fn install_shutdown(cut: watch::Receiver<bool>) {
