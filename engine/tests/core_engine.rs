@@ -701,3 +701,55 @@ async fn long_prompts_are_prefilled_in_chunks() {
     // 50 prompt tokens in chunks of at most 7 need at least 8 steps.
     assert!(m.engine_stats().unwrap().steps >= 8);
 }
+
+/// A huge embedding request is worked through a batch at a time, in turn with the others: a
+/// small request sent after it is answered first, and once its client has gone the rest of
+/// its inputs are dropped at the next batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embeddings_share_batches_and_drop_abandoned_work() {
+    let (enc, batches) = encoder(Duration::from_millis(5));
+    let cfg = EngineConfig {
+        max_num_seqs: 8,
+        max_num_batched_tokens: 16,
+        ..config()
+    };
+    let e = EngineHandle::from_loaded(vec![(spec("emb"), enc)], &cfg).unwrap();
+    let m = e.model("emb").unwrap();
+    let huge: Vec<Vec<u32>> = (0..200u32).map(|i| vec![i; 8]).collect();
+    let big = {
+        let (m, huge) = (m.clone(), huge.clone());
+        tokio::spawn(async move { m.embed(huge).await })
+    };
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    let small = m.embed(vec![vec![7, 7]]).await.unwrap();
+    assert_eq!(small, vec![vec![2.0, 14.0]]);
+    assert!(
+        !big.is_finished(),
+        "the small request waited for the huge one"
+    );
+    let done = big.await.unwrap().unwrap();
+    assert_eq!(done.len(), 200);
+    assert_eq!(
+        done[199],
+        vec![8.0, 8.0 * 199.0],
+        "outputs stay in input order"
+    );
+
+    // Abandoned: the client goes away after a few batches.
+    let abandoned = {
+        let m = m.clone();
+        tokio::spawn(async move { m.embed(huge).await })
+    };
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    abandoned.abort();
+    let _ = abandoned.await;
+    let at_abort = batches.load(Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let after = batches.load(Ordering::SeqCst);
+    // 200 inputs at 2 per batch would be 100 batches; dropping it stops within a batch or two.
+    assert!(
+        after <= at_abort + 2,
+        "{} batches ran after the client left",
+        after - at_abort
+    );
+}

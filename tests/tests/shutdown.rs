@@ -165,5 +165,8 @@ async fn a_whole_reply_longer_than_the_drain_is_a_503() {
         "exit {status:?}; output:\n{}",
         gateway.output()
     );
-    assert!(took < Duration::from_secs(4), "took {took:?} with a 1 s drain");
+    assert!(
+        took < Duration::from_secs(4),
+        "took {took:?} with a 1 s drain"
+    );
 }

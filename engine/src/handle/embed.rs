@@ -24,49 +24,66 @@ impl Drop for AliveFlag {
     }
 }
 
-/// Batch queued embedding jobs up to `batch_tokens` tokens and run them together.
+/// A job being worked through: its inputs are embedded a batch at a time.
+struct Active {
+    job: EmbedJob,
+    next: usize,
+    done: Vec<Vec<f32>>,
+}
+
+/// Embed queued jobs a batch of at most `batch_tokens` tokens at a time. A batch takes inputs
+/// from every job in turn, so a small request is not stuck behind a huge one, and the decoder
+/// sharing the CPU waits at most one batch; a job whose client has gone is dropped at the next
+/// batch instead of being worked through to its end.
 pub(super) fn embed_worker(
     model: Box<dyn EmbeddingModel>,
     rx: Receiver<EmbedJob>,
     batch_tokens: usize,
 ) {
-    let mut pending: Option<EmbedJob> = None;
+    let mut active: Vec<Active> = Vec::new();
     loop {
-        let first = match pending.take() {
-            Some(j) => j,
-            None => match rx.recv() {
-                Ok(j) => j,
+        // Wait for work only when there is none in hand.
+        if active.is_empty() {
+            match rx.recv() {
+                Ok(job) => active.push(Active::new(job)),
                 Err(_) => return,
-            },
-        };
-        let mut tokens: usize = first.inputs.iter().map(Vec::len).sum();
-        let mut jobs = vec![first];
-        while tokens < batch_tokens {
-            match rx.try_recv() {
-                Ok(j) => {
-                    let t: usize = j.inputs.iter().map(Vec::len).sum();
-                    if tokens + t > batch_tokens {
-                        pending = Some(j);
-                        break;
-                    }
-                    tokens += t;
-                    jobs.push(j);
-                }
-                Err(_) => break,
             }
         }
-        jobs.retain(|j| !j.reply.is_closed());
-        if jobs.is_empty() {
+        while let Ok(job) = rx.try_recv() {
+            active.push(Active::new(job));
+        }
+        active.retain(|a| !a.job.reply.is_closed());
+        if active.is_empty() {
             continue;
         }
-        let batch: Vec<Vec<u32>> = jobs.iter().flat_map(|j| j.inputs.iter().cloned()).collect();
-        let result = catch_unwind(AssertUnwindSafe(|| model.embed(&batch)));
-        match result {
+        // Round-robin over the jobs, one input each per turn, up to the token budget (a batch
+        // always has at least one input).
+        let mut batch: Vec<Vec<u32>> = Vec::new();
+        let mut owners: Vec<usize> = Vec::new();
+        let mut tokens = 0usize;
+        'fill: loop {
+            let mut took = false;
+            for (k, a) in active.iter_mut().enumerate() {
+                let Some(input) = a.job.inputs.get(a.next) else {
+                    continue;
+                };
+                if !batch.is_empty() && tokens + input.len() > batch_tokens {
+                    break 'fill;
+                }
+                tokens += input.len();
+                batch.push(input.clone());
+                owners.push(k);
+                a.next += 1;
+                took = true;
+            }
+            if !took {
+                break;
+            }
+        }
+        match catch_unwind(AssertUnwindSafe(|| model.embed(&batch))) {
             Ok(Ok(vectors)) if vectors.len() == batch.len() => {
-                let mut it = vectors.into_iter();
-                for job in jobs {
-                    let mine: Vec<Vec<f32>> = it.by_ref().take(job.inputs.len()).collect();
-                    let _ = job.reply.send(Ok(mine));
+                for (vector, k) in vectors.into_iter().zip(owners) {
+                    active[k].done.push(vector);
                 }
             }
             other => {
@@ -80,10 +97,38 @@ pub(super) fn embed_worker(
                     Err(_) => "embedding model panicked".to_string(),
                 };
                 tracing::error!("{msg}");
-                for job in jobs {
-                    let _ = job.reply.send(Err(EngineError::Internal(msg.clone())));
-                }
+                // Every job with an input in the failed batch fails.
+                let mut failed = vec![false; active.len()];
+                owners.iter().for_each(|&k| failed[k] = true);
+                let mut k = 0;
+                active.retain_mut(|a| {
+                    let keep = !failed[k];
+                    k += 1;
+                    if !keep {
+                        let reply = std::mem::replace(&mut a.job.reply, oneshot::channel().0);
+                        let _ = reply.send(Err(EngineError::Internal(msg.clone())));
+                    }
+                    keep
+                });
+                continue;
             }
         }
+        // Jobs with every input embedded are answered.
+        let mut still = Vec::with_capacity(active.len());
+        for a in active.drain(..) {
+            if a.done.len() == a.job.inputs.len() {
+                let _ = a.job.reply.send(Ok(a.done));
+            } else {
+                still.push(a);
+            }
+        }
+        active = still;
+    }
+}
+
+impl Active {
+    fn new(job: EmbedJob) -> Self {
+        let done = Vec::with_capacity(job.inputs.len());
+        Active { job, next: 0, done }
     }
 }
