@@ -203,6 +203,9 @@ pub struct TokenRules {
 struct Guide {
     matcher: Matcher,
     eos: u32,
+    /// The next token's mask, computed ahead while the forward pass runs
+    /// ([`TokenRules::prepare_mask`]).
+    ready: Option<llguidance::toktrie::SimpleVob>,
 }
 
 impl std::fmt::Debug for TokenRules {
@@ -268,6 +271,7 @@ pub fn prepare(
             Some(Guide {
                 matcher: factory.compile(c)?,
                 eos: factory.eos,
+                ready: None,
             })
         }
     };
@@ -372,9 +376,12 @@ impl TokenRules {
     /// changes nothing but the logprobs, which stay the raw model's.
     pub fn apply_grammar(&mut self, logits: &mut [f32], eos_ids: &[u32]) -> Result<()> {
         if let Some(g) = &mut self.guide {
-            let mask = g.matcher.compute_mask_or_eos().map_err(|e| {
-                EngineError::Internal(format!("structured output mask: {}", first_line(&e)))
-            })?;
+            let mask = match g.ready.take() {
+                Some(mask) => mask,
+                None => g.matcher.compute_mask_or_eos().map_err(|e| {
+                    EngineError::Internal(format!("structured output mask: {}", first_line(&e)))
+                })?,
+            };
             // The trie knows one EOS; the model may end on any of its EOS ids.
             let eos_kept: Vec<(usize, f32)> = if mask.is_allowed(g.eos) {
                 eos_ids
@@ -407,12 +414,30 @@ impl TokenRules {
         Ok(())
     }
 
+    /// Computes the next token's grammar mask now (the engine does it on another thread while
+    /// the forward pass runs); [`TokenRules::apply_grammar`] then uses it. A failure is left for
+    /// `apply_grammar` to report.
+    pub fn prepare_mask(&mut self) {
+        if let Some(g) = &mut self.guide {
+            if g.ready.is_none() {
+                g.ready = g.matcher.compute_mask_or_eos().ok();
+            }
+        }
+    }
+
+    /// True when a grammar mask is computed per token.
+    pub fn is_guided(&self) -> bool {
+        self.guide.is_some()
+    }
+
     /// Advance with the sampled token.
     pub fn record(&mut self, token: u32, eos_ids: &[u32]) -> Result<()> {
         if self.bad_words.iter().any(|w| w.len() > 1) {
             self.output.push(token);
         }
         if let Some(g) = &mut self.guide {
+            // A mask computed ahead belongs to the position just filled.
+            g.ready = None;
             if g.matcher.is_stopped() {
                 return Ok(());
             }

@@ -234,9 +234,32 @@ pub trait CausalLm: Send {
         eos: &[u32],
         rng: &mut StdRng,
     ) -> Result<Vec<Result<Sampled>>> {
-        let logits = self.forward(batch)?;
+        let logits = forward_with_masks(batch, requests, |batch| self.forward(batch))?;
         Ok(sample_on_host(logits, requests, eos, rng))
     }
+}
+
+/// Runs `forward` while the structured-output masks of the guided requests are computed on
+/// another thread, so a constrained batch's step does not wait for them after the forward.
+pub fn forward_with_masks<T>(
+    batch: &[SeqChunk<'_>],
+    requests: &mut [SampleRequest<'_>],
+    forward: impl FnOnce(&[SeqChunk<'_>]) -> Result<T>,
+) -> Result<T> {
+    if !requests.iter().any(|r| r.sampler.is_guided()) {
+        return forward(batch);
+    }
+    std::thread::scope(|scope| {
+        let masks = scope.spawn(|| {
+            for r in requests.iter_mut().filter(|r| r.sampler.is_guided()) {
+                r.sampler.prepare_mask();
+            }
+        });
+        let out = forward(batch);
+        // A panic computing a mask leaves it to be computed, and reported, when sampling.
+        let _ = masks.join();
+        out
+    })
 }
 
 /// Sample each request from its chunk's host logits (what [`CausalLm::step`] does by default).

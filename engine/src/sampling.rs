@@ -141,6 +141,18 @@ impl SequenceSampler {
         self.rules.is_some()
     }
 
+    /// True when each token needs a grammar mask ([`SequenceSampler::prepare_mask`]).
+    pub fn is_guided(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| r.is_guided())
+    }
+
+    /// Computes the next token's grammar mask ahead of sampling.
+    pub fn prepare_mask(&mut self) {
+        if let Some(r) = &mut self.rules {
+            r.prepare_mask();
+        }
+    }
+
     /// True once the structured-output grammar is complete: the sequence stops.
     pub fn is_complete(&self) -> bool {
         self.rules.as_ref().is_some_and(|r| r.is_complete())
