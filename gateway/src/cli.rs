@@ -80,7 +80,7 @@ pub struct ServeArgs {
     /// --tool-call-parser.
     #[arg(long = "enable-auto-tool-choice")]
     pub enable_auto_tool_choice: bool,
-    /// How tool calls are found in a reply: hermes or llama3_json.
+    /// How tool calls are found in a reply: hermes, llama3_json, mistral or pythonic.
     #[arg(long = "tool-call-parser", value_name = "NAME")]
     pub tool_call_parser: Option<String>,
     /// Split `<think>` reasoning from the answer: deepseek_r1 or qwen3.

@@ -290,7 +290,7 @@ impl Settings {
             (None, false) => None,
             (None, true) => {
                 return Err(fail(
-                    "--enable-auto-tool-choice needs --tool-call-parser (hermes or llama3_json)",
+                    "--enable-auto-tool-choice needs --tool-call-parser (hermes, llama3_json, mistral or pythonic)",
                 ))
             }
             (Some(name), enabled) => {

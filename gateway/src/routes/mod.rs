@@ -11,6 +11,7 @@ pub mod info;
 pub mod messages;
 pub mod pooling;
 pub mod pooling_common;
+pub mod pythonic;
 pub mod reasoning;
 pub mod rerank;
 pub mod score;

@@ -24,15 +24,23 @@ pub enum ToolParser {
     /// `{"name": ..., "parameters": {...}}`, several separated by `;`, optionally after
     /// `<|python_tag|>` (Llama 3.1+).
     Llama3Json,
+    /// `[TOOL_CALLS][{"name": ..., "arguments": {...}}]`, or `[TOOL_CALLS]name[ARGS]{...}` as
+    /// newer Mistral tokenizers write it.
+    Mistral,
+    /// `[get_weather(city="Paris"), get_time()]`: Python calls with literal arguments (Llama
+    /// 3.2 and 4, Qwen3-Coder style prompts).
+    Pythonic,
 }
 
 impl ToolParser {
-    pub const NAMES: &'static [&'static str] = &["hermes", "llama3_json"];
+    pub const NAMES: &'static [&'static str] = &["hermes", "llama3_json", "mistral", "pythonic"];
 
     pub fn parse(name: &str) -> Option<ToolParser> {
         match name {
             "hermes" => Some(ToolParser::Hermes),
             "llama3_json" => Some(ToolParser::Llama3Json),
+            "mistral" => Some(ToolParser::Mistral),
+            "pythonic" => Some(ToolParser::Pythonic),
             _ => None,
         }
     }
@@ -233,7 +241,56 @@ pub fn extract(mode: &ToolMode, text: &str, id_base: &str) -> (Option<String>, V
         }
         ToolMode::Auto(ToolParser::Hermes) => hermes(text, id_base),
         ToolMode::Auto(ToolParser::Llama3Json) => llama3_json(text, id_base),
+        ToolMode::Auto(ToolParser::Mistral) => mistral(text, id_base),
+        ToolMode::Auto(ToolParser::Pythonic) => super::pythonic::calls(text)
+            .map(|calls| {
+                let calls = calls
+                    .into_iter()
+                    .enumerate()
+                    .map(|(i, (name, args))| call(id_base, i, name, &args))
+                    .collect();
+                (None, calls)
+            })
+            .unwrap_or_else(|| (Some(text.to_string()), Vec::new())),
     }
+}
+
+const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
+const MISTRAL_ARGS: &str = "[ARGS]";
+
+fn mistral(text: &str, id_base: &str) -> (Option<String>, Vec<ToolCall>) {
+    let Some(first) = text.find(MISTRAL_CALLS) else {
+        return (Some(text.to_string()), Vec::new());
+    };
+    let not_calls = || (Some(text.to_string()), Vec::new());
+    let mut calls = Vec::new();
+    for part in text[first..]
+        .split(MISTRAL_CALLS)
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+    {
+        if part.starts_with('[') {
+            let Ok(list) = serde_json::from_str::<Vec<Value>>(part) else {
+                return not_calls();
+            };
+            for v in &list {
+                match named_call(v, &["arguments", "parameters"], id_base, calls.len()) {
+                    Some(c) => calls.push(c),
+                    None => return not_calls(),
+                }
+            }
+        } else {
+            let Some((name, args)) = part.split_once(MISTRAL_ARGS) else {
+                return not_calls();
+            };
+            let Ok(args) = serde_json::from_str::<Value>(args.trim()) else {
+                return not_calls();
+            };
+            calls.push(call(id_base, calls.len(), name.trim().to_string(), &args));
+        }
+    }
+    let content = text[..first].trim_end();
+    ((!content.is_empty()).then(|| content.to_string()), calls)
 }
 
 /// The finish reason of a reply: `tool_calls` when the model chose to call (`auto`) or was made
@@ -397,5 +454,26 @@ mod tests {
             "r",
         );
         assert_eq!((content, calls.len()), (None, 1));
+        let (content, calls) = extract(
+            &ToolMode::Auto(ToolParser::Mistral),
+            "Sure.[TOOL_CALLS][{\"name\": \"get_time\", \"arguments\": {}}]",
+            "r",
+        );
+        assert_eq!((content.as_deref(), calls.len()), (Some("Sure."), 1));
+        let (_, calls) = extract(
+            &ToolMode::Auto(ToolParser::Mistral),
+            "[TOOL_CALLS]get_weather[ARGS]{\"city\": \"Rome\"}",
+            "r",
+        );
+        assert_eq!(calls[0].function.arguments, r#"{"city":"Rome"}"#);
+        let (content, calls) = extract(
+            &ToolMode::Auto(ToolParser::Pythonic),
+            "[get_weather(city='Rome')]",
+            "r",
+        );
+        assert_eq!(
+            (content, calls[0].function.name.as_str()),
+            (None, "get_weather")
+        );
     }
 }
