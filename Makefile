@@ -5,7 +5,7 @@
 CARGO ?= cargo
 ARGS ?=
 
-.PHONY: serve test deps models nvrtc build lint fmt bench-gate
+.PHONY: serve test deps models nvrtc sdk build lint fmt bench-gate
 
 deps:
 	@scripts/install-deps.sh
@@ -17,13 +17,17 @@ models:
 nvrtc:
 	@scripts/fetch-nvrtc.sh >/dev/null
 
+# The OpenAI Python SDK, for the test of what it assembles from the server's streams.
+sdk:
+	@scripts/fetch-sdk.sh >/dev/null
+
 build: deps
 	$(CARGO) build --release -p gateway
 
 serve: deps models
 	$(CARGO) run --release -p gateway -- serve $(ARGS)
 
-test: deps models nvrtc
+test: deps models nvrtc sdk
 	$(CARGO) build -p gateway
 	$(CARGO) test --workspace --no-fail-fast
 

@@ -5,6 +5,8 @@ need=()
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 command -v python3 >/dev/null 2>&1 || need+=(python3 python3-pip)
 python3 -m pip --version >/dev/null 2>&1 || need+=(python3-pip)
+# Virtual environments (the OpenAI SDK for its test): Debian splits ensurepip out.
+python3 -c "import ensurepip" >/dev/null 2>&1 || need+=(python3-venv)
 # Video decoding (preprocess's default `video` feature): FFmpeg's libraries, and libclang for
 # ffmpeg-sys-next's bindgen.
 for pc in libavcodec libavformat libavutil libswscale libswresample; do
