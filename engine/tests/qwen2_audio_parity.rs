@@ -13,8 +13,8 @@ use engine::model::{ActivationMode, ChunkMedia, SeqChunk};
 use engine::models::qwen2_audio::{AudioConfig, AudioTower};
 use serde::Deserialize;
 
-mod mm_support;
-use mm_support::{check_greedy, max_diff, Greedy};
+mod multimodal_data;
+use multimodal_data::{check_greedy, max_diff, Greedy};
 
 fn data_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-qwen2-audio")

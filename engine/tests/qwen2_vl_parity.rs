@@ -11,8 +11,8 @@ use engine::hf::SafetensorsWeights;
 use engine::models::qwen2_vl::vision::{VisionConfig, VisionTower};
 use serde::Deserialize;
 
-mod mm_support;
-use mm_support::{check_greedy, max_diff, Greedy};
+mod multimodal_data;
+use multimodal_data::{check_greedy, max_diff, Greedy};
 
 fn data_dir() -> PathBuf {
     std::env::var_os("TINY_QWEN2_VL_DIR")

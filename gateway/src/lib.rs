@@ -6,16 +6,19 @@
 //!   overload, body limit, timeout), SSE framing.
 //! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
 //! - [`protocol`]: wire types.
-//! - [`routes`]: one file per route.
+//! - [`routes`]: one file per route, and the helpers they share.
+//! - [`parsers`]: tool calls and reasoning read out of a reply.
+//! - [`app`]: the service every connection runs (front stack and dispatcher); [`serve`] runs it.
 //! - [`error`]: the one error type and its envelope.
 
+pub mod app;
 pub mod cli;
 pub mod contract_cmd;
 pub mod error;
 pub mod http;
+pub mod parsers;
 pub mod policy;
 pub mod protocol;
 pub mod routes;
 pub mod serve;
-pub mod server;
 pub mod state;

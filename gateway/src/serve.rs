@@ -6,8 +6,8 @@ use std::time::Duration;
 use engine::handle::EngineHandle;
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
 
+use crate::app::{app, HttpLimits};
 use crate::cli::ServeArgs;
-use crate::server::{app, HttpLimits};
 use crate::state::{AppState, Settings, StartupError};
 
 pub async fn run(args: ServeArgs) -> Result<(), StartupError> {

@@ -33,9 +33,9 @@ pub struct AppState {
     pub trust_request_chat_template: bool,
     pub default_chat_template_kwargs: Map<String, Value>,
     /// `--enable-auto-tool-choice` with its `--tool-call-parser`.
-    pub tool_parser: Option<crate::routes::tools::ToolParser>,
+    pub tool_parser: Option<crate::parsers::tools::ToolParser>,
     /// `--reasoning-parser`.
-    pub reasoning_parser: Option<crate::routes::reasoning::ReasoningParser>,
+    pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     pub max_logprobs: usize,
     pub api_keys: Vec<String>,
     /// `--max-request-body-bytes`.
@@ -122,8 +122,8 @@ pub struct Settings {
     pub profile: Option<TrustedClientPolicy>,
     pub url_policy: MediaUrlPolicy,
     pub default_chat_template_kwargs: Map<String, Value>,
-    pub tool_parser: Option<crate::routes::tools::ToolParser>,
-    pub reasoning_parser: Option<crate::routes::reasoning::ReasoningParser>,
+    pub tool_parser: Option<crate::parsers::tools::ToolParser>,
+    pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -294,10 +294,10 @@ impl Settings {
                 ))
             }
             (Some(name), enabled) => {
-                let parser = crate::routes::tools::ToolParser::parse(name).ok_or_else(|| {
+                let parser = crate::parsers::tools::ToolParser::parse(name).ok_or_else(|| {
                     fail(format!(
                         "--tool-call-parser {name} is not supported: use one of {}",
-                        crate::routes::tools::ToolParser::NAMES.join(", ")
+                        crate::parsers::tools::ToolParser::NAMES.join(", ")
                     ))
                 })?;
                 enabled.then_some(parser)
@@ -307,7 +307,7 @@ impl Settings {
             .reasoning_parser
             .as_deref()
             .map(|name| {
-                use crate::routes::reasoning::ReasoningParser;
+                use crate::parsers::reasoning::ReasoningParser;
                 ReasoningParser::parse(name).ok_or_else(|| {
                     fail(format!(
                         "--reasoning-parser {name} is not supported: use one of {}",

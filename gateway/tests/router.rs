@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::Request;
 use clap::Parser;
+use gateway::app::{app, HttpLimits};
 use gateway::cli::{Cli, Command};
-use gateway::server::{app, HttpLimits};
 use gateway::state::{AppState, Settings};
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -18,7 +18,7 @@ use tower::ServiceExt;
 
 const MODEL: &str = "tiny";
 
-type App = gateway::http::front::Front<gateway::server::Dispatch>;
+type App = gateway::http::front::Front<gateway::app::Dispatch>;
 
 /// The app as `gateway serve --model tests/data/tiny-llama --served-model-name tiny <extra>`
 /// builds it.

@@ -20,8 +20,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 use tower::ServiceExt;
 
+use crate::app::Dispatch;
 use crate::http::front::Front;
-use crate::server::Dispatch;
 
 /// How connections are held to account.
 #[derive(Debug, Clone, Copy)]

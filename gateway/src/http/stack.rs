@@ -1,6 +1,6 @@
 //! The stack: one composed layer, [`super::front::FrontLayer`] (request id, catch-panic to a
 //! JSON 500, auth, the concurrency limit, the request timeout, the debug access log). The
-//! server puts it once around its dispatcher ([`crate::server::app`]), so a request pays one
+//! server puts it once around its dispatcher ([`crate::app::app`]), so a request pays one
 //! future for the whole stack; [`apply`] puts it around a bare router (the stack's tests). The
 //! body-size limit is applied where bodies are read ([`super::extract::ValidJson`]).
 
@@ -27,7 +27,7 @@ pub fn front_layer(cfg: StackConfig) -> FrontLayer {
     }))
 }
 
-/// The stack around a router (the server itself puts it around [`crate::server::Dispatch`]).
+/// The stack around a router (the server itself puts it around [`crate::app::Dispatch`]).
 pub fn apply(router: Router, cfg: StackConfig) -> Router {
     router.layer(front_layer(cfg))
 }

@@ -195,7 +195,7 @@ pub struct ChatMessageOut {
     pub reasoning_content: Option<String>,
     /// `null` when the reply is tool calls only.
     pub content: Option<String>,
-    pub tool_calls: Vec<crate::routes::tools::ToolCall>,
+    pub tool_calls: Vec<crate::parsers::tools::ToolCall>,
 }
 
 #[derive(Debug, Serialize, Default)]

@@ -14,13 +14,13 @@ use serde_json::Value;
 
 use super::generate::{self, token_text};
 use super::messages::{parse_messages, ParsedMessages};
-use super::reasoning::{ReasoningParser, StreamSplit};
-use super::tools::{self, ToolMode};
 use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::http::sse;
+use crate::parsers::reasoning::{ReasoningParser, StreamSplit};
+use crate::parsers::tools::{self, ToolMode};
 use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::chat::*;
 use crate::protocol::{now_secs, PromptTokensDetails, Usage};

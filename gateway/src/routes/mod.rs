@@ -11,12 +11,9 @@ pub mod info;
 pub mod messages;
 pub mod pooling;
 pub mod pooling_common;
-pub mod pythonic;
-pub mod reasoning;
 pub mod rerank;
 pub mod score;
 pub mod tokenize;
-pub mod tools;
 
 use std::sync::Arc;
 

@@ -2,13 +2,13 @@
 //! characters split over byte tokens, and MiniLM's word-piece.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod core_support;
+mod toy;
 
 use std::path::Path;
 use std::sync::Arc;
 
-use core_support::{byte_tokenizer, EOS};
 use engine::detok::{IncrementalDetokenizer, StopMatcher};
+use toy::{byte_tokenizer, EOS};
 
 fn stream(detok: &mut IncrementalDetokenizer, ids: &[u32]) -> Vec<String> {
     ids.iter().map(|&id| detok.push(id).unwrap()).collect()

@@ -2,18 +2,18 @@
 //! sampling, preemption, prefix caching, admission limits, stop conditions, embeddings.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod core_support;
+mod toy;
 
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
-use core_support::{byte_tokenizer, expected, request, ToyEmbedder, ToyModel, EOS};
 use engine::api::{Delta, Finish, FinishReason, GenerateRequest, SamplingParams, StopReason, Task};
 use engine::handle::{
     EngineConfig, EngineHandle, GenerationStream, LoadedModel, ModelHandle, ModelKind, ModelSpec,
 };
 use engine::model::{LoadedDecoder, LoadedEncoder};
 use engine::EngineError;
+use toy::{byte_tokenizer, expected, request, ToyEmbedder, ToyModel, EOS};
 
 const NAME: &str = "toy";
 

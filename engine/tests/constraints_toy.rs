@@ -3,13 +3,13 @@
 //! is advanced once per generated token, not again for recomputed ones).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-mod core_support;
+mod toy;
 
-use core_support::{byte_tokenizer, request, ToyModel, EOS};
 use engine::api::{Constraint, FinishReason, SamplingParams};
 use engine::handle::{EngineConfig, EngineHandle, GenerationStream, LoadedModel, ModelSpec};
 use engine::model::LoadedDecoder;
 use engine::EngineError;
+use toy::{byte_tokenizer, request, ToyModel, EOS};
 
 fn start(cfg: &EngineConfig) -> (EngineHandle, engine::handle::ModelHandle) {
     // Slow enough steps that requests submitted one after another (each compiling its
