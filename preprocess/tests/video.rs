@@ -109,6 +109,49 @@ mod containers {
         }
     }
 
+    /// Our frames against the ffmpeg CLI's (an independent decode and RGB conversion, made by
+    /// `tests/media/make_video_reference.sh`): the same pictures (identical with FFmpeg 5.1's
+    /// CLI; the bound of 1 level of mean absolute difference leaves room for another version's
+    /// YUV-to-RGB rounding), each closer to its own reference than to the other references.
+    #[test]
+    fn frames_match_an_independent_decoder() {
+        let cases: [(&str, &[usize]); 6] = [
+            ("testsrc_h264.mp4", &[0, 6, 25, 49]),
+            ("testsrc_mpeg4.mp4", &[0, 12, 24]),
+            ("testsrc_vp8.webm", &[0, 12, 24]),
+            ("testsrc_vp9.webm", &[0, 12, 24]),
+            ("testsrc_hevc.mp4", &[0, 12, 24]),
+            ("testsrc_h264.ts", &[0, 12, 24]),
+        ];
+        for (name, indices) in cases {
+            let v = decode_video(&media(name), &all(), &VideoLimits::default()).unwrap();
+            let stem = name.replace('.', "_");
+            let reference = |i: usize| {
+                let path = format!(
+                    "{}/tests/media/video_reference/{stem}_{i}.png",
+                    env!("CARGO_MANIFEST_DIR")
+                );
+                image::open(&path)
+                    .unwrap_or_else(|e| panic!("{path}: {e}"))
+                    .to_rgb8()
+            };
+            let refs: Vec<RgbImage> = indices.iter().map(|&i| reference(i)).collect();
+            for (k, &i) in indices.iter().enumerate() {
+                let ours = &v.frames[i];
+                let own = mean_abs_diff(ours, &refs[k]);
+                assert!(own <= 1.0, "{name} frame {i}: mean abs diff {own:.2}");
+                for (m, other) in refs.iter().enumerate().filter(|(m, _)| *m != k) {
+                    let d = mean_abs_diff(ours, other);
+                    assert!(
+                        own < d,
+                        "{name} frame {i} is as close to reference {} ({d:.2}) as to its own ({own:.2})",
+                        indices[m]
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn sampled_frames_equal_the_full_decode() {
         for name in [
