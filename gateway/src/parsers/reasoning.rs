@@ -131,7 +131,7 @@ impl StreamSplit {
 }
 
 /// The length of the longest suffix of `text` that is a proper prefix of `tag`.
-fn partial_tag_len(text: &str, tag: &str) -> usize {
+pub(crate) fn partial_tag_len(text: &str, tag: &str) -> usize {
     (1..tag.len().min(text.len() + 1))
         .rev()
         .find(|&n| {

@@ -255,6 +255,95 @@ pub fn extract(mode: &ToolMode, text: &str, id_base: &str) -> (Option<String>, V
     }
 }
 
+/// A streamed choice under a tool mode: its content goes out as it comes until the reply may
+/// be starting a call (the parser's marker, or a reply that opens as calls); from there it is
+/// held until the finish, when the calls are parsed from the whole reply.
+#[derive(Debug)]
+pub struct ToolStream {
+    mode: ToolMode,
+    text: String,
+    /// Bytes of `text` already sent as content.
+    sent: usize,
+    /// Past a possible call start: nothing more goes out before the finish.
+    holding: bool,
+    /// Decided to be plain text (formats whose calls are the whole reply).
+    plain: bool,
+}
+
+const PYTHON_TAGS: [&str; 2] = ["<|python_tag|>", "<|python_start|>"];
+
+impl ToolStream {
+    pub fn new(mode: ToolMode) -> Self {
+        ToolStream {
+            mode,
+            text: String::new(),
+            sent: 0,
+            holding: false,
+            plain: false,
+        }
+    }
+
+    /// Adds a delta; returns the content that can go out now.
+    pub fn push(&mut self, delta: &str) -> String {
+        self.text.push_str(delta);
+        if self.holding {
+            return String::new();
+        }
+        let limit = self.limit();
+        let out = self.text[self.sent..limit].to_string();
+        self.sent = limit;
+        out
+    }
+
+    /// How far the text can go out as content, setting `holding` once a call may have begun.
+    fn limit(&mut self) -> usize {
+        let marker = |s: &mut Self, marker: &str| match s.text.find(marker) {
+            Some(at) => {
+                s.holding = true;
+                at.max(s.sent)
+            }
+            None => s.text.len() - super::reasoning::partial_tag_len(&s.text, marker),
+        };
+        match &self.mode {
+            ToolMode::Off => self.text.len(),
+            ToolMode::Named(_) | ToolMode::Required => {
+                self.holding = true;
+                self.sent
+            }
+            ToolMode::Auto(ToolParser::Hermes) => marker(self, HERMES_OPEN),
+            ToolMode::Auto(ToolParser::Mistral) => marker(self, MISTRAL_CALLS),
+            ToolMode::Auto(ToolParser::Llama3Json | ToolParser::Pythonic) => {
+                if self.plain {
+                    return self.text.len();
+                }
+                let t = self.text.trim_start();
+                if t.starts_with(['{', '[']) || PYTHON_TAGS.iter().any(|tag| t.starts_with(tag)) {
+                    self.holding = true;
+                    self.sent
+                } else if t.is_empty() || PYTHON_TAGS.iter().any(|tag| tag.starts_with(t)) {
+                    self.sent
+                } else {
+                    self.plain = true;
+                    self.text.len()
+                }
+            }
+        }
+    }
+
+    /// At the finish: the content not sent yet and the calls. When the reply made calls, what
+    /// was held is the calls; otherwise it goes out as content.
+    pub fn finish(&mut self, id_base: &str) -> (String, Vec<ToolCall>) {
+        let (_, calls) = extract(&self.mode, &self.text, id_base);
+        let rest = if calls.is_empty() {
+            self.text[self.sent..].to_string()
+        } else {
+            String::new()
+        };
+        self.sent = self.text.len();
+        (rest, calls)
+    }
+}
+
 const MISTRAL_CALLS: &str = "[TOOL_CALLS]";
 const MISTRAL_ARGS: &str = "[ARGS]";
 
@@ -430,6 +519,46 @@ mod tests {
         assert_eq!(content.as_deref(), Some(""));
         assert_eq!(calls[0].function.name, "get_weather");
         assert_eq!(calls[0].function.arguments, r#"{"city":"Paris"}"#);
+    }
+
+    /// Content streams until a call may start; the calls come whole at the finish.
+    #[test]
+    fn streams_send_content_until_a_call_starts() {
+        let run = |mode: ToolMode, deltas: &[&str]| {
+            let mut s = ToolStream::new(mode);
+            let sent: Vec<String> = deltas.iter().map(|d| s.push(d)).collect();
+            let (rest, calls) = s.finish("r");
+            (sent, rest, calls.len())
+        };
+        let hermes = ToolMode::Auto(ToolParser::Hermes);
+        let (sent, rest, calls) = run(
+            hermes.clone(),
+            &[
+                "Let me ",
+                "check.<tool",
+                "_call>{\"name\": \"f\", \"arguments\": {}}",
+                "</tool_call>",
+            ],
+        );
+        assert_eq!(sent, ["Let me ", "check.", "", ""]);
+        assert_eq!((rest.as_str(), calls), ("", 1));
+        // A false start is sent at the finish.
+        let (sent, rest, calls) = run(hermes, &["a <tool", "box> b"]);
+        assert_eq!(sent, ["a ", "<toolbox> b"]);
+        assert_eq!((rest.as_str(), calls), ("", 0));
+        let (sent, rest, calls) = run(ToolMode::Auto(ToolParser::Pythonic), &[" ", "[f(x=1)", "]"]);
+        assert_eq!(sent, ["", "", ""]);
+        assert_eq!((rest.as_str(), calls), ("", 1));
+        let (sent, _, calls) = run(ToolMode::Auto(ToolParser::Llama3Json), &["Hi", " there"]);
+        assert_eq!(
+            (sent, calls),
+            (vec!["Hi".to_string(), " there".to_string()], 0)
+        );
+        let (sent, rest, calls) = run(
+            ToolMode::Required,
+            &["[{\"name\": \"f\", \"parameters\": {}}]"],
+        );
+        assert_eq!((sent, rest.as_str(), calls), (vec![String::new()], "", 1));
     }
 
     #[test]

@@ -20,7 +20,7 @@ use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::http::sse;
 use crate::parsers::reasoning::{ReasoningParser, StreamSplit};
-use crate::parsers::tools::{self, ToolMode};
+use crate::parsers::tools::{self, ToolMode, ToolStream};
 use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::chat::*;
 use crate::protocol::{now_secs, PromptTokensDetails, Usage};
@@ -454,8 +454,8 @@ struct StreamHead {
     id: String,
     served: String,
     echo: String,
-    /// When calls may be made, each choice's text is held back and sent, split into content
-    /// and calls, with its finish.
+    /// When calls may be made, each choice's content goes out until a call may start; the
+    /// rest is held and sent, as calls or content, with the finish.
     tools: ToolMode,
     call_ids: String,
     reasoning: Option<ReasoningParser>,
@@ -489,10 +489,10 @@ fn stream_response(
     let mut echo_due = vec![!splits.is_empty(); choices.len()];
     let created = now_secs();
     let n = choices.len();
-    let mut held: Vec<String> = if tool_mode == ToolMode::Off {
+    let mut tool_streams: Vec<ToolStream> = if tool_mode == ToolMode::Off {
         Vec::new()
     } else {
-        vec![String::new(); n]
+        (0..n).map(|_| ToolStream::new(tool_mode.clone())).collect()
     };
     let first: Vec<Bytes> = (0..n)
         .map(|index| {
@@ -506,10 +506,12 @@ fn stream_response(
                     delta: ChatDelta {
                         role: Some("assistant"),
                         reasoning_content: None,
-                        content: Some(if held.is_empty() && splits.is_empty() {
-                            echo.clone()
-                        } else {
+                        content: Some(if !splits.is_empty() {
                             String::new()
+                        } else if let Some(ts) = tool_streams.get_mut(index) {
+                            ts.push(&echo)
+                        } else {
+                            echo.clone()
                         }),
                         tool_calls: None,
                     },
@@ -566,29 +568,22 @@ fn stream_response(
                             }
                             text = c;
                         }
-                        if let Some(buffer) = held.get_mut(index) {
-                            buffer.push_str(&text);
-                            text.clear();
+                        if let Some(ts) = tool_streams.get_mut(index) {
+                            let mut out = ts.push(&text);
                             if let Some(f) = finish_reason {
-                                let whole = if splits.is_empty() {
-                                    format!("{echo}{buffer}")
-                                } else {
-                                    buffer.clone()
-                                };
-                                let (content, calls) = tools::extract(
-                                    &tool_mode,
-                                    &whole,
-                                    &format!("{call_ids}-{index}"),
-                                );
-                                text = content.unwrap_or_default();
+                                let (rest, calls) = ts.finish(&format!("{call_ids}-{index}"));
+                                out += &rest;
                                 finish_reason = Some(tools::finish_reason(&tool_mode, &calls, f));
                                 tool_calls = (!calls.is_empty()).then(|| tools::deltas(&calls));
                             }
+                            text = out;
                         }
                         if !text.is_empty()
                             || !reasoning_text.is_empty()
                             || finish.is_some()
-                            || (!d.token_ids.is_empty() && held.is_empty() && splits.is_empty())
+                            || (!d.token_ids.is_empty()
+                                && tool_streams.is_empty()
+                                && splits.is_empty())
                         {
                             let chunk = ChatChunk {
                                 id: &id,
