@@ -140,6 +140,17 @@ pub enum PolicyError {
         scheme: String,
     },
 
+    /// A media server redirected to a scheme other than `http` or `https` (a `file:` target
+    /// above all: a remote server must never make us read a local file).
+    #[error(
+        "The media URL redirected to a '{scheme}:' URL; redirects may only lead to http: or \
+         https: URLs"
+    )]
+    RedirectScheme {
+        /// The target's scheme (lower-cased).
+        scheme: String,
+    },
+
     /// A media URL that cannot be parsed at all.
     #[error("Invalid media URL: {reason}")]
     InvalidMediaUrl {
@@ -290,6 +301,7 @@ impl PolicyError {
             | PolicyError::KwargsOutOfBounds { field, .. } => Some(field.as_str()),
             PolicyError::TooManyMediaItems { modality, .. } => Some(modality),
             PolicyError::UnsupportedUrlScheme { .. }
+            | PolicyError::RedirectScheme { .. }
             | PolicyError::InvalidMediaUrl { .. }
             | PolicyError::InvalidDataUrl { .. }
             | PolicyError::DataUrlTooLarge { .. }

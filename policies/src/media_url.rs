@@ -394,7 +394,7 @@ impl MediaUrlPolicy {
         }
         match target.scheme() {
             "http" | "https" => self.check_http_host(target),
-            other => Err(PolicyError::UnsupportedUrlScheme {
+            other => Err(PolicyError::RedirectScheme {
                 scheme: other.to_owned(),
             }),
         }
@@ -780,7 +780,11 @@ mod tests {
         let err = p
             .check_redirect(&url("file:///etc/passwd"), 0)
             .expect_err("file redirect");
-        assert!(matches!(err, PolicyError::UnsupportedUrlScheme { .. }));
+        assert_eq!(
+            err.message(),
+            "The media URL redirected to a 'file:' URL; redirects may only lead to http: or \
+             https: URLs"
+        );
     }
 
     // ----- file: URLs -----

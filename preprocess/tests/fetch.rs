@@ -243,7 +243,7 @@ async fn an_allowed_domain_entry_opens_a_private_host_but_redirects_are_checked(
     assert!(
         matches!(
             err,
-            PreprocessError::Policy(PolicyError::UnsupportedUrlScheme { .. })
+            PreprocessError::Policy(PolicyError::RedirectScheme { .. })
         ),
         "{err:?}"
     );
