@@ -18,9 +18,9 @@ mod decode;
 mod mel;
 mod resample;
 
-pub use decode::{decode_audio, DecodedAudio};
+pub use decode::{declared_frames, decode_audio, DecodedAudio};
 pub use mel::{AudioFeatures, WhisperFeatureConfig};
-pub use resample::resample;
+pub use resample::{resample, resampled_len};
 
 /// The sample rate Whisper-style models expect.
 pub const WHISPER_SAMPLE_RATE: u32 = 16_000;

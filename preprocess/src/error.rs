@@ -10,7 +10,7 @@ pub enum ErrorKind {
     BadRequest,
     /// 422: fetching failed (upstream error, size cap while downloading, timeout).
     Unprocessable,
-    /// 503: the decode pool is full.
+    /// 503: the decode pool or the decoded-media byte budget is full.
     Overloaded,
 }
 
@@ -43,6 +43,43 @@ pub enum PreprocessError {
     WrongPayload { modality: Modality },
     #[error("Decoding the {modality} took longer than {seconds} s.")]
     DecodeTimeout { modality: Modality, seconds: f64 },
+    /// The media's placeholder tokens, counted from their headers, do not fit in the context
+    /// the text leaves (found before any decoding).
+    #[error(
+        "The {item} ({size}) needs {tokens} prompt tokens; this request's media need {total} \
+         tokens in all, but only {available} tokens of the model's context are left for media \
+         after the text. Send smaller media or lower max_pixels."
+    )]
+    OverTokenBudget {
+        item: String,
+        size: String,
+        tokens: usize,
+        total: usize,
+        available: usize,
+    },
+    /// The server's budget of decoded-media bytes in flight is taken by other requests.
+    #[error(
+        "The server is decoding too much media at once (this request needs {} MiB, {} MiB of \
+         {} MiB are in use); retry later.",
+        .needed.div_ceil(1 << 20), .in_use >> 20, .capacity >> 20
+    )]
+    MediaBytesBusy {
+        needed: usize,
+        in_use: usize,
+        capacity: usize,
+    },
+    /// One item needs more decoded bytes than the whole server budget: a retry cannot help.
+    #[error(
+        "The {item} ({size}) would hold {} MiB while decoding, more than the server's {} MiB \
+         budget for decoded media.",
+        .needed.div_ceil(1 << 20), .capacity >> 20
+    )]
+    MediaTooLarge {
+        item: String,
+        size: String,
+        needed: usize,
+        capacity: usize,
+    },
     /// A model's processor files are unreadable or invalid (a start-up error).
     #[error("{0}")]
     Config(String),
@@ -52,7 +89,9 @@ impl PreprocessError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             PreprocessError::Fetch(e) => e.kind(),
-            PreprocessError::Overloaded => ErrorKind::Overloaded,
+            PreprocessError::Overloaded | PreprocessError::MediaBytesBusy { .. } => {
+                ErrorKind::Overloaded
+            }
             _ => ErrorKind::BadRequest,
         }
     }

@@ -11,11 +11,15 @@
 //!   frame sampling);
 //! * [`pool`]: the bounded blocking pool all decoding runs on, so the async
 //!   reactor never decodes and a flood of media gets a 503, not unbounded
-//!   memory.
+//!   memory;
+//! * [`estimate`], [`budget`]: an item's tokens and decoded bytes from its header, checked
+//!   against the context left and the server's decoded-media budget before decoding.
 
 pub mod audio;
+pub mod budget;
 pub mod cache;
 pub mod error;
+pub mod estimate;
 pub mod fetch;
 pub mod image;
 pub mod pipeline;

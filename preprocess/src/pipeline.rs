@@ -7,10 +7,13 @@
 //!    is the contract's 400 before anything is fetched;
 //! 2. the other parts are fetched concurrently ([`MediaFetcher`]: URL policy, SSRF refusal, size
 //!    caps, per-modality timeouts);
-//! 3. each is decoded and processed on the bounded [`DecodePool`] (never on the reactor) with the
+//! 3. each item's cost is read from its header ([`estimate`]): its placeholder tokens, which
+//!    must fit in the request's [`TokenBudget`] (a 400 naming the item), and its decoded bytes,
+//!    reserved against the server's decoded-media budget (a 503 when it is taken);
+//! 4. each is decoded and processed on the bounded [`DecodePool`] (never on the reactor) with the
 //!    merged `media_io_kwargs` (how to load) and `mm_processor_kwargs` (how the model's processor
 //!    sizes it); untrusted video gets the tighter time budget and thread cap;
-//! 4. results carrying a `uuid` are cached under it.
+//! 5. results carrying a `uuid` are cached under it.
 //!
 //! Each result has a content hash over the media's bytes and the options that shaped its tensor
 //! (prefix-cache `("mm", hash, offset)` keys and uuid caching) and the number of placeholder
@@ -24,8 +27,10 @@ use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
 use serde_json::Value;
 
 use crate::audio::{self, AudioIoOptions, WhisperFeatureConfig};
+use crate::budget::{ByteBudget, Reservation};
 use crate::cache::{UuidCache, Weigh};
 use crate::error::PreprocessError;
+use crate::estimate::{self, Estimate};
 use crate::fetch::{FetchLimits, MediaFetcher, Payload};
 use crate::image::{self, ImageIoOptions, ImageProcessor, Qwen2VlConfig};
 use crate::pool::{DecodePool, PoolConfig};
@@ -109,6 +114,7 @@ pub struct MediaRequestItem {
     pub uuid: Option<String>,
 }
 
+pub use crate::budget::TokenBudget;
 pub use media::{MediaTensor, ProcessedMedia};
 
 impl Weigh for ProcessedMedia {
@@ -132,6 +138,9 @@ pub struct PipelineConfig {
     pub max_image_pixels: u64,
     /// Decoded audio duration cap, seconds.
     pub max_audio_duration_s: f64,
+    /// Bytes of decoded media (and their tensors) all requests may hold at once, as the items'
+    /// headers declare them; past it new items get a 503.
+    pub max_decoded_bytes: usize,
 }
 
 impl Default for PipelineConfig {
@@ -150,6 +159,7 @@ impl Default for PipelineConfig {
             untrusted_video,
             max_image_pixels: image::DEFAULT_MAX_PIXELS,
             max_audio_duration_s: 600.0,
+            max_decoded_bytes: 2 << 30,
         }
     }
 }
@@ -159,6 +169,7 @@ pub struct MediaPipeline {
     fetcher: MediaFetcher,
     pool: DecodePool,
     cache: UuidCache<ProcessedMedia>,
+    bytes: ByteBudget,
     config: PipelineConfig,
 }
 
@@ -202,6 +213,7 @@ impl MediaPipeline {
             fetcher: MediaFetcher::new(policy, config.fetch.clone())?,
             pool: DecodePool::new(config.pool),
             cache: UuidCache::new(config.uuid_cache_bytes),
+            bytes: ByteBudget::new(config.max_decoded_bytes),
             config,
         })
     }
@@ -214,78 +226,230 @@ impl MediaPipeline {
         &self.pool
     }
 
+    /// The decoded-media bytes budget (for metrics and tests).
+    pub fn decoded_bytes(&self) -> &ByteBudget {
+        &self.bytes
+    }
+
     /// Entries in the uuid cache.
     pub fn cached_items(&self) -> usize {
         self.cache.len()
     }
 
     /// Fetches, decodes and processes a request's media (see the module docs). `trusted` is
-    /// the gate's decision: untrusted video runs under the tighter limits.
+    /// the gate's decision: untrusted video runs under the tighter limits. `budget` is the
+    /// prompt tokens left for the media: the items' tokens, read from their headers, must fit
+    /// in it before anything is decoded.
     pub async fn process(
         &self,
         items: &[MediaRequestItem],
         kwargs: &MergedKwargs,
         trusted: bool,
         spec: &ModelMediaSpec,
+        budget: TokenBudget,
     ) -> Result<Vec<Arc<ProcessedMedia>>, PreprocessError> {
         // (1) uuid-only parts: hits or the contract's miss, before any fetch.
         let mut out: Vec<Option<Arc<ProcessedMedia>>> = vec![None; items.len()];
+        let mut indices = Vec::with_capacity(items.len());
         let mut per_modality = std::collections::HashMap::<Modality, usize>::new();
         for (slot, item) in out.iter_mut().zip(items) {
             let index = per_modality.entry(item.modality).or_default();
+            indices.push(*index);
             if item.url.is_none() {
                 let uuid = item.uuid.as_deref().unwrap_or_default();
                 *slot = Some(self.cache.get(item.modality, uuid, *index)?);
             }
             *index += 1;
         }
-        // (2) + (3): fetch and process the rest concurrently; the pool bounds the decoding.
+        // (2) fetch the rest concurrently.
         let mm = Value::Object(kwargs.mm_processor_kwargs().clone());
-        let work = items
+        let wanted: Vec<(usize, &str)> = items
             .iter()
-            .zip(&out)
-            .filter(|(_, done)| done.is_none())
-            .filter_map(|(item, _)| item.url.as_deref().map(|url| (item, url)))
-            .map(|(item, url)| {
-                let job_io = loader_kwargs(kwargs.media_kwargs(item.modality.as_str()));
-                let mm = mm.clone();
-                async move {
-                    let fetched = self.fetcher.fetch(url, item.modality, &self.pool).await?;
-                    let job = Job {
-                        modality: item.modality,
-                        payload: fetched.payload,
-                        mime: fetched.mime,
-                        io: job_io,
-                        mm,
-                        spec: spec.clone(),
-                        max_image_pixels: self.config.max_image_pixels,
-                        max_audio_duration_s: self.config.max_audio_duration_s,
-                        video_limits: if trusted {
-                            self.config.video.clone()
-                        } else {
-                            self.config.untrusted_video.clone()
-                        },
-                    };
-                    let processed = self.pool.run(move || run_job(job)).await??;
-                    Ok::<_, PreprocessError>(Arc::new(processed))
-                }
+            .enumerate()
+            .filter(|(i, _)| out[*i].is_none())
+            .filter_map(|(i, item)| item.url.as_deref().map(|url| (i, url)))
+            .collect();
+        let fetched = futures::future::try_join_all(
+            wanted
+                .iter()
+                .map(|&(i, url)| self.fetcher.fetch(url, items[i].modality, &self.pool)),
+        )
+        .await?;
+        let jobs: Vec<Job> = wanted
+            .iter()
+            .zip(fetched)
+            .map(|(&(i, _), fetched)| Job {
+                modality: items[i].modality,
+                payload: fetched.payload,
+                mime: fetched.mime,
+                io: loader_kwargs(kwargs.media_kwargs(items[i].modality.as_str())),
+                mm: mm.clone(),
+                spec: spec.clone(),
+                max_image_pixels: self.config.max_image_pixels,
+                max_audio_duration_s: self.config.max_audio_duration_s,
+                video_limits: if trusted {
+                    self.config.video.clone()
+                } else {
+                    self.config.untrusted_video.clone()
+                },
+            })
+            .collect();
+        // (3) the cost of each from its header, checked against both budgets before decoding.
+        let (jobs, estimates) = self
+            .pool
+            .run(move || {
+                let estimates: Vec<Option<Estimate>> = jobs.iter().map(estimate_job).collect();
+                (jobs, estimates)
+            })
+            .await?;
+        let described: Vec<(String, Option<&Estimate>)> = wanted
+            .iter()
+            .zip(&estimates)
+            .map(|(&(i, _), e)| {
+                let what = format!("{} at index {}", items[i].modality, indices[i]);
+                (what, e.as_ref())
+            })
+            .collect();
+        let cached_tokens: usize = out
+            .iter()
+            .flatten()
+            .filter_map(|p| cached_tokens(p, spec))
+            .sum();
+        check_tokens(&described, cached_tokens, budget)?;
+        let reservations = described
+            .iter()
+            .zip(&jobs)
+            .map(|((what, e), job)| {
+                let bytes = e.map_or(job.payload.len(), |e| e.decoded_bytes);
+                self.reserve(what, e, bytes)
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        // (4) decode concurrently; the pool bounds the work, each reservation ends with its job.
+        let work = jobs
+            .into_iter()
+            .zip(reservations)
+            .map(|(job, reservation)| async move {
+                let processed = self
+                    .pool
+                    .run(move || {
+                        let processed = run_job(job);
+                        drop(reservation);
+                        processed
+                    })
+                    .await??;
+                Ok::<_, PreprocessError>(Arc::new(processed))
             });
-        let mut done = futures::future::try_join_all(work).await?.into_iter();
-        for (slot, item) in out.iter_mut().zip(items) {
-            if slot.is_none() {
-                let Some(processed) = done.next() else {
-                    return Err(PreprocessError::DecoderFailed);
-                };
-                // (4) a part with data and a uuid is cached under its uuid.
-                if let Some(uuid) = item.uuid.as_deref() {
-                    self.cache.put(item.modality, uuid, processed.clone());
-                }
-                *slot = Some(processed);
+        let done = futures::future::try_join_all(work).await?;
+        for (&(i, _), processed) in wanted.iter().zip(done) {
+            // (5) a part with data and a uuid is cached under its uuid.
+            if let Some(uuid) = items[i].uuid.as_deref() {
+                self.cache.put(items[i].modality, uuid, processed.clone());
             }
+            out[i] = Some(processed);
         }
         out.into_iter()
             .map(|p| p.ok_or(PreprocessError::DecoderFailed))
             .collect()
+    }
+
+    /// Holds `bytes` of the decoded-media budget for one item.
+    fn reserve(
+        &self,
+        what: &str,
+        estimate: &Option<&Estimate>,
+        bytes: usize,
+    ) -> Result<Reservation, PreprocessError> {
+        self.bytes.try_reserve(bytes).map_err(|refused| {
+            if refused.needed > refused.capacity {
+                PreprocessError::MediaTooLarge {
+                    item: what.to_owned(),
+                    size: estimate.map_or_else(|| "unknown size".to_owned(), |e| e.size.clone()),
+                    needed: refused.needed,
+                    capacity: refused.capacity,
+                }
+            } else {
+                tracing::warn!(
+                    needed = refused.needed,
+                    in_use = refused.in_use,
+                    "decoded-media budget full"
+                );
+                PreprocessError::MediaBytesBusy {
+                    needed: refused.needed,
+                    in_use: refused.in_use,
+                    capacity: refused.capacity,
+                }
+            }
+        })
+    }
+}
+
+/// The items' tokens (those the headers tell, plus the cached items') against the budget; the
+/// error names the largest item.
+fn check_tokens(
+    items: &[(String, Option<&Estimate>)],
+    cached: usize,
+    budget: TokenBudget,
+) -> Result<(), PreprocessError> {
+    let tokens = |e: &Option<&Estimate>| e.and_then(|e| e.tokens).unwrap_or(0);
+    let total = items
+        .iter()
+        .map(|(_, e)| tokens(e))
+        .fold(cached, usize::saturating_add);
+    if total <= budget.available {
+        return Ok(());
+    }
+    let Some((what, Some(largest))) = items.iter().max_by_key(|(_, e)| tokens(e)) else {
+        return Ok(());
+    };
+    Err(PreprocessError::OverTokenBudget {
+        item: what.clone(),
+        size: largest.size.clone(),
+        tokens: largest.tokens.unwrap_or(0),
+        total,
+        available: budget.available,
+    })
+}
+
+/// Placeholder tokens of an item already processed (a uuid cache hit).
+fn cached_tokens(processed: &ProcessedMedia, spec: &ModelMediaSpec) -> Option<usize> {
+    match &processed.tensor {
+        MediaTensor::Image(p) => {
+            let Some(ImageProcessor::Qwen2Vl(q)) = &spec.image else {
+                return None;
+            };
+            Some(media::tokens::vision(p.grid_thw?, q.merge_size))
+        }
+        MediaTensor::Video { frames, .. } => Some(media::tokens::vision(
+            frames.grid_thw?,
+            spec.video.as_ref()?.merge_size,
+        )),
+        MediaTensor::Audio(a) => Some(media::tokens::audio(a.valid_frames)),
+    }
+}
+
+/// An item's cost from its header (runs on the decode pool: a video's header needs FFmpeg).
+fn estimate_job(job: &Job) -> Option<Estimate> {
+    match (job.modality, &job.payload) {
+        (Modality::Image, Payload::Bytes(bytes)) => estimate::image(
+            bytes,
+            job.spec.image.as_ref()?,
+            &job.mm,
+            job.max_image_pixels,
+        ),
+        (Modality::Audio, Payload::Bytes(bytes)) => {
+            estimate::audio(bytes, job.mime.as_deref(), job.spec.audio.as_ref()?)
+        }
+        (Modality::Video, payload) => {
+            let q = job.spec.video.as_ref()?;
+            let opts = VideoIoOptions::from_kwargs(job.io.as_ref()).ok()?;
+            match payload {
+                Payload::Bytes(bytes) => {
+                    estimate::container(bytes, q, &job.mm, &opts, &job.video_limits)
+                }
+                Payload::JpegFrames(frames) => estimate::jpeg_frames(frames, q, &job.mm, &opts),
+            }
+        }
+        _ => None,
     }
 }
 

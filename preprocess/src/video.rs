@@ -275,6 +275,31 @@ pub fn sample_indices(total_frames: usize, source_fps: f64, opts: &VideoIoOption
         .collect()
 }
 
+/// What a container's header says about its video stream.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VideoHeader {
+    pub width: u32,
+    pub height: u32,
+    /// The stream's frame rate (FFmpeg's guess), 0 when unknown.
+    pub fps: f64,
+    /// The container's frame count, 0 when it has none.
+    pub claimed_frames: u64,
+}
+
+/// Reads a container's header (no frame is decoded); `None` when it cannot be read or
+/// FFmpeg is not compiled in.
+pub fn probe_video(bytes: &[u8], limits: &VideoLimits) -> Option<VideoHeader> {
+    #[cfg(feature = "video")]
+    {
+        decode::probe(bytes, limits).ok()
+    }
+    #[cfg(not(feature = "video"))]
+    {
+        let _ = (bytes, limits);
+        None
+    }
+}
+
 /// Decodes a video container (mp4, webm, mkv, avi, ...) from memory and keeps
 /// the frames [`sample_indices`] chooses. See the module doc for the caps.
 pub fn decode_video(
@@ -368,7 +393,7 @@ pub fn decode_jpeg_frames(
     })
 }
 
-fn jpeg_size(data: &[u8], index: usize) -> Result<(u32, u32), VideoError> {
+pub(crate) fn jpeg_size(data: &[u8], index: usize) -> Result<(u32, u32), VideoError> {
     if image::guess_format(data).ok() != Some(image::ImageFormat::Jpeg) {
         return Err(VideoError::NotJpeg { index });
     }

@@ -2,47 +2,22 @@
 //! kwargs, uuid caching (a miss is found before any fetch) and errors of the right kind.
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
-use std::io::Cursor;
+mod common;
+use common::{data_url, media_file, merged, png};
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use base64::Engine as _;
-use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
-use policies::{DeploymentDefaults, MediaUrlPolicy, MergedKwargs};
+use policies::{MediaUrlPolicy, MergedKwargs};
 use preprocess::audio::WhisperFeatureConfig;
 use preprocess::error::ErrorKind;
 use preprocess::image::{ClipConfig, ImageProcessor, Qwen2VlConfig};
 use preprocess::pipeline::{
-    MediaPipeline, MediaRequestItem, MediaTensor, ModelMediaSpec, PipelineConfig,
+    MediaPipeline, MediaRequestItem, MediaTensor, ModelMediaSpec, PipelineConfig, TokenBudget,
 };
 use preprocess::{Modality, PreprocessError};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpListener;
-
-fn png(w: u32, h: u32) -> Vec<u8> {
-    let img = RgbImage::from_fn(w, h, |x, y| Rgb([(x * 3) as u8, (y * 5) as u8, 77]));
-    let mut out = Cursor::new(Vec::new());
-    DynamicImage::ImageRgb8(img)
-        .write_to(&mut out, ImageFormat::Png)
-        .unwrap();
-    out.into_inner()
-}
-
-fn data_url(mime: &str, bytes: &[u8]) -> String {
-    format!(
-        "data:{mime};base64,{}",
-        base64::engine::general_purpose::STANDARD.encode(bytes)
-    )
-}
-
-fn media_file(name: &str) -> Vec<u8> {
-    std::fs::read(
-        std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("tests/media")
-            .join(name),
-    )
-    .unwrap()
-}
 
 /// Serves `body` as `ty` on every path, counting connections.
 async fn serve(ty: &'static str, body: Vec<u8>) -> (u16, Arc<AtomicUsize>) {
@@ -94,11 +69,6 @@ fn qwen_spec() -> ModelMediaSpec {
     }
 }
 
-fn merged(mm: Option<&str>, media: Option<&str>) -> MergedKwargs {
-    let defaults = DeploymentDefaults::from_json(mm, media).unwrap();
-    policies::merge(&defaults, None, None, false).unwrap()
-}
-
 fn item(modality: Modality, url: Option<String>, uuid: Option<&str>) -> MediaRequestItem {
     MediaRequestItem {
         modality,
@@ -121,7 +91,13 @@ async fn images_from_data_and_http_urls_become_patches() {
         ),
     ];
     let out = p
-        .process(&items, &merged(None, None), false, &qwen_spec())
+        .process(
+            &items,
+            &merged(None, None),
+            false,
+            &qwen_spec(),
+            TokenBudget::UNLIMITED,
+        )
         .await
         .unwrap();
     assert_eq!(hits.load(Ordering::SeqCst), 1);
@@ -144,7 +120,13 @@ async fn mm_processor_kwargs_change_the_token_count_and_the_hash() {
     let p = pipeline(MediaUrlPolicy::default());
     let items = [item(Modality::Image, Some(url), None)];
     let big = p
-        .process(&items, &merged(None, None), false, &qwen_spec())
+        .process(
+            &items,
+            &merged(None, None),
+            false,
+            &qwen_spec(),
+            TokenBudget::UNLIMITED,
+        )
         .await
         .unwrap();
     let small = p
@@ -153,6 +135,7 @@ async fn mm_processor_kwargs_change_the_token_count_and_the_hash() {
             &merged(Some(r#"{"max_pixels": 50176}"#), None),
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -180,6 +163,7 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
             &kw,
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap_err();
@@ -196,6 +180,7 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
             &kw,
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -206,6 +191,7 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
             &kw,
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -218,6 +204,7 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
             &kw,
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap_err();
@@ -234,9 +221,15 @@ async fn image_error(
     kw: &MergedKwargs,
     spec: &ModelMediaSpec,
 ) -> PreprocessError {
-    p.process(&[item(Modality::Image, Some(url), None)], kw, false, spec)
-        .await
-        .unwrap_err()
+    p.process(
+        &[item(Modality::Image, Some(url), None)],
+        kw,
+        false,
+        spec,
+        TokenBudget::UNLIMITED,
+    )
+    .await
+    .unwrap_err()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -281,6 +274,7 @@ async fn clip_models_get_fixed_size_tensors() {
             ),
             false,
             &spec,
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -306,6 +300,7 @@ async fn video_num_frames_changes_the_token_count() {
             &merged(None, Some(r#"{"video": {"num_frames": 4}}"#)),
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -315,6 +310,7 @@ async fn video_num_frames_changes_the_token_count() {
             &merged(None, Some(r#"{"video": {"num_frames": 8}}"#)),
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();
@@ -353,6 +349,7 @@ async fn audio_becomes_log_mel_features() {
             &merged(None, None),
             false,
             &qwen_spec(),
+            TokenBudget::UNLIMITED,
         )
         .await
         .unwrap();

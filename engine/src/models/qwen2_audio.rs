@@ -15,7 +15,7 @@ use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
-use crate::models::layers::{gelu_erf, LayerNorm, Linear};
+use crate::models::layers::{attend, gelu_erf, LayerNorm, Linear};
 
 /// `audio_config` of a Qwen2-Audio `config.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -289,7 +289,7 @@ impl AudioTower {
             Vec::new(),
             Vec::new(),
         );
-        let mut scores = vec![0f32; n * n];
+        let mut scores = Vec::new();
         for layer in &self.layers {
             layer.attn_norm.forward(&x, &mut h);
             layer.q.forward(&h, n, &mut q);
@@ -299,11 +299,8 @@ impl AudioTower {
             attn.resize(n * d, 0.0);
             for head in 0..heads {
                 let off = head * hd;
-                kernels::gemm_abt(n, n, hd, scale, &q[off..], d, &k[off..], d, &mut scores, n);
-                for row in scores.chunks_exact_mut(n) {
-                    kernels::ops::softmax(row);
-                }
-                kernels::gemm_ab(n, hd, n, &scores, n, &v[off..], d, &mut attn[off..], d);
+                let qkv = (&q[off..], &k[off..], &v[off..]);
+                attend(n, hd, scale, qkv, d, &mut attn[off..], d, &mut scores);
             }
             layer.o.forward(&attn, n, &mut tmp);
             x.iter_mut().zip(&tmp).for_each(|(a, b)| *a += b);

@@ -175,11 +175,11 @@ impl MonoBuffer {
     }
 }
 
-fn decode_mono(
-    bytes: &[u8],
+/// The container, probed from its header (nothing is decoded).
+fn open_format<'a>(
+    bytes: &'a [u8],
     mime_hint: Option<&str>,
-    max_duration_s: f64,
-) -> Result<DecodedAudio, AudioError> {
+) -> Result<Box<dyn FormatReader + 'a>, AudioError> {
     let mss = MediaSourceStream::new(
         Box::new(Cursor::new(bytes)),
         MediaSourceStreamOptions::default(),
@@ -187,14 +187,35 @@ fn decode_mono(
     let meta_opts = MetadataOptions::default()
         .limit_tag_bytes(Limit::Maximum(MAX_METADATA_BYTES))
         .limit_visual_bytes(Limit::Maximum(MAX_METADATA_BYTES));
-    let mut format: Box<dyn FormatReader + '_> = symphonia::default::get_probe()
+    symphonia::default::get_probe()
         .probe(
             &probe_hint(mime_hint),
             mss,
             FormatOptions::default(),
             meta_opts,
         )
-        .map_err(|e| AudioError::Decode(symphonia_message(&e)))?;
+        .map_err(|e| AudioError::Decode(symphonia_message(&e)))
+}
+
+/// What the container's header declares for its audio track: frames per channel and the
+/// sample rate. `None` when the header does not say (the decode then finds out).
+pub fn declared_frames(bytes: &[u8], mime_hint: Option<&str>) -> Option<(u64, u32)> {
+    catch_unwind(AssertUnwindSafe(|| {
+        let format = open_format(bytes, mime_hint).ok()?;
+        let track = format.default_track(TrackType::Audio)?;
+        let rate = track.codec_params.as_ref()?.audio()?.sample_rate?;
+        Some((track.num_frames?, check_rate(u64::from(rate)).ok()?))
+    }))
+    .ok()
+    .flatten()
+}
+
+fn decode_mono(
+    bytes: &[u8],
+    mime_hint: Option<&str>,
+    max_duration_s: f64,
+) -> Result<DecodedAudio, AudioError> {
+    let mut format = open_format(bytes, mime_hint)?;
 
     let track = format
         .default_track(TrackType::Audio)

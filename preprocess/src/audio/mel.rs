@@ -116,6 +116,15 @@ impl WhisperFeatureConfig {
         padded.saturating_sub(self.n_fft) / self.hop_length.max(1)
     }
 
+    /// Frames covering real audio for a clip of `samples` at [`Self::sample_rate`]: the
+    /// window's share of it, `ceil(len / hop)`, at most [`Self::n_frames`].
+    pub fn valid_frames(&self, samples: usize) -> usize {
+        samples
+            .min(self.n_samples())
+            .div_ceil(self.hop_length.max(1))
+            .min(self.n_frames())
+    }
+
     fn check(&self) -> Result<(), AudioError> {
         let bad = |key: &str, reason: String| {
             Err(AudioError::InvalidConfig {
@@ -377,7 +386,7 @@ impl MelPlan {
             data,
             n_mels,
             n_frames,
-            valid_frames: used.div_ceil(hop).min(n_frames),
+            valid_frames: cfg.valid_frames(used),
         }
     }
 }

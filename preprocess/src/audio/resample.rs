@@ -39,6 +39,17 @@ fn block_in(from: u32, to: u32) -> usize {
     chunks * min_in
 }
 
+/// Samples [`resample`] gives for `len` input samples: `round(len * to_rate / from_rate)`
+/// (`None` when that does not fit a `usize`).
+pub fn resampled_len(len: usize, from_rate: u32, to_rate: u32) -> Option<usize> {
+    if from_rate == to_rate || from_rate == 0 {
+        return Some(len);
+    }
+    // In integers: (2 * len * to + from) / (2 * from).
+    let (from, to) = (u128::from(from_rate), u128::from(to_rate));
+    usize::try_from((2 * len as u128 * to + from) / (2 * from)).ok()
+}
+
 /// Resamples mono `samples` from `from_rate` to `to_rate`.
 ///
 /// The output has `round(len * to_rate / from_rate)` samples; equal rates
@@ -52,10 +63,8 @@ pub fn resample(samples: &[f32], from_rate: u32, to_rate: u32) -> Result<Vec<f32
         return Ok(samples.to_vec());
     }
     let len = samples.len();
-    // round(len * to / from) in integers: (2 * len * to + from) / (2 * from).
-    let out_len = (2 * len as u128 * u128::from(to) + u128::from(from)) / (2 * u128::from(from));
-    let out_len = usize::try_from(out_len)
-        .map_err(|_| AudioError::Resample("the output would be too long".to_owned()))?;
+    let out_len = resampled_len(len, from, to)
+        .ok_or_else(|| AudioError::Resample("the output would be too long".to_owned()))?;
     if len == 0 || out_len == 0 {
         return Ok(Vec::new());
     }

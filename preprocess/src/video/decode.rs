@@ -42,8 +42,8 @@ use image::RgbImage;
 
 use super::demux::MemoryInput;
 use super::{
-    check_output, check_size, sample_indices, Deadline, DecodedVideo, VideoError, VideoIoOptions,
-    VideoLimits,
+    check_output, check_size, sample_indices, Deadline, DecodedVideo, VideoError, VideoHeader,
+    VideoIoOptions, VideoLimits,
 };
 
 /// What the container says about the video stream.
@@ -114,6 +114,20 @@ fn init_ffmpeg() {
             ffi::av_max_alloc(FFMPEG_MAX_ALLOC);
         }
     });
+}
+
+/// The stream's width, height, frame rate and the container's frame count (0 when it has
+/// none), from the header alone: no frame is decoded.
+pub(crate) fn probe(bytes: &[u8], limits: &VideoLimits) -> Result<VideoHeader, VideoError> {
+    init_ffmpeg();
+    let input = MemoryInput::open(bytes, Deadline::new(limits.time_budget), limits)?;
+    let info = stream_info(&input)?;
+    Ok(VideoHeader {
+        width: info.width,
+        height: info.height,
+        fps: info.fps,
+        claimed_frames: info.claimed_frames,
+    })
 }
 
 pub(crate) fn decode(

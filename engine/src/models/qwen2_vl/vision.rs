@@ -17,7 +17,7 @@ use serde_json::Value;
 
 use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
-use crate::models::layers::{gelu_erf, LayerNorm, Linear};
+use crate::models::layers::{attend, gelu_erf, LayerNorm, Linear};
 
 /// `vision_config` of a Qwen2-VL `config.json`.
 #[derive(Debug, Clone, PartialEq)]
@@ -261,6 +261,7 @@ impl VisionTower {
         let (mut h, mut qkv, mut attn, mut tmp, mut ff) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new(), Vec::new());
         let scale = 1.0 / (hd as f32).sqrt();
+        let mut scores = Vec::new();
         for blk in &self.blocks {
             blk.norm1.forward(&x, &mut h);
             blk.qkv.forward(&h, n, &mut qkv);
@@ -276,20 +277,13 @@ impl VisionTower {
             }
             attn.clear();
             attn.resize(n * d, 0.0);
-            let mut scores = Vec::new();
             for &(s0, len) in &segments {
-                scores.clear();
-                scores.resize(len * len, 0.0);
                 for head in 0..cfg.num_heads {
                     let q = &qkv[s0 * 3 * d + head * hd..];
                     let k = &qkv[s0 * 3 * d + d + head * hd..];
                     let v = &qkv[s0 * 3 * d + 2 * d + head * hd..];
-                    kernels::gemm_abt(len, len, hd, scale, q, 3 * d, k, 3 * d, &mut scores, len);
-                    for row in scores.chunks_exact_mut(len) {
-                        kernels::ops::softmax(row);
-                    }
                     let out = &mut attn[s0 * d + head * hd..];
-                    kernels::gemm_ab(len, hd, len, &scores, len, v, 3 * d, out, d);
+                    attend(len, hd, scale, (q, k, v), 3 * d, out, d, &mut scores);
                 }
             }
             blk.proj.forward(&attn, n, &mut tmp);
