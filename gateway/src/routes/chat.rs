@@ -406,7 +406,12 @@ async fn prepare_media(
             uuid: m.uuid.clone(),
         })
         .collect();
-    let processed = pipeline.process(&items, merged, trusted, spec).await?;
+    let budget = preprocess::budget::TokenBudget {
+        available: model.card().max_model_len.saturating_sub(ids.len()),
+    };
+    let processed = pipeline
+        .process(&items, merged, trusted, spec, budget)
+        .await?;
     Ok(model.prepare_media(ids, processed).await?)
 }
 
