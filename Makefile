@@ -3,6 +3,8 @@
 #   make test    fetch the default models, build, and run every test (incl. the contract suite)
 
 CARGO ?= cargo
+# Clean optimised builds gain nothing from incremental artefacts, which take gigabytes.
+export CARGO_INCREMENTAL ?= 0
 ARGS ?=
 
 .PHONY: serve test deps models nvrtc sdk build lint fmt bench-gate

@@ -2,7 +2,8 @@
 //! `tests/data/tiny-qwen2-audio`): an image, a video (a JPEG frame list) and an audio clip
 //! answer 200 with the prompt token counts of the reference processor; `num_frames` from a
 //! trusted deployment gives fewer tokens than the default; the same kwargs on a default
-//! deployment are the gate's 400, before any media is fetched.
+//! deployment are the gate's 400, before any media is fetched; a photo whose tokens cannot fit
+//! the context is a 400 from its header, before the server decodes or encodes it.
 
 mod common;
 
@@ -231,4 +232,53 @@ async fn images_videos_and_audio_through_http_on_the_tiny_models() {
         .unwrap_or_default()
         .to_string();
     assert!(msg.contains("tiny-audio") && msg.contains("image"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_photo_over_the_context_is_refused_from_its_header() {
+    let vl_path = workspace_root()
+        .join("tests/data/tiny-qwen2-vl")
+        .display()
+        .to_string();
+    // Images keep their size here: 4000x3000 would be 15,301 tokens (61,204 patches, whose
+    // whole attention matrix alone would be 15 GB), against a context of 4096.
+    let gw = must(
+        Gateway::start(&[
+            "--model",
+            &vl_path,
+            "--served-model-name",
+            "tiny-vl",
+            "--mm-processor-kwargs",
+            r#"{"max_pixels": 40000000}"#,
+        ])
+        .await,
+    );
+    let photo = image::RgbImage::from_fn(4000, 3000, |x, y| {
+        image::Rgb([(x / 16) as u8, (y / 12) as u8, ((x + y) / 28) as u8])
+    });
+    let mut png = Vec::new();
+    must(
+        photo
+            .write_to(&mut std::io::Cursor::new(&mut png), image::ImageFormat::Png)
+            .map_err(|e| e.to_string()),
+    );
+    drop(photo);
+    let part = json!({"type": "image_url", "image_url": {"url": data_url("image/png", &png)}});
+    let (status, body) = chat(&gw.base_url, "tiny-vl", part, "Describe it.", json!({})).await;
+    assert_eq!(status, 400, "{body}");
+    assert_eq!(body["error"]["param"], "messages", "{body}");
+    let msg = body["error"]["message"].as_str().unwrap_or_default();
+    assert!(
+        msg.starts_with("The image at index 0 (4000x3000 pixels) needs 15301 prompt tokens")
+            && msg.contains("tokens of the model's context are left for media"),
+        "{msg}"
+    );
+    // Decoding alone would hold 36 MB of RGB and 288 MB of patches.
+    if let Some(peak) = gw.peak_rss() {
+        eprintln!("gateway peak RSS {} MiB", peak >> 20);
+        assert!(
+            peak < 256 << 20,
+            "the gateway's peak RSS reached {peak} bytes"
+        );
+    }
 }

@@ -208,6 +208,14 @@ impl Gateway {
         }
     }
 
+    /// The server process's peak resident set (VmHWM), in bytes; `None` off Linux.
+    pub fn peak_rss(&self) -> Option<u64> {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
+        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
     /// Send SIGTERM and wait up to `limit` for the process to exit; its status, or `None`
     /// when it is still running at `limit`.
     pub async fn terminate(&mut self, limit: Duration) -> Option<ExitStatus> {
