@@ -25,12 +25,16 @@ use crate::model::{ActivationMode, LoadedDecoder, LoadedEncoder};
 use crate::scheduler::{Command, EngineStats, Shared, Submission};
 
 mod embed;
+mod front_door;
 mod load;
 mod media_worker;
 mod start;
 mod stream;
 
 use embed::EmbedJob;
+pub use front_door::{
+    off_reactor, Choice, Prompt, PromptOptions, PromptSource, Started, SubmitOptions,
+};
 use load::load;
 use media_worker::MediaWorker;
 use start::{start_decoder, start_encoder};

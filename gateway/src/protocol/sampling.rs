@@ -380,13 +380,9 @@ impl SamplingFields {
         self.n.unwrap_or(1).max(1) as usize
     }
 
-    /// The engine's sampling parameters; `max_tokens` already resolved against the context.
-    /// A 400 for a malformed structured-output or token-rule field.
-    pub fn to_params(
-        &self,
-        max_tokens: usize,
-        logprobs: Option<usize>,
-    ) -> ApiResult<SamplingParams> {
+    /// The engine's sampling parameters, but `max_tokens`: the engine's front door fits that
+    /// to each prompt's context. A 400 for a malformed structured-output or token-rule field.
+    pub fn to_params(&self, logprobs: Option<usize>) -> ApiResult<SamplingParams> {
         use super::structured;
         let d = SamplingParams::default();
         Ok(SamplingParams {
@@ -408,7 +404,7 @@ impl SamplingFields {
                 .as_ref()
                 .and_then(Number::as_i64)
                 .map(|s| s as u64),
-            max_tokens,
+            max_tokens: 0,
             min_tokens: self.min_tokens.unwrap_or(0).max(0) as usize,
             ignore_eos: self.ignore_eos.unwrap_or(false),
             stop_token_ids: self
@@ -554,12 +550,11 @@ mod tests {
     #[test]
     fn params_conversion() {
         let f = fields(r#"{"temperature": 0, "seed": 7, "stop": "x", "top_k": -1}"#);
-        let p = f.to_params(10, Some(2)).unwrap();
+        let p = f.to_params(Some(2)).unwrap();
         assert_eq!(p.temperature, 0.0);
         assert_eq!(p.seed, Some(7));
         assert_eq!(p.stop, vec!["x".to_string()]);
         assert_eq!(p.top_k, -1);
-        assert_eq!(p.max_tokens, 10);
         assert_eq!(p.logprobs, Some(2));
     }
 }

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use engine::api::{ChatTemplateOptions, StepLogprobs, Task};
-use engine::handle::ModelHandle;
+use engine::handle::{ModelHandle, PromptOptions, PromptSource, SubmitOptions};
 use futures::StreamExt;
 use serde_json::Value;
 
@@ -173,28 +173,36 @@ pub struct RenderOptions<'a> {
     pub tools: Option<&'a Value>,
 }
 
-/// Render the chat prompt with the model's template (or a trusted per-request one); the
-/// request's template kwargs win over the deployment's.
-pub fn render(
-    state: &AppState,
-    model: &ModelHandle,
-    messages: &[Value],
-    o: &RenderOptions<'_>,
-) -> ApiResult<String> {
+/// The template settings of a request: the request's template kwargs win over the
+/// deployment's.
+pub fn template_options(state: &AppState, o: &RenderOptions<'_>) -> ChatTemplateOptions {
     let mut template_kwargs = state.default_chat_template_kwargs.clone();
     if let Some(k) = o.kwargs {
         for (key, v) in k {
             template_kwargs.insert(key.clone(), v.clone());
         }
     }
-    let opts = ChatTemplateOptions {
+    ChatTemplateOptions {
         add_generation_prompt: o.add_generation_prompt,
         continue_final_message: o.continue_final_message,
         chat_template: o.chat_template.map(str::to_string),
         template_kwargs,
         tools: o.tools.cloned(),
-    };
-    Ok(model.render_chat(&Value::Array(messages.to_vec()), &opts)?)
+    }
+}
+
+/// Render the chat prompt with the model's template (or a trusted per-request one), for the
+/// routes that show or pool the rendered text.
+pub fn render(
+    state: &AppState,
+    model: &ModelHandle,
+    messages: &[Value],
+    o: &RenderOptions<'_>,
+) -> ApiResult<String> {
+    Ok(model.render_chat(
+        &Value::Array(messages.to_vec()),
+        &template_options(state, o),
+    )?)
 }
 
 pub async fn handler(
@@ -220,58 +228,49 @@ pub async fn handler(
             Some("truncate_prompt_tokens"),
         ));
     }
-    // (4) render and tokenize
+    // (4) render and tokenize (the engine's front door)
     let template_messages = if parsed.media.is_empty() {
         parsed.template_messages(&req.messages)
     } else {
         parsed.template_messages_with_media(&req.messages)
     };
-    let prompt = render(
-        &state,
-        &model,
-        &template_messages,
-        &RenderOptions {
-            add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
-            continue_final_message: req.continue_final_message.unwrap_or(false),
-            chat_template: req.chat_template.as_deref(),
-            kwargs: req.chat_template_kwargs.as_deref(),
-            tools: req.tools.as_deref(),
+    let prompt = model.prompt(
+        PromptSource::Chat {
+            messages: Value::Array(template_messages),
+            template: Box::new(template_options(
+                &state,
+                &RenderOptions {
+                    add_generation_prompt: req.add_generation_prompt.unwrap_or(true),
+                    continue_final_message: req.continue_final_message.unwrap_or(false),
+                    chat_template: req.chat_template.as_deref(),
+                    kwargs: req.chat_template_kwargs.as_deref(),
+                    tools: req.tools.as_deref(),
+                },
+            )),
+        },
+        PromptOptions {
+            add_special_tokens: req.add_special_tokens.unwrap_or(false),
+            truncate_prompt_tokens: req.sampling.truncate_prompt_tokens,
+            field: "messages",
         },
     )?;
-    generate::refuse_oversized_text(
-        &model,
-        prompt.len(),
-        req.sampling.truncate_prompt_tokens,
-        "messages",
-    )?;
-    let mut ids = generate::off_reactor(prompt.len(), || {
-        model.encode(&prompt, req.add_special_tokens.unwrap_or(false))
-    })?;
-    // (5) media: fetched and decoded under the merged kwargs, then the placeholders expanded
-    // and the encoders run (both off the async reactor).
+    // (5) media: fetched and decoded under the merged kwargs, refused from their headers past
+    // what the text leaves of the context
     let media = if parsed.media.is_empty() {
-        None
+        Vec::new()
     } else {
-        let (expanded, media) =
-            prepare_media(&state, &model, &parsed, &merged, trusted, ids).await?;
-        ids = expanded;
-        Some(media)
+        fetch_media(
+            &state,
+            &model,
+            &parsed,
+            &merged,
+            trusted,
+            model.media_budget(&prompt),
+        )
+        .await?
     };
-    let max_len = model.card().max_model_len;
-    generate::truncate_prompt(&mut ids, req.sampling.truncate_prompt_tokens, max_len)?;
-    let field = if req.max_completion_tokens.is_some() {
-        "max_completion_tokens"
-    } else {
-        "max_tokens"
-    };
-    let max_tokens = generate::resolve_max_tokens(
-        ids.len(),
-        req.max_completion_tokens.or(req.sampling.max_tokens),
-        max_len,
-        field,
-    )?;
-    // (6) model work
-    let mut params = req.sampling.to_params(max_tokens, logprobs)?;
+    // (6) structured outputs, checked before any work starts
+    let mut params = req.sampling.to_params(logprobs)?;
     generate::check_constraint(&model, &req.sampling).await?;
     let tool_mode = tools::mode(
         req.tool_choice.as_deref(),
@@ -288,10 +287,29 @@ pub async fn handler(
         generate::check_one(&model, c.clone(), "tool_choice").await?;
         params.constraint = Some(c);
     }
+    // (7) model work: placeholders expanded, encoders run, choices started
+    let started = model
+        .submit(
+            vec![prompt],
+            media,
+            SubmitOptions {
+                request_id: rid.to_string(),
+                params,
+                max_tokens: req.max_completion_tokens.or(req.sampling.max_tokens),
+                max_tokens_field: if req.max_completion_tokens.is_some() {
+                    "max_completion_tokens"
+                } else {
+                    "max_tokens"
+                },
+                n: req.sampling.n(),
+                cache_salt: req.sampling.cache_salt.clone(),
+            },
+        )
+        .await?;
+    let prompt_len = started.prompt_tokens.iter().sum();
+    let choices = started.choices;
 
     let id = format!("chatcmpl-{rid}");
-    let n = req.sampling.n();
-    let prompt_len = ids.len();
     // `include_reasoning: false` drops the reasoning the parser splits off.
     let include_reasoning = req.include_reasoning.as_deref() != Some(&Value::Bool(false));
     let echo = if req.echo == Some(true) {
@@ -299,15 +317,6 @@ pub async fn handler(
     } else {
         String::new()
     };
-    let choices = generate::submit(
-        &model,
-        &rid.to_string(),
-        &[ids],
-        &[params],
-        n,
-        req.sampling.cache_salt.as_deref(),
-        media.as_ref(),
-    )?;
     let served = model.card().name.clone();
     if req.sampling.stream == Some(true) {
         return Ok(stream_response(
@@ -379,16 +388,16 @@ pub async fn handler(
     .into_response())
 }
 
-/// Fetches and decodes the request's media with the model's processors; the engine expands
-/// the prompt's placeholders and runs the model's encoders on its media worker.
-async fn prepare_media(
+/// Fetches and decodes the request's media with the model's processors, refusing items whose
+/// headers show more tokens than `available`.
+async fn fetch_media(
     state: &AppState,
     model: &ModelHandle,
     parsed: &ParsedMessages,
     merged: &policies::MergedKwargs,
     trusted: bool,
-    ids: Vec<u32>,
-) -> ApiResult<(Vec<u32>, Arc<engine::api::PromptMedia>)> {
+    available: usize,
+) -> ApiResult<Vec<Arc<media::ProcessedMedia>>> {
     use preprocess::pipeline::MediaRequestItem;
     let (Some(pipeline), Some(spec)) = (&state.media, state.media_specs.get(&model.card().name))
     else {
@@ -406,13 +415,10 @@ async fn prepare_media(
             uuid: m.uuid.clone(),
         })
         .collect();
-    let budget = preprocess::budget::TokenBudget {
-        available: model.card().max_model_len.saturating_sub(ids.len()),
-    };
-    let processed = pipeline
+    let budget = preprocess::budget::TokenBudget { available };
+    Ok(pipeline
         .process(&items, merged, trusted, spec, budget)
-        .await?;
-    Ok(model.prepare_media(ids, processed).await?)
+        .await?)
 }
 
 pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprobs {

@@ -8,7 +8,7 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
 use engine::api::{StepLogprobs, Task};
-use engine::handle::ModelHandle;
+use engine::handle::{ModelHandle, PromptOptions, PromptSource, SubmitOptions};
 use futures::StreamExt;
 use serde_json::{Map, Value};
 
@@ -78,43 +78,21 @@ impl CompletionRequest {
     }
 }
 
-/// Prompts as token ids (text is encoded; id lists are checked against the vocabulary).
-fn tokenize_prompts(
-    model: &ModelHandle,
-    prompt: &PromptField,
-    truncate: Option<i64>,
-    add_special: bool,
-) -> ApiResult<Vec<Vec<u32>>> {
-    let vocab = model.vocab_size();
-    let encode = |t: &str| -> ApiResult<Vec<u32>> {
-        if t.is_empty() {
-            return Err(ApiError::bad_request(
-                "The prompt cannot be empty.",
-                Some("prompt"),
-            ));
-        }
-        generate::refuse_oversized_text(model, t.len(), truncate, "prompt")?;
-        Ok(model.encode(t, add_special)?)
-    };
+/// The request's prompts, as the engine's front door takes them. An empty prompt (or list)
+/// is refused here; the engine checks ids against the vocabulary and tokenises the texts.
+fn prompt_sources(prompt: &PromptField) -> ApiResult<Vec<PromptSource>> {
+    let empty = || ApiError::bad_request("The prompt cannot be empty.", Some("prompt"));
     match prompt {
-        PromptField::Text(t) => Ok(vec![encode(t)?]),
-        PromptField::Texts(ts) if ts.is_empty() => Err(ApiError::bad_request(
-            "The prompt cannot be empty.",
-            Some("prompt"),
-        )),
-        PromptField::Texts(ts) => ts.iter().map(|t| encode(t)).collect(),
-        PromptField::Ids(ids) if ids.is_empty() => Err(ApiError::bad_request(
-            "The prompt cannot be empty.",
-            Some("prompt"),
-        )),
-        PromptField::Ids(ids) => Ok(vec![generate::check_token_ids(ids, vocab, "prompt")?]),
-        PromptField::IdLists(lists) if lists.is_empty() || lists.iter().any(Vec::is_empty) => Err(
-            ApiError::bad_request("The prompt cannot be empty.", Some("prompt")),
-        ),
-        PromptField::IdLists(lists) => lists
-            .iter()
-            .map(|ids| generate::check_token_ids(ids, vocab, "prompt"))
-            .collect(),
+        PromptField::Text(t) if t.is_empty() => Err(empty()),
+        PromptField::Text(t) => Ok(vec![PromptSource::Text(t.clone())]),
+        PromptField::Texts(ts) if ts.is_empty() || ts.iter().any(String::is_empty) => Err(empty()),
+        PromptField::Texts(ts) => Ok(ts.iter().cloned().map(PromptSource::Text).collect()),
+        PromptField::Ids(ids) if ids.is_empty() => Err(empty()),
+        PromptField::Ids(ids) => Ok(vec![PromptSource::Ids(ids.clone())]),
+        PromptField::IdLists(lists) if lists.is_empty() || lists.iter().any(Vec::is_empty) => {
+            Err(empty())
+        }
+        PromptField::IdLists(lists) => Ok(lists.iter().cloned().map(PromptSource::Ids).collect()),
     }
 }
 
@@ -135,54 +113,44 @@ pub async fn handler(
             Some("prompt"),
         ));
     };
-    let max_len = model.card().max_model_len;
-    let text_bytes = match prompt {
-        PromptField::Text(t) => t.len(),
-        PromptField::Texts(ts) => ts.iter().map(String::len).sum(),
-        PromptField::Ids(_) | PromptField::IdLists(_) => 0,
+    let opts = PromptOptions {
+        add_special_tokens: req.add_special_tokens.unwrap_or(true),
+        truncate_prompt_tokens: req.sampling.truncate_prompt_tokens,
+        field: "prompt",
     };
-    let mut prompts = generate::off_reactor(text_bytes, || {
-        tokenize_prompts(
-            &model,
-            prompt,
-            req.sampling.truncate_prompt_tokens,
-            req.add_special_tokens.unwrap_or(true),
-        )
-    })?;
-    let mut params = Vec::with_capacity(prompts.len());
-    for ids in &mut prompts {
-        generate::truncate_prompt(ids, req.sampling.truncate_prompt_tokens, max_len)?;
-        let max_tokens = generate::resolve_max_tokens(
-            ids.len(),
-            req.sampling.max_tokens.or(Some(16)),
-            max_len,
-            "max_tokens",
-        )?;
-        params.push(req.sampling.to_params(max_tokens, logprobs)?);
-    }
+    let prompts = prompt_sources(prompt)?
+        .into_iter()
+        .map(|source| model.prompt(source, opts))
+        .collect::<Result<Vec<_>, _>>()?;
+    let params = req.sampling.to_params(logprobs)?;
     generate::check_constraint(&model, &req.sampling).await?;
 
     let id = format!("cmpl-{rid}");
-    let n = req.sampling.n();
     let echo = req.echo.unwrap_or(false);
     let echo_texts: Vec<String> = if echo {
         prompts
             .iter()
-            .map(|ids| model.decode(ids, false))
+            .map(|p| model.decode(p.ids(), false))
             .collect::<Result<_, _>>()?
     } else {
         Vec::new()
     };
-    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
-    let choices = generate::submit(
-        &model,
-        &rid.to_string(),
-        &prompts,
-        &params,
-        n,
-        req.sampling.cache_salt.as_deref(),
-        None,
-    )?;
+    let started = model
+        .submit(
+            prompts,
+            Vec::new(),
+            SubmitOptions {
+                request_id: rid.to_string(),
+                params,
+                max_tokens: req.sampling.max_tokens.or(Some(16)),
+                max_tokens_field: "max_tokens",
+                n: req.sampling.n(),
+                cache_salt: req.sampling.cache_salt.clone(),
+            },
+        )
+        .await?;
+    let prompt_tokens: usize = started.prompt_tokens.iter().sum();
+    let choices = started.choices;
     let served = model.card().name.clone();
     if req.sampling.stream == Some(true) {
         return Ok(stream_response(

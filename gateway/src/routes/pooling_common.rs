@@ -170,7 +170,7 @@ pub fn tokenize_texts(
 ) -> ApiResult<Vec<Vec<u32>>> {
     let add_special = fields.add_special_tokens.unwrap_or(true);
     let bytes = texts.iter().map(String::len).sum();
-    super::generate::off_reactor(bytes, || {
+    engine::handle::off_reactor(bytes, || {
         texts
             .iter()
             .map(|t| {
@@ -187,8 +187,7 @@ pub fn tokenize_input(
     input: &EmbedInput,
     fields: &PoolingFields,
 ) -> ApiResult<Vec<Vec<u32>>> {
-    let vocab = model.vocab_size();
-    let check = |ids: &[i64]| super::generate::check_token_ids(ids, vocab, "input");
+    let check = |ids: &[i64]| -> ApiResult<Vec<u32>> { Ok(model.token_ids(ids, "input")?) };
     match input {
         EmbedInput::Text(t) => tokenize_texts(model, std::slice::from_ref(t), fields),
         EmbedInput::Texts(ts) if ts.is_empty() => Err(ApiError::bad_request(

@@ -76,7 +76,7 @@ pub async fn tokenize_handler(
     let ids = match parsed {
         None => {
             let prompt = req.prompt.as_deref().unwrap_or_default();
-            super::generate::off_reactor(prompt.len(), || {
+            engine::handle::off_reactor(prompt.len(), || {
                 model.encode(prompt, req.add_special_tokens.unwrap_or(true))
             })?
         }
@@ -94,7 +94,7 @@ pub async fn tokenize_handler(
                     tools: req.tools.as_ref(),
                 },
             )?;
-            super::generate::off_reactor(text.len(), || {
+            engine::handle::off_reactor(text.len(), || {
                 model.encode(&text, req.add_special_tokens.unwrap_or(false))
             })?
         }
@@ -126,7 +126,7 @@ fn detokenize(state: Arc<AppState>, req: DetokenizeRequest) -> ApiResult<Respons
         None => resolve_model(&state, None, Task::Generate)
             .or_else(|_| resolve_model(&state, None, Task::Embed))?,
     };
-    let ids = super::generate::check_token_ids(&req.tokens, model.vocab_size(), "tokens")?;
+    let ids = model.token_ids(&req.tokens, "tokens")?;
     let prompt = model.decode(&ids, false)?;
     Ok(Json(DetokenizeResponse { prompt }).into_response())
 }
