@@ -10,6 +10,7 @@ use engine::api::{GenerateRequest, SamplingParams};
 use engine::device::DTypeRequest;
 use engine::handle::{EngineConfig, EngineHandle, ModelSpec};
 use engine::weight_cache::daemon::{hold_checkpoint, Daemon, Held, Status};
+use engine::weight_cache::protocol::Request;
 use engine::weight_cache::{CacheMode, LoadFormat, LoaderConfig};
 
 const NAME: &str = "smollm2";
@@ -240,5 +241,59 @@ fn a_removed_socket_is_a_part_that_exited() {
         std::thread::sleep(Duration::from_millis(50));
     }
     assert!(matches!(daemon.status(), Status::Exited(why) if why.contains("removed")));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A process of another user that reaches the socket (here through a folder and socket opened
+/// up on purpose, as a misconfiguration would) is refused by the peer-credential check: the
+/// daemon closes the connection without a word and hands nothing over. Needs root to run as
+/// another user; `protocol`'s unit tests cover the check itself everywhere.
+#[test]
+fn another_user_is_refused_by_peer_credentials() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("skipped: switching to another user needs root");
+        return;
+    }
+    let dir = tmpdir("other-user");
+    let daemon = Daemon::bind(&dir, NAME).unwrap();
+    let h = held();
+    // The request the daemon would answer with the weights, had the peer been allowed.
+    let request = serde_json::to_vec(&Request::Attach {
+        identity: h.identity.clone(),
+        mode: CacheMode::Copy,
+    })
+    .unwrap();
+    let mut frame = (request.len() as u32).to_le_bytes().to_vec();
+    frame.extend_from_slice(&request);
+    daemon.set_ready(h);
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o711)).unwrap();
+    std::fs::set_permissions(daemon.socket(), std::fs::Permissions::from_mode(0o666)).unwrap();
+    let script = "import socket, sys\n\
+        s = socket.socket(socket.AF_UNIX)\n\
+        s.connect(sys.argv[1])\n\
+        s.sendall(bytes.fromhex(sys.argv[2]))\n\
+        try:\n    got = s.recv(1)\n\
+        except ConnectionResetError:\n    got = b''\n\
+        print('REFUSED' if got == b'' else 'ANSWERED')\n";
+    let out = std::process::Command::new("python3")
+        .args(["-c", script])
+        .arg(daemon.socket())
+        .arg(frame.iter().map(|b| format!("{b:02x}")).collect::<String>())
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .expect("python3 runs as nobody");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(stdout.trim(), "REFUSED", "another user got an answer");
+    assert_eq!(daemon.attached(), 0);
+    assert_eq!(daemon.status(), Status::Ready);
+    daemon.shutdown(Some(Duration::ZERO));
     let _ = std::fs::remove_dir_all(&dir);
 }
