@@ -111,7 +111,7 @@ fn attach_once(
     protocol::send(&conn, &request, &[]).map_err(|e| unavailable("cannot write to", e))?;
     let (reply, fds) = protocol::recv::<Reply>(&conn).map_err(|e| match e.kind() {
         io::ErrorKind::UnexpectedEof => AttachError::Unavailable(format!(
-            "the daemon at {} closed the connection (another user's daemon refuses us)",
+            "the daemon at {} closed the connection without answering (it refuses processes of other users)",
             socket.display()
         )),
         _ => unavailable("no answer within connect_timeout_s from", e),
