@@ -366,6 +366,12 @@ impl GgufFile {
         Self::parse(file_name, Arc::new(mmap))
     }
 
+    /// Parse GGUF bytes already mapped (the weight cache's shared memory); `name` is the
+    /// file they came from, for messages.
+    pub fn from_map(name: String, mmap: Arc<Mmap>) -> Result<Self> {
+        Self::parse(name, mmap)
+    }
+
     fn parse(path: String, mmap: Arc<Mmap>) -> Result<Self> {
         let err = |reason: String| EngineError::load(&path, reason);
         let mut c = Cursor { buf: &mmap, pos: 0 };
@@ -593,8 +599,12 @@ impl GgufFile {
 
 /// Load a GGUF decoder checkpoint: tokenizer, chat template, special tokens and the model.
 pub fn load_decoder(path: &Path) -> Result<LoadedDecoder> {
+    decoder_from_gguf(GgufFile::open(path)?)
+}
+
+/// [`load_decoder`] over a parsed file, wherever its bytes are mapped from.
+pub fn decoder_from_gguf(gguf: GgufFile) -> Result<LoadedDecoder> {
     let t0 = Instant::now();
-    let gguf = GgufFile::open(path)?;
     let architecture = gguf
         .get_str("general.architecture")?
         .ok_or_else(|| gguf.error("missing metadata 'general.architecture'"))?

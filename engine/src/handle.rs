@@ -36,6 +36,7 @@ pub use front_door::{
     off_reactor, Choice, Prompt, PromptOptions, PromptSource, Started, SubmitOptions,
 };
 use load::load;
+pub(crate) use load::single_gguf;
 use media_worker::MediaWorker;
 use start::{start_decoder, start_encoder};
 pub use stream::GenerationStream;
@@ -62,6 +63,10 @@ pub struct EngineConfig {
     pub dtype: DTypeRequest,
     /// Share of GPU memory for weights, activations and KV (`--gpu-memory-utilization`).
     pub gpu_memory_utilization: f32,
+    /// Where weights come from (`--load-format`).
+    pub load_format: crate::weight_cache::LoadFormat,
+    /// `--model-loader-extra-config`, for `--load-format ipc_cache`.
+    pub loader: crate::weight_cache::LoaderConfig,
 }
 
 impl Default for EngineConfig {
@@ -79,6 +84,8 @@ impl Default for EngineConfig {
             device: DeviceRequest::Auto,
             dtype: DTypeRequest::Auto,
             gpu_memory_utilization: 0.9,
+            load_format: crate::weight_cache::LoadFormat::Auto,
+            loader: crate::weight_cache::LoaderConfig::default(),
         }
     }
 }
@@ -184,9 +191,10 @@ impl EngineHandle {
             )));
         }
         let mut loaded = Vec::with_capacity(models.len());
+        let device_label = device.label();
         for spec in models {
             tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
-            loaded.push((spec.clone(), load(&spec.path)?));
+            loaded.push((spec.clone(), load(spec, config, &device_label)?));
         }
         if let Device::Gpu(gpu) = &device {
             for (spec, model) in &mut loaded {

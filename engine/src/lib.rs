@@ -18,6 +18,7 @@
 //! - [`constraint`]: structured outputs (llguidance) and the other per-request token rules.
 //! - [`api`]: the request and output types the gateway uses.
 //! - [`handle`]: the engine handle the gateway holds.
+//! - [`weight_cache`]: the `preload` daemon and the `ipc_cache` loader.
 
 pub mod api;
 pub mod block_manager;
@@ -36,5 +37,6 @@ pub mod models;
 pub mod sampling;
 pub mod scheduler;
 pub mod tokenizer;
+pub mod weight_cache;
 
 pub use error::EngineError;

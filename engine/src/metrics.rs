@@ -14,6 +14,8 @@ pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
 pub const GPU_CACHE_USAGE_PERC: &str = "vllm:gpu_cache_usage_perc";
 /// An info series (value 1) whose labels say where each model runs and how its cache is cut.
 pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
+/// 1 per served model, labelled with the path that loaded its weights (`disk`, `ipc_cache`).
+pub const WEIGHTS_SOURCE: &str = "gateway:weights_source";
 pub const PREFIX_CACHE_QUERIES: &str = "vllm:prefix_cache_queries_total";
 pub const PREFIX_CACHE_HITS: &str = "vllm:prefix_cache_hits_total";
 pub const PROMPT_TOKENS: &str = "vllm:prompt_tokens_total";
@@ -71,6 +73,10 @@ pub fn describe() {
         GPU_CACHE_USAGE_PERC,
         Unit::Percent,
         "GPU KV-cache usage. 1 means 100 percent usage."
+    );
+    describe_gauge!(
+        WEIGHTS_SOURCE,
+        "Which path loaded each model's weights: label source is disk or ipc_cache."
     );
     describe_gauge!(
         CACHE_CONFIG_INFO,
@@ -253,4 +259,9 @@ impl ModelMetrics {
         .increment(1);
         self.e2e.record(e2e.as_secs_f64());
     }
+}
+
+/// Records which path loaded `model`'s weights.
+pub fn weights_source(model: &str, source: &'static str) {
+    metrics::gauge!(WEIGHTS_SOURCE, "model_name" => model.to_string(), "source" => source).set(1.0);
 }

@@ -25,6 +25,50 @@ pub enum Command {
     Serve(Box<ServeArgs>),
     /// Run the contract suite (trust gate and validation matrix) against a deployment.
     Contract(ContractArgs),
+    /// Load a model's weights once and hold them for `serve --load-format ipc_cache`.
+    Preload(PreloadArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct PreloadArgs {
+    /// The checkpoint to hold (a GGUF file). Without it, the default chat model.
+    #[arg(long = "model", value_name = "PATH")]
+    pub model: Option<String>,
+    /// The name `serve` gives the model (it finds this daemon by it); default: the path, or
+    /// the default chat model's name.
+    #[arg(long = "served-model-name", value_name = "NAME")]
+    pub served_model_name: Option<String>,
+    /// Must match the engines' `--dtype`.
+    #[arg(
+        long = "dtype",
+        value_name = "auto|bfloat16|float16|float32",
+        default_value = "auto"
+    )]
+    pub dtype: DTypeRequest,
+    /// Where the held weights live: `cpu` (shared memory). The CUDA cache is not built yet.
+    #[arg(long = "device", value_name = "cpu|cuda[:N]", default_value = "cpu")]
+    pub device: DeviceRequest,
+    /// The socket folder (created mode 0700); default `$XDG_RUNTIME_DIR/gateway-weight-cache`
+    /// or a per-user folder in the temp folder.
+    #[arg(long = "weight-cache-socket-dir", value_name = "DIR")]
+    pub socket_dir: Option<PathBuf>,
+    /// Health server host (only with --weight-cache-health-port).
+    #[arg(long = "weight-cache-health-host", default_value = "127.0.0.1")]
+    pub health_host: String,
+    /// Serve `GET /health` on this port: 200 once the weights are held and every part runs.
+    #[arg(long = "weight-cache-health-port")]
+    pub health_port: Option<u16>,
+    /// On SIGTERM with engines still attached, release the weights after this many seconds
+    /// anyway (default: wait until they detach).
+    #[arg(long = "force", value_name = "SECONDS")]
+    pub force: Option<f64>,
+    /// Where `scripts/fetch-models.sh` put the default models.
+    #[arg(
+        long = "models-cache",
+        env = "MODELS_CACHE",
+        default_value = "models-cache"
+    )]
+    pub models_cache: PathBuf,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -150,6 +194,18 @@ pub struct ServeArgs {
         default_value = "auto"
     )]
     pub dtype: DTypeRequest,
+    /// Where weights come from: `auto` (the checkpoint's own format), `safetensors`, `gguf`,
+    /// or `ipc_cache` (a `gateway preload` daemon on this machine).
+    #[arg(
+        long = "load-format",
+        value_name = "auto|safetensors|gguf|ipc_cache",
+        default_value = "auto"
+    )]
+    pub load_format: engine::weight_cache::LoadFormat,
+    /// Settings of `--load-format ipc_cache` as a JSON object: mode (zero_copy|copy),
+    /// fallback (bool), socket_dir, connect_timeout_s, state_timeout_s.
+    #[arg(long = "model-loader-extra-config", value_name = "JSON")]
+    pub model_loader_extra_config: Option<String>,
     /// Share of GPU memory this server may use for weights, activations and the KV cache.
     #[arg(long = "gpu-memory-utilization", default_value_t = 0.9)]
     pub gpu_memory_utilization: f32,

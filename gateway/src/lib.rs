@@ -18,6 +18,7 @@ pub mod error;
 pub mod http;
 pub mod parsers;
 pub mod policy;
+pub mod preload;
 pub mod protocol;
 pub mod routes;
 pub mod serve;

@@ -111,6 +111,13 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Contract(args) => rt.block_on(gateway::contract_cmd::run(args)),
+        Command::Preload(args) => match rt.block_on(gateway::preload::run(args)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                std::process::ExitCode::from(2)
+            }
+        },
     };
     // Whatever is still open after the drain (connections, blocking media work) is dropped,
     // not waited for.

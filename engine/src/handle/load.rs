@@ -2,16 +2,65 @@
 
 use std::path::Path;
 
-use super::LoadedModel;
+use super::{EngineConfig, LoadedModel, ModelSpec};
 use crate::error::{EngineError, Result};
+use crate::hf::CheckpointKind;
+use crate::weight_cache::{CacheRequest, LoadFormat, WeightsSource};
 
-/// Dispatch a model path to its loader.
-pub(super) fn load(path: &str) -> Result<LoadedModel> {
+/// Dispatch a model to its loader as `--load-format` says, and say which path loaded it (a
+/// log line and the weights-source gauge). `device` is where the model will run.
+pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Result<LoadedModel> {
+    let path = spec.path.as_str();
     let p = Path::new(path);
     if !p.exists() {
         return Err(EngineError::load(path, "no such file or directory"));
     }
-    match crate::hf::detect(p) {
+    let kind = crate::hf::detect(p);
+    let reason = match config.load_format {
+        LoadFormat::Auto => "load format auto".to_string(),
+        LoadFormat::Gguf if kind == CheckpointKind::Gguf => "load format gguf".to_string(),
+        LoadFormat::Safetensors
+            if matches!(kind, CheckpointKind::Encoder | CheckpointKind::Decoder) =>
+        {
+            "load format safetensors".to_string()
+        }
+        LoadFormat::Gguf | LoadFormat::Safetensors => {
+            return Err(EngineError::load(
+                path,
+                format!(
+                    "--load-format {} does not match this checkpoint",
+                    config.load_format
+                ),
+            ))
+        }
+        LoadFormat::IpcCache => {
+            let req = CacheRequest {
+                served_name: &spec.served_name,
+                config: &config.loader,
+                dtype: config.dtype,
+                device,
+            };
+            match crate::weight_cache::load_decoder(p, &req)? {
+                Ok((decoder, source)) => {
+                    announce(spec, &source);
+                    return Ok(LoadedModel::Decoder(decoder));
+                }
+                Err(why) => why,
+            }
+        }
+    };
+    let model = load_from_disk(path, p, kind)?;
+    announce(spec, &WeightsSource::Disk { reason });
+    Ok(model)
+}
+
+fn announce(spec: &ModelSpec, source: &WeightsSource) {
+    source.log(&spec.served_name);
+    crate::metrics::weights_source(&spec.served_name, source.label());
+}
+
+fn load_from_disk(path: &str, p: &Path, kind: CheckpointKind) -> Result<LoadedModel> {
+    match kind {
         crate::hf::CheckpointKind::Gguf => {
             let file = if p.is_dir() {
                 single_gguf(p)?
@@ -35,7 +84,7 @@ pub(super) fn load(path: &str) -> Result<LoadedModel> {
     }
 }
 
-fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
+pub(crate) fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
     let entries = std::fs::read_dir(dir)
         .map_err(|e| EngineError::load(dir.display().to_string(), e.to_string()))?;
     entries

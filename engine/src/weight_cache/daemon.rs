@@ -1,0 +1,378 @@
+//! The daemon side: load a checkpoint once into sealed memfds, and hand them to engines of the
+//! same user over a Unix socket. The gateway's `preload` command drives it (signals, health).
+
+use std::fs::File;
+use std::io;
+use std::os::fd::{AsFd, OwnedFd};
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::{Duration, Instant};
+
+use memmap2::Mmap;
+use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
+
+use super::identity::{describe_diffs, CacheIdentity, Role};
+use super::protocol::{self, check_peer, PartInfo, Reply, Request};
+use crate::device::DTypeRequest;
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+
+/// Weights held for engines: the identity and one sealed memfd per part.
+pub struct Held {
+    pub identity: CacheIdentity,
+    parts: Vec<(PartInfo, OwnedFd)>,
+}
+
+impl Held {
+    pub fn bytes(&self) -> u64 {
+        self.parts.iter().map(|(p, _)| p.len).sum()
+    }
+
+    /// The same memory under another identity (tests of the mismatch path).
+    pub fn with_identity(self, identity: CacheIdentity) -> Held {
+        Held { identity, ..self }
+    }
+}
+
+/// What the engine does to a checkpoint at load, done once here. For a GGUF decoder that is
+/// nothing to the matrices: the engine serves them in place, in their stored (quantised)
+/// types, from the file's bytes, and builds its small f32 vectors (norms) and the tokenizer
+/// from those bytes at every start. So the held result is the file's bytes, in a memfd that
+/// the engine maps where it would have mapped the file. Before holding, the decoder is built
+/// once from the memfd, so a checkpoint the engine would refuse is refused here.
+///
+/// Other checkpoints cannot be held: HF encoders (BERT) convert every tensor to owned f32
+/// buffers at load, which no shared map can stand in for.
+pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result<Held> {
+    let name = path.display().to_string();
+    if device != "cpu" {
+        return Err(EngineError::BackendUnavailable(format!(
+            "the CUDA weight cache is not built in this version: only --device cpu can be preloaded (asked: {device})"
+        )));
+    }
+    if dtype != DTypeRequest::Auto {
+        return Err(EngineError::BackendUnavailable(format!(
+            "--dtype {dtype} applies to GPU models; the CPU engine serves the checkpoint's stored types (use --dtype auto)"
+        )));
+    }
+    let file_path = gguf_file(path)?;
+    let started = Instant::now();
+    let on_disk = GgufFile::open(&file_path)?;
+    let identity = CacheIdentity::of_gguf(&on_disk, dtype, device, Role::Target)?;
+    drop(on_disk);
+    let fd = memfd_create(
+        "gateway-weights",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )
+    .map_err(|e| EngineError::load(&name, format!("memfd_create: {e}")))?;
+    let mut dst = File::from(fd);
+    let mut src = File::open(&file_path)
+        .map_err(|e| EngineError::load(&name, format!("cannot open: {e}")))?;
+    let len = io::copy(&mut src, &mut dst)
+        .map_err(|e| EngineError::load(&name, format!("cannot copy into shared memory: {e}")))?;
+    // Sealed: no one, the daemon included, can change or resize the bytes an engine maps.
+    fcntl_add_seals(
+        &dst,
+        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
+    )
+    .map_err(|e| EngineError::load(&name, format!("cannot seal the shared memory: {e}")))?;
+    // SAFETY: the memfd is sealed against writes and resizing, so the map cannot change.
+    let map = unsafe { Mmap::map(&dst) }
+        .map_err(|e| EngineError::load(&name, format!("cannot map the shared memory: {e}")))?;
+    let check = crate::gguf::decoder_from_gguf(GgufFile::from_map(
+        file_path.display().to_string(),
+        Arc::new(map),
+    )?)?;
+    drop(check);
+    let part = PartInfo {
+        name: file_path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default(),
+        len,
+    };
+    tracing::info!(
+        file = %name,
+        bytes = len,
+        identity = %identity,
+        elapsed_ms = started.elapsed().as_millis() as u64,
+        "weights held in shared memory"
+    );
+    Ok(Held {
+        identity,
+        parts: vec![(part, OwnedFd::from(dst))],
+    })
+}
+
+/// The GGUF file of a checkpoint path, or the reason it cannot be held.
+pub fn gguf_file(path: &Path) -> Result<PathBuf> {
+    let name = path.display().to_string();
+    match crate::hf::detect(path) {
+        crate::hf::CheckpointKind::Gguf if path.is_dir() => crate::handle::single_gguf(path),
+        crate::hf::CheckpointKind::Gguf => Ok(path.to_path_buf()),
+        crate::hf::CheckpointKind::Encoder => Err(EngineError::load(
+            name,
+            "the weight cache cannot hold HF encoder checkpoints (the engine converts their tensors to f32 buffers of its own at load); serve it with --load-format auto",
+        )),
+        crate::hf::CheckpointKind::Decoder => Err(EngineError::load(
+            name,
+            "the weight cache holds GGUF decoders only; this HF safetensors checkpoint cannot be held yet: serve it with --load-format auto",
+        )),
+        crate::hf::CheckpointKind::Unknown => Err(EngineError::load(
+            name,
+            "not a recognised model: expected a .gguf file or an HF folder with config.json",
+        )),
+    }
+}
+
+/// Where the daemon stands, for the health endpoint and the shutdown.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Status {
+    Loading,
+    Ready,
+    /// A part stopped (the load failed, the socket went away, or shutdown began).
+    Exited(String),
+}
+
+struct Shared {
+    held: RwLock<Option<Arc<Held>>>,
+    exited: Mutex<Option<String>>,
+    stopping: AtomicBool,
+    attached: AtomicUsize,
+    own_uid: u32,
+}
+
+impl Shared {
+    fn exit(&self, why: String) {
+        if let Ok(mut e) = self.exited.lock() {
+            e.get_or_insert(why);
+        }
+    }
+}
+
+/// A bound daemon socket and the weights behind it.
+pub struct Daemon {
+    shared: Arc<Shared>,
+    socket: PathBuf,
+    inode: u64,
+}
+
+impl Daemon {
+    /// Binds the socket for `served_name` in `dir` (mode 0600 in a 0700 folder) and starts
+    /// answering: `Loading` until [`Daemon::set_ready`].
+    pub fn bind(dir: &Path, served_name: &str) -> io::Result<Daemon> {
+        protocol::prepare_socket_dir(dir)?;
+        let socket = protocol::socket_path(dir, served_name);
+        if socket.exists() {
+            if UnixStream::connect(&socket).is_ok() {
+                return Err(io::Error::new(
+                    io::ErrorKind::AddrInUse,
+                    format!(
+                        "another daemon already serves '{served_name}' at {}",
+                        socket.display()
+                    ),
+                ));
+            }
+            std::fs::remove_file(&socket)?;
+        }
+        let listener = UnixListener::bind(&socket)?;
+        std::fs::set_permissions(&socket, std::fs::Permissions::from_mode(0o600))?;
+        let inode = std::fs::metadata(&socket)?.ino();
+        let shared = Arc::new(Shared {
+            held: RwLock::new(None),
+            exited: Mutex::new(None),
+            stopping: AtomicBool::new(false),
+            attached: AtomicUsize::new(0),
+            own_uid: rustix::process::getuid().as_raw(),
+        });
+        let accept_shared = shared.clone();
+        std::thread::Builder::new()
+            .name("weight-cache-accept".into())
+            .spawn(move || accept_loop(listener, accept_shared))?;
+        let watch_shared = shared.clone();
+        let watch_path = socket.clone();
+        std::thread::Builder::new()
+            .name("weight-cache-watch".into())
+            .spawn(move || watch_socket(&watch_path, inode, &watch_shared))?;
+        tracing::info!(socket = %socket.display(), model = served_name, "weight cache listening");
+        Ok(Daemon {
+            shared,
+            socket,
+            inode,
+        })
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    pub fn set_ready(&self, held: Held) {
+        if let Ok(mut h) = self.shared.held.write() {
+            *h = Some(Arc::new(held));
+        }
+    }
+
+    /// The load failed: engines are told why, health goes 503.
+    pub fn set_failed(&self, why: String) {
+        self.shared.exit(format!("loading failed: {why}"));
+    }
+
+    pub fn status(&self) -> Status {
+        if let Some(why) = self.shared.exited.lock().ok().and_then(|e| e.clone()) {
+            return Status::Exited(why);
+        }
+        match self.shared.held.read() {
+            Ok(h) if h.is_some() => Status::Ready,
+            _ => Status::Loading,
+        }
+    }
+
+    /// Engines holding an attachment now.
+    pub fn attached(&self) -> usize {
+        self.shared.attached.load(Ordering::SeqCst)
+    }
+
+    /// Stops taking engines (health turns 503, the socket is removed), then keeps the memory
+    /// until every attached engine detached, or `force` passed. Says which in the log.
+    pub fn shutdown(&self, force: Option<Duration>) -> usize {
+        self.shared.stopping.store(true, Ordering::SeqCst);
+        self.shared.exit("shutting down".into());
+        if std::fs::metadata(&self.socket).is_ok_and(|m| m.ino() == self.inode) {
+            let _ = std::fs::remove_file(&self.socket);
+        }
+        let started = Instant::now();
+        let mut said = false;
+        loop {
+            let n = self.attached();
+            if n == 0 {
+                tracing::info!("no engine attached: releasing the weights");
+                return 0;
+            }
+            if !said {
+                tracing::warn!(
+                    attached = n,
+                    force_s = force.map(|f| f.as_secs_f64()),
+                    "engines still map the weights (zero_copy): keeping them until they detach{}",
+                    if force.is_some() {
+                        " or the --force timeout passes"
+                    } else {
+                        " (set --force SECONDS to bound the wait)"
+                    }
+                );
+                said = true;
+            }
+            if force.is_some_and(|f| started.elapsed() >= f) {
+                tracing::warn!(
+                    attached = n,
+                    "--force timeout passed: releasing the weights with engines still attached (their own maps stay valid until they exit)"
+                );
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
+    for conn in listener.incoming() {
+        if shared.stopping.load(Ordering::SeqCst) {
+            break;
+        }
+        let Ok(conn) = conn else { continue };
+        let s = shared.clone();
+        let spawned = std::thread::Builder::new()
+            .name("weight-cache-conn".into())
+            .spawn(move || serve_engine(conn, &s));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start a connection thread: {e}");
+        }
+    }
+}
+
+/// A socket file removed (a temp cleaner, an operator) leaves the daemon unreachable while it
+/// looks alive: that is a part that exited, and health says so.
+fn watch_socket(path: &Path, inode: u64, shared: &Shared) {
+    while !shared.stopping.load(Ordering::SeqCst) {
+        if !std::fs::metadata(path).is_ok_and(|m| m.ino() == inode) {
+            tracing::error!(socket = %path.display(), "the socket file is gone: engines can no longer reach this cache");
+            shared.exit(format!("socket {} removed", path.display()));
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+fn serve_engine(conn: UnixStream, shared: &Shared) {
+    let peer = match rustix::net::sockopt::socket_peercred(&conn) {
+        Ok(p) => p,
+        Err(e) => {
+            tracing::warn!("refused a connection whose peer cannot be identified: {e}");
+            return;
+        }
+    };
+    if let Err(why) = check_peer(peer.uid.as_raw(), shared.own_uid) {
+        tracing::warn!(
+            peer_pid = peer.pid.as_raw_nonzero().get(),
+            "refused a connection: {why}"
+        );
+        return;
+    }
+    let peer_pid = peer.pid.as_raw_nonzero().get();
+    let _ = conn.set_read_timeout(Some(Duration::from_secs(10)));
+    let (identity, mode) = match protocol::recv::<Request>(&conn) {
+        Ok((Request::Attach { identity, mode }, _)) => (identity, mode),
+        Ok((other, _)) => {
+            tracing::debug!(peer_pid, ?other, "unexpected first request");
+            return;
+        }
+        Err(e) => {
+            tracing::debug!(peer_pid, "no request: {e}");
+            return;
+        }
+    };
+    let held = shared.held.read().ok().and_then(|h| h.clone());
+    let exited = shared.exited.lock().ok().and_then(|e| e.clone());
+    let reply_only = |reply: Reply| {
+        let _ = protocol::send(&conn, &reply, &[]);
+    };
+    let held = match (exited, held) {
+        (Some(reason), _) => return reply_only(Reply::Unavailable { reason }),
+        (None, None) => return reply_only(Reply::Loading),
+        (None, Some(h)) => h,
+    };
+    let diffs = held.identity.diff(&identity);
+    if !diffs.is_empty() {
+        tracing::info!(
+            peer_pid,
+            "an engine asked for other weights: {}",
+            describe_diffs(&diffs)
+        );
+        return reply_only(Reply::Mismatch { fields: diffs });
+    }
+    let fds: Vec<_> = held.parts.iter().map(|(_, fd)| fd.as_fd()).collect();
+    let reply = Reply::Ready {
+        pid: std::process::id(),
+        identity: held.identity.clone(),
+        parts: held.parts.iter().map(|(p, _)| p.clone()).collect(),
+    };
+    shared.attached.fetch_add(1, Ordering::SeqCst);
+    if let Err(e) = protocol::send(&conn, &reply, &fds) {
+        tracing::warn!(peer_pid, "cannot send the weights: {e}");
+    } else {
+        tracing::info!(peer_pid, mode = mode.as_str(), "engine attached");
+        // Attached until the engine detaches (copy mode, after copying) or its process ends.
+        let _ = conn.set_read_timeout(None);
+        loop {
+            match protocol::recv::<Request>(&conn) {
+                Ok((Request::Detach, _)) | Err(_) => break,
+                Ok(_) => {}
+            }
+        }
+        tracing::info!(peer_pid, mode = mode.as_str(), "engine detached");
+    }
+    drop(held);
+    shared.attached.fetch_sub(1, Ordering::SeqCst);
+}

