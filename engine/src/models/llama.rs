@@ -322,9 +322,12 @@ impl LlamaModel {
         validate_chunks(&self.cfg, batch, kv.block_size, kv.num_blocks)
     }
 
+    /// One step; `all_rows[i]` (when present) asks for chunk `i`'s logits at every token,
+    /// as [`CausalLm::forward_rows`] returns them.
     fn run(
         &self,
         batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
         kv: &mut PagedKvCache,
         s: &mut Scratch,
     ) -> Result<Vec<Option<Vec<f32>>>> {
@@ -499,21 +502,30 @@ impl LlamaModel {
             self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?;
         }
 
-        // Final norm and LM head for the chunks that want logits.
-        let wanted: Vec<usize> = batch
+        // Final norm and LM head for the rows whose logits are wanted: each chunk's last, or
+        // all of a chunk's rows for prompt logprobs.
+        let every = |ci: usize| all_rows.get(ci).copied().unwrap_or(false);
+        let wanted: Vec<(usize, std::ops::Range<usize>)> = batch
             .iter()
             .enumerate()
-            .filter(|(_, c)| c.want_logits)
-            .map(|(i, _)| i)
+            .filter_map(|(ci, c)| {
+                let end = spans[ci].row + spans[ci].len;
+                if every(ci) {
+                    Some((ci, spans[ci].row..end))
+                } else if c.want_logits {
+                    Some((ci, end - 1..end))
+                } else {
+                    None
+                }
+            })
             .collect();
         let mut results: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
-        if wanted.is_empty() {
+        let n: usize = wanted.iter().map(|(_, r)| r.len()).sum();
+        if n == 0 {
             return Ok(results);
         }
-        let n = wanted.len();
         let mut normed = vec![0f32; n * h];
-        for (j, &ci) in wanted.iter().enumerate() {
-            let t = spans[ci].row + spans[ci].len - 1;
+        for (j, t) in wanted.iter().flat_map(|(_, r)| r.clone()).enumerate() {
             ops::rmsnorm(
                 &s.x[t * h..(t + 1) * h],
                 &self.output_norm,
@@ -524,8 +536,15 @@ impl LlamaModel {
         let mut logits = vec![0f32; n * cfg.vocab];
         // The LM head sees only the logit rows: a prefill step's head is decode-sized.
         self.matmul(&normed, n, &self.output, &mut logits, false)?;
-        for (j, &ci) in wanted.iter().enumerate() {
-            results[ci] = Some(logits[j * cfg.vocab..(j + 1) * cfg.vocab].to_vec());
+        if let [(ci, _)] = wanted[..] {
+            results[ci] = Some(logits);
+            return Ok(results);
+        }
+        let mut at = 0;
+        for (ci, r) in wanted {
+            let len = r.len() * cfg.vocab;
+            results[ci] = Some(logits[at..at + len].to_vec());
+            at += len;
         }
         Ok(results)
     }
@@ -702,6 +721,14 @@ impl CausalLm for LlamaModel {
     }
 
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
+        self.forward_rows(batch, &[])
+    }
+
+    fn forward_rows(
+        &mut self,
+        batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -714,6 +741,6 @@ impl CausalLm for LlamaModel {
             .as_mut()
             .ok_or_else(|| EngineError::Internal("the KV cache is not allocated".into()))?;
         self.validate(batch, kv)?;
-        self.run(batch, kv, scratch)
+        self.run(batch, all_rows, kv, scratch)
     }
 }

@@ -420,6 +420,8 @@ impl SamplingFields {
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             logprobs,
+            // Resolved against the model by the route (`generate::resolve_prompt_logprobs`).
+            prompt_logprobs: None,
             constraint: structured::constraint(self)?.map(|(c, _)| c),
             logit_bias: structured::logit_bias(self)?,
             allowed_token_ids: structured::allowed_token_ids(self)?,
