@@ -2,13 +2,15 @@
 //! `n` sequences per prompt, collecting or streaming their output.
 
 use engine::api::{
-    Delta, Finish, FinishReason, GenerateRequest, SamplingParams, StepLogprobs, StopReason,
+    Delta, Finish, FinishReason, GenerateRequest, PromptLogprob, SamplingParams, StepLogprobs,
+    StopReason,
 };
 use engine::handle::{GenerationStream, ModelHandle};
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
+use crate::protocol::sampling::SamplingFields;
 
 /// Apply `truncate_prompt_tokens` (keep the last k tokens; -1 = the model's length).
 pub fn truncate_prompt(
@@ -165,6 +167,7 @@ pub struct Collected {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<StepLogprobs>,
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
     pub finish: Finish,
 }
 
@@ -172,8 +175,12 @@ pub async fn collect(mut c: Choice) -> ApiResult<Collected> {
     let mut text = String::new();
     let mut token_ids = Vec::new();
     let mut logprobs = Vec::new();
+    let mut prompt_logprobs = None;
     while let Some(delta) = c.stream.next().await {
         let delta = delta?;
+        if delta.prompt_logprobs.is_some() {
+            prompt_logprobs = delta.prompt_logprobs;
+        }
         text.push_str(&delta.text);
         token_ids.extend_from_slice(&delta.token_ids);
         logprobs.extend(delta.logprobs);
@@ -184,6 +191,7 @@ pub async fn collect(mut c: Choice) -> ApiResult<Collected> {
                 text,
                 token_ids,
                 logprobs,
+                prompt_logprobs,
                 finish,
             });
         }
@@ -237,6 +245,74 @@ pub fn stop_reason(f: &Finish) -> Option<Value> {
 }
 
 /// The text a single token decodes to, for logprobs.
+/// `prompt_logprobs` for `model`, as vLLM's engine checks it (the request's range and stream
+/// checks ran with the other fields): `-1` is the whole vocabulary, and more alternatives than
+/// `--max-logprobs` is vLLM's 400. Only the CPU decoder computes every prompt row's logits.
+/// A stream (which may only ask for 0) carries none, as vLLM's, so none are computed.
+pub fn resolve_prompt_logprobs(
+    sampling: &SamplingFields,
+    model: &ModelHandle,
+    max_logprobs: usize,
+) -> ApiResult<Option<usize>> {
+    let Some(k) = sampling.prompt_logprobs() else {
+        return Ok(None);
+    };
+    let k = if k == -1 {
+        model.vocab_size()
+    } else {
+        k.max(0) as usize
+    };
+    if k > max_logprobs {
+        return Err(ApiError::bad_request(
+            format!("Requested prompt logprobs of {k}, which is greater than max allowed: {max_logprobs}"),
+            Some("prompt_logprobs"),
+        ));
+    }
+    let device = &model.card().device;
+    if device != "cpu" {
+        return Err(ApiError::bad_request(
+            format!("`prompt_logprobs` is not supported for a model on {device}: the GPU decoder computes logits only for the rows it samples."),
+            Some("prompt_logprobs"),
+        ));
+    }
+    Ok((sampling.stream != Some(true)).then_some(k))
+}
+
+/// Prompt logprobs as vLLM writes them: per prompt token `null` (the first) or a map from
+/// token id to `{logprob, rank, decoded_token}` holding the prompt token, then its top-k
+/// alternatives (ranks 1..=k). A `-inf` logprob is written as -9999.0, as vLLM clamps it.
+pub fn prompt_logprobs_json(model: &ModelHandle, entries: &[Option<PromptLogprob>]) -> Value {
+    let entry = |id: u32, logprob: f32, rank: usize| {
+        let logprob = if logprob == f32::NEG_INFINITY {
+            -9999.0
+        } else {
+            logprob
+        };
+        serde_json::json!({
+            "logprob": logprob,
+            "rank": rank,
+            "decoded_token": token_text(model, id),
+        })
+    };
+    Value::Array(
+        entries
+            .iter()
+            .map(|e| match e {
+                None => Value::Null,
+                Some(e) => {
+                    let mut map = serde_json::Map::new();
+                    map.insert(e.token_id.to_string(), entry(e.token_id, e.logprob, e.rank));
+                    for (r, t) in e.top.iter().enumerate() {
+                        map.entry(t.id.to_string())
+                            .or_insert_with(|| entry(t.id, t.logprob, r + 1));
+                    }
+                    Value::Object(map)
+                }
+            })
+            .collect(),
+    )
+}
+
 pub fn token_text(model: &ModelHandle, id: u32) -> String {
     model
         .decode(&[id], false)
