@@ -58,13 +58,16 @@ fn reference(prompt: &[u32]) -> Vec<Vec<f64>> {
 }
 
 fn start(max_num_batched_tokens: usize) -> ModelHandle {
-    let cfg = EngineConfig {
+    start_with(EngineConfig {
         max_model_len: Some(256),
         kv_cache_tokens: Some(1024),
         max_num_batched_tokens,
         activation_mode: ActivationMode::F32,
         ..Default::default()
-    };
+    })
+}
+
+fn start_with(cfg: EngineConfig) -> ModelHandle {
     let spec = ModelSpec {
         path: model_path().display().to_string(),
         served_name: "smollm2".into(),
@@ -210,4 +213,52 @@ async fn prompt_logprobs_match_an_independent_log_softmax() {
     // A one-token prompt has the null entry only.
     let one = run(&whole, &prompt[..1], Some(K)).await.entries.unwrap();
     assert_eq!(one, vec![None]);
+}
+
+/// A sequence preempted in the middle of its prefill (the KV cache holds 64 tokens, two
+/// 37-token prompts run in chunks of 8) is recomputed later: its entries are still each
+/// position's once, and the reference's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_survive_preemption() {
+    let m = start_with(EngineConfig {
+        max_model_len: Some(64),
+        kv_cache_tokens: Some(64),
+        max_num_batched_tokens: 8,
+        activation_mode: ActivationMode::F32,
+        ..Default::default()
+    });
+    let prompt = m.encode(PROMPT, false).unwrap();
+    let want = reference(&prompt);
+    let request = |id: &str| GenerateRequest {
+        request_id: id.into(),
+        prompt_ids: prompt.clone(),
+        params: SamplingParams {
+            temperature: 0.0,
+            max_tokens: 20,
+            ignore_eos: true,
+            prompt_logprobs: Some(K),
+            ..Default::default()
+        },
+        cache_salt: None,
+        media: None,
+    };
+    let streams = [
+        m.generate(request("a")).unwrap(),
+        m.generate(request("b")).unwrap(),
+    ];
+    for (i, mut stream) in streams.into_iter().enumerate() {
+        let mut entries = None;
+        while let Some(d) = stream.next().await {
+            let d = d.unwrap();
+            if d.prompt_logprobs.is_some() {
+                assert!(entries.is_none(), "sent once");
+                entries = d.prompt_logprobs;
+            }
+        }
+        check_against(&entries.unwrap(), &prompt, &want, &format!("sequence {i}"));
+    }
+    assert!(
+        m.engine_stats().unwrap().preemptions >= 1,
+        "the second sequence was not preempted: the test does not test it"
+    );
 }
