@@ -244,7 +244,6 @@ pub fn stop_reason(f: &Finish) -> Option<Value> {
     }
 }
 
-/// The text a single token decodes to, for logprobs.
 /// `prompt_logprobs` for `model`, as vLLM's engine checks it (the request's range and stream
 /// checks ran with the other fields): `-1` is the whole vocabulary, and more alternatives than
 /// `--max-logprobs` is vLLM's 400. Only the CPU decoder computes every prompt row's logits.
@@ -268,6 +267,9 @@ pub fn resolve_prompt_logprobs(
             Some("prompt_logprobs"),
         ));
     }
+    if sampling.stream == Some(true) {
+        return Ok(None);
+    }
     let device = &model.card().device;
     if device != "cpu" {
         return Err(ApiError::bad_request(
@@ -275,7 +277,7 @@ pub fn resolve_prompt_logprobs(
             Some("prompt_logprobs"),
         ));
     }
-    Ok((sampling.stream != Some(true)).then_some(k))
+    Ok(Some(k))
 }
 
 /// Prompt logprobs as vLLM writes them: per prompt token `null` (the first) or a map from
@@ -313,6 +315,7 @@ pub fn prompt_logprobs_json(model: &ModelHandle, entries: &[Option<PromptLogprob
     )
 }
 
+/// The text a single token decodes to, for logprobs.
 pub fn token_text(model: &ModelHandle, id: u32) -> String {
     model
         .decode(&[id], false)
