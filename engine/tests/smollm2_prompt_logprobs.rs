@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::api::{GenerateRequest, PromptLogprob, SamplingParams};
+use engine::api::{GenerateRequest, PromptLogprob, SamplingParams, StepLogprobs};
 use engine::gguf::load_decoder;
 use engine::handle::{EngineConfig, EngineHandle, ModelHandle, ModelSpec};
 use engine::model::{ActivationMode, KvBudget, SeqChunk};
@@ -58,11 +58,15 @@ fn reference(prompt: &[u32]) -> Vec<Vec<f64>> {
 }
 
 fn start(max_num_batched_tokens: usize) -> ModelHandle {
+    start_in(max_num_batched_tokens, ActivationMode::F32)
+}
+
+fn start_in(max_num_batched_tokens: usize, activation_mode: ActivationMode) -> ModelHandle {
     start_with(EngineConfig {
         max_model_len: Some(256),
         kv_cache_tokens: Some(1024),
         max_num_batched_tokens,
-        activation_mode: ActivationMode::F32,
+        activation_mode,
         ..Default::default()
     })
 }
@@ -84,6 +88,7 @@ async fn run(m: &ModelHandle, prompt: &[u32], prompt_logprobs: Option<usize>) ->
         params: SamplingParams {
             temperature: 0.0,
             max_tokens: 2,
+            logprobs: Some(2),
             prompt_logprobs,
             ..Default::default()
         },
@@ -102,6 +107,7 @@ async fn run(m: &ModelHandle, prompt: &[u32], prompt_logprobs: Option<usize>) ->
             assert!(d.prompt_logprobs.is_none(), "only the first delta has them");
         }
         got.tokens.extend(d.token_ids);
+        got.steps.extend(d.logprobs);
         if let Some(f) = d.finish {
             got.cached = f.cached_tokens;
         }
@@ -113,6 +119,7 @@ async fn run(m: &ModelHandle, prompt: &[u32], prompt_logprobs: Option<usize>) ->
 struct Got {
     entries: Option<Vec<Option<PromptLogprob>>>,
     tokens: Vec<u32>,
+    steps: Vec<StepLogprobs>,
     cached: usize,
 }
 
@@ -261,4 +268,21 @@ async fn prompt_logprobs_survive_preemption() {
         m.engine_stats().unwrap().preemptions >= 1,
         "the second sequence was not preempted: the test does not test it"
     );
+}
+
+/// Asking for prompt logprobs does not change what is sampled, even in the quantised mode
+/// whose LM head path depends on how many rows it runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_leave_the_generation_unchanged_in_q8() {
+    let m = start_in(2048, ActivationMode::Q8);
+    let prompt = m.encode(PROMPT, false).unwrap();
+    let plain = run(&m, &prompt, None).await;
+    let with = run(&m, &prompt, Some(K)).await;
+    assert_eq!(with.cached, 0);
+    assert_eq!(plain.tokens, with.tokens);
+    assert_eq!(
+        plain.steps, with.steps,
+        "the sampled steps' logprobs are bit-identical"
+    );
+    assert_eq!(with.entries.unwrap().len(), prompt.len());
 }

@@ -502,51 +502,76 @@ impl LlamaModel {
             self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?;
         }
 
-        // Final norm and LM head for the rows whose logits are wanted: each chunk's last, or
-        // all of a chunk's rows for prompt logprobs.
+        // Final norm and LM head for the rows whose logits are wanted: each sampling chunk's
+        // last row, then the other rows of the chunks that want all of theirs (prompt
+        // logprobs). The sampling rows go through the head on their own, as in a step without
+        // prompt logprobs: the quantised path depends on the row count, and asking for prompt
+        // logprobs must not change what is sampled.
         let every = |ci: usize| all_rows.get(ci).copied().unwrap_or(false);
-        let wanted: Vec<(usize, std::ops::Range<usize>)> = batch
-            .iter()
-            .enumerate()
-            .filter_map(|(ci, c)| {
-                let end = spans[ci].row + spans[ci].len;
-                if every(ci) {
-                    Some((ci, spans[ci].row..end))
-                } else if c.want_logits {
-                    Some((ci, end - 1..end))
-                } else {
-                    None
-                }
+        let sampling: Vec<usize> = (0..batch.len())
+            .filter(|&ci| batch[ci].want_logits)
+            .collect();
+        let extra: Vec<(usize, std::ops::Range<usize>)> = (0..batch.len())
+            .filter(|&ci| every(ci))
+            .map(|ci| {
+                let end = spans[ci].row + spans[ci].len - usize::from(batch[ci].want_logits);
+                (ci, spans[ci].row..end)
             })
             .collect();
+        let last_rows: Vec<usize> = sampling
+            .iter()
+            .map(|&ci| spans[ci].row + spans[ci].len - 1)
+            .collect();
+        let sampled = self.lm_head(s, &last_rows)?;
+        let extra_rows: Vec<usize> = extra.iter().flat_map(|(_, r)| r.clone()).collect();
+        let mut rows = self.lm_head(s, &extra_rows)?;
+        let vocab = cfg.vocab;
         let mut results: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
-        let n: usize = wanted.iter().map(|(_, r)| r.len()).sum();
-        if n == 0 {
-            return Ok(results);
-        }
-        let mut normed = vec![0f32; n * h];
-        for (j, t) in wanted.iter().flat_map(|(_, r)| r.clone()).enumerate() {
-            ops::rmsnorm(
-                &s.x[t * h..(t + 1) * h],
-                &self.output_norm,
-                cfg.eps,
-                &mut normed[j * h..(j + 1) * h],
-            );
-        }
-        let mut logits = vec![0f32; n * cfg.vocab];
-        // The LM head sees only the logit rows: a prefill step's head is decode-sized.
-        self.matmul(&normed, n, &self.output, &mut logits, false)?;
-        if let [(ci, _)] = wanted[..] {
-            results[ci] = Some(logits);
+        if let ([ci], []) = (&sampling[..], &extra[..]) {
+            results[*ci] = Some(sampled);
             return Ok(results);
         }
         let mut at = 0;
-        for (ci, r) in wanted {
-            let len = r.len() * cfg.vocab;
-            results[ci] = Some(logits[at..at + len].to_vec());
-            at += len;
+        for (ci, r) in extra {
+            let mut mine = if at == 0 && r.len() * vocab == rows.len() {
+                std::mem::take(&mut rows)
+            } else {
+                rows[at * vocab..(at + r.len()) * vocab].to_vec()
+            };
+            at += r.len();
+            if let Ok(j) = sampling.binary_search(&ci) {
+                mine.extend_from_slice(&sampled[j * vocab..(j + 1) * vocab]);
+            }
+            results[ci] = Some(mine);
+        }
+        for (j, &ci) in sampling.iter().enumerate() {
+            if results[ci].is_none() {
+                results[ci] = Some(sampled[j * vocab..(j + 1) * vocab].to_vec());
+            }
         }
         Ok(results)
+    }
+
+    /// The final norm and the LM head over rows `rows` of the step's hidden states: one
+    /// logits row each, in that order.
+    fn lm_head(&self, s: &Scratch, rows: &[usize]) -> Result<Vec<f32>> {
+        let (h, n) = (self.cfg.hidden, rows.len());
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut normed = vec![0f32; n * h];
+        for (j, &t) in rows.iter().enumerate() {
+            ops::rmsnorm(
+                &s.x[t * h..(t + 1) * h],
+                &self.output_norm,
+                self.cfg.eps,
+                &mut normed[j * h..(j + 1) * h],
+            );
+        }
+        let mut logits = vec![0f32; n * self.cfg.vocab];
+        // The LM head sees only the logit rows: a prefill step's head is decode-sized.
+        self.matmul(&normed, n, &self.output, &mut logits, false)?;
+        Ok(logits)
     }
 }
 
