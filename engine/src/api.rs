@@ -52,6 +52,11 @@ pub struct SamplingParams {
     pub skip_special_tokens: bool,
     /// `Some(k)`: report the chosen token's logprob and the top `k` alternatives.
     pub logprobs: Option<usize>,
+    /// `Some(k)`: report, for every prompt token after the first, its logprob and rank under
+    /// the model's distribution at the previous position, with the top `k` alternatives (the
+    /// gateway resolves vLLM's `-1` to the vocabulary size). Such a prompt is computed in full:
+    /// it takes no blocks from the prefix cache.
+    pub prompt_logprobs: Option<usize>,
     /// Structured output: a grammar the generated text must match.
     pub constraint: Option<Constraint>,
     /// `(token id, bias)` pairs added to the logits (the gateway checks -100..=100; the engine
@@ -105,6 +110,7 @@ impl Default for SamplingParams {
             include_stop_str_in_output: false,
             skip_special_tokens: true,
             logprobs: None,
+            prompt_logprobs: None,
             constraint: None,
             logit_bias: Vec::new(),
             allowed_token_ids: None,
@@ -221,6 +227,17 @@ pub struct StepLogprobs {
     pub top: Vec<TokenLogprob>,
 }
 
+/// One prompt token's logprob facts (vLLM's prompt `Logprob` entries).
+#[derive(Debug, Clone, PartialEq)]
+pub struct PromptLogprob {
+    pub token_id: u32,
+    pub logprob: f32,
+    /// 1 + the number of other tokens at least as likely (vLLM's rank: ties count ahead).
+    pub rank: usize,
+    /// The top-k alternatives, best first; the i-th has rank i + 1.
+    pub top: Vec<TokenLogprob>,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
@@ -260,6 +277,9 @@ pub struct Delta {
     pub token_ids: Vec<u32>,
     /// Aligned with `token_ids` when logprobs were requested, else empty.
     pub logprobs: Vec<StepLogprobs>,
+    /// On the first delta when prompt logprobs were requested: one entry per prompt token,
+    /// the first `None` (nothing predicts it).
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
     /// Set on the last delta of the sequence.
     pub finish: Option<Finish>,
 }

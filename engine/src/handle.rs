@@ -496,6 +496,15 @@ impl ModelHandle {
                 Some("prompt"),
             ));
         }
+        if req.params.prompt_logprobs.is_some() && self.inner.card.device != "cpu" {
+            return Err(EngineError::invalid(
+                format!(
+                    "prompt_logprobs are not supported for a model on {}: the GPU decoder computes logits only for the rows it samples",
+                    self.inner.card.device
+                ),
+                Some("prompt_logprobs"),
+            ));
+        }
         let rules =
             crate::constraint::prepare(&req.params, &self.inner.tokenizer, d.model_vocab, || {
                 self.guides(d)

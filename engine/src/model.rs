@@ -237,6 +237,54 @@ pub trait CausalLm: Send {
         let logits = forward_with_masks(batch, requests, |batch| self.forward(batch))?;
         Ok(sample_on_host(logits, requests, eos, rng))
     }
+
+    /// As [`CausalLm::forward`], except that a chunk whose `all_rows` entry is set returns the
+    /// logits of every one of its tokens (`tokens.len() x vocab_size`, row-major, whatever its
+    /// `want_logits`): prompt logprobs. Models that cannot say so.
+    fn forward_rows(
+        &mut self,
+        batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let _ = (batch, all_rows);
+        Err(EngineError::BackendUnavailable(format!(
+            "prompt logprobs are not implemented for this model on {}",
+            self.device()
+        )))
+    }
+
+    /// As [`CausalLm::step`], also returning the rows of [`CausalLm::forward_rows`] for the
+    /// chunks whose `all_rows` entry is set (`None` for the others). Requests sample from the
+    /// last row of their chunk.
+    #[allow(clippy::type_complexity)]
+    fn step_with_rows(
+        &mut self,
+        batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
+        requests: &mut [SampleRequest<'_>],
+        eos: &[u32],
+        rng: &mut StdRng,
+    ) -> Result<(Vec<Result<Sampled>>, Vec<Option<Vec<f32>>>)> {
+        let mut out =
+            forward_with_masks(batch, requests, |batch| self.forward_rows(batch, all_rows))?;
+        let vocab = self.info().vocab_size;
+        let mut last: Vec<Option<Vec<f32>>> = vec![None; out.len()];
+        let mut rows: Vec<Option<Vec<f32>>> = vec![None; out.len()];
+        for (i, o) in out.iter_mut().enumerate() {
+            if all_rows.get(i).copied().unwrap_or(false) {
+                let all = o.take();
+                if batch[i].want_logits {
+                    last[i] = all
+                        .as_deref()
+                        .and_then(|a| a.len().checked_sub(vocab).map(|at| a[at..].to_vec()));
+                }
+                rows[i] = all;
+            } else {
+                last[i] = o.take();
+            }
+        }
+        Ok((sample_on_host(last, requests, eos, rng), rows))
+    }
 }
 
 /// Runs `forward` while the structured-output masks of the guided requests are computed on

@@ -27,7 +27,7 @@ use rand::{Rng, SeedableRng};
 
 use kernels::gpu::ops::{SampleParams, SampleRow, SampledRow};
 
-use crate::api::{SamplingParams, StepLogprobs, TokenLogprob};
+use crate::api::{PromptLogprob, SamplingParams, StepLogprobs, TokenLogprob};
 use crate::constraint::TokenRules;
 use crate::error::{EngineError, Result};
 
@@ -95,6 +95,43 @@ pub fn top_k_indices(values: &[f32], k: usize) -> Vec<(u32, f32)> {
     }
     pairs.sort_unstable_by(total_cmp_desc);
     pairs
+}
+
+/// A prompt token's entry from the logits of the position before it: its raw logprob, its
+/// rank (vLLM's: 1 + the tokens at least as likely, itself excluded) and the top `k`
+/// alternatives, all from the same `log_softmax` as the sampled tokens' logprobs.
+pub fn prompt_logprob(logits: &[f32], token: u32, k: usize) -> Result<PromptLogprob> {
+    let (max, lse) = log_normaliser(logits)
+        .ok_or_else(|| EngineError::Internal("the model produced no finite logit".into()))?;
+    let logprob_of = |v: f32| {
+        if v.is_nan() {
+            f32::NEG_INFINITY
+        } else {
+            (v as f64 - max - lse) as f32
+        }
+    };
+    let own = logits
+        .get(token as usize)
+        .copied()
+        .ok_or_else(|| EngineError::Internal(format!("prompt token {token} is past the logits")))?;
+    let rank = if own.is_nan() {
+        logits.len()
+    } else {
+        logits.iter().filter(|&&v| v >= own).count().max(1)
+    };
+    let top = top_k_indices(logits, k)
+        .into_iter()
+        .map(|(id, v)| TokenLogprob {
+            id,
+            logprob: logprob_of(v),
+        })
+        .collect();
+    Ok(PromptLogprob {
+        token_id: token,
+        logprob: logprob_of(own),
+        rank,
+        top,
+    })
 }
 
 /// Index of the largest value (first on ties), ignoring NaN; `None` if nothing is finite.
@@ -652,6 +689,25 @@ mod tests {
         assert_eq!(lp.top[0].id, 0);
         assert!((lp.top[0].logprob as f64 - (2.0 - lse)).abs() < 1e-6);
         assert_eq!(lp.top[1].id, 1);
+    }
+
+    #[test]
+    fn prompt_logprob_ranks_the_token_among_the_raw_distribution() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0];
+        let lse = logits.iter().map(|&v| (v as f64).exp()).sum::<f64>().ln();
+        let e = prompt_logprob(&logits, 2, 2).unwrap();
+        assert_eq!(e.token_id, 2);
+        assert!((e.logprob as f64 - (2.0 - lse)).abs() < 1e-6);
+        // Both 3.0s rank ahead of it.
+        assert_eq!(e.rank, 3);
+        let ids: Vec<u32> = e.top.iter().map(|t| t.id).collect();
+        assert_eq!(ids, vec![1, 3]);
+        assert!((e.top[0].logprob as f64 - (3.0 - lse)).abs() < 1e-6);
+        // A tie with the best counts the tie ahead; k = 0 still reports the token.
+        let tied = prompt_logprob(&logits, 3, 0).unwrap();
+        assert_eq!(tied.rank, 2);
+        assert!(tied.top.is_empty());
+        assert!(prompt_logprob(&logits, 4, 1).is_err());
     }
 
     #[test]

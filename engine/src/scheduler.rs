@@ -9,7 +9,9 @@
 //!    chunk of an unfinished prefill), then waiting sequences while there is token budget
 //!    (`max_num_batched_tokens`), room in the running batch (`max_num_active_seqs`) and KV
 //!    blocks. A new sequence first takes the cached blocks of its longest cached prompt prefix
-//!    (at least its last prompt token is always computed, to get logits). When a running
+//!    (at least its last prompt token is always computed, to get logits; a sequence that asks
+//!    for prompt logprobs takes none, as it needs every prompt position's logits, and runs its
+//!    prefill in chunks of at most `PROMPT_LOGPROB_ROWS` tokens). When a running
 //!    sequence needs a block and none is free, the youngest running sequence is preempted: its
 //!    blocks are freed and it goes back to the front of the queue, to be recomputed later with
 //!    its generated tokens as part of its prompt (its output then continues where it left off);
@@ -31,7 +33,7 @@ use rand::rngs::StdRng;
 use rand::SeedableRng;
 use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{Finish, FinishReason, SamplingParams, StepLogprobs, StopReason};
+use crate::api::{Finish, FinishReason, PromptLogprob, SamplingParams, StepLogprobs, StopReason};
 use crate::block_manager::{
     extend_block_hashes, BlockHash, BlockId, BlockManager, BlockStats, HashContext,
 };
@@ -63,6 +65,8 @@ pub enum SeqEvent {
     Token {
         id: u32,
         logprobs: Option<StepLogprobs>,
+        /// On the first token of a sequence that asked for them: the prompt's logprobs.
+        prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
         /// Prompt tokens that were served from the prefix cache.
         cached_tokens: usize,
         finish: Option<Finish>,
@@ -165,11 +169,62 @@ struct Sequence {
     cached_tokens: usize,
     arrived: Instant,
     last_token_at: Option<Instant>,
+    /// Prompt logprobs asked for and not yet sent: the entries so far (the first is the
+    /// prompt's first token, which has none) and the alternatives each reports.
+    prompt_lp: Option<(Vec<Option<PromptLogprob>>, usize)>,
 }
+
+/// Prompt tokens a sequence with prompt logprobs runs per step: each needs a row of logits
+/// (vocabulary-sized), so its prefill goes in chunks of this size to bound that memory.
+const PROMPT_LOGPROB_ROWS: usize = 512;
 
 impl Sequence {
     fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
+    }
+
+    /// Whether prompt logprob entries are still to be computed.
+    fn wants_prompt_rows(&self) -> bool {
+        self.prompt_lp
+            .as_ref()
+            .is_some_and(|(e, _)| e.len() < self.prompt_len)
+    }
+
+    /// Whether the chunk of `n` tokens from `computed` covers missing prompt logprob entries
+    /// (the logits at position `p` give entry `p + 1`).
+    fn chunk_wants_rows(&self, n: usize) -> bool {
+        self.prompt_lp
+            .as_ref()
+            .is_some_and(|(e, _)| e.len() < self.prompt_len && self.computed + n >= e.len())
+    }
+
+    /// Record the entries that the logits of the `n` tokens from `computed` give.
+    fn add_prompt_rows(&mut self, rows: &[f32], n: usize, vocab: usize) -> Result<()> {
+        let Some((entries, k)) = self.prompt_lp.as_mut() else {
+            return Ok(());
+        };
+        if rows.len() != n * vocab {
+            return Err(EngineError::Internal(format!(
+                "the model returned {} logits for {n} prompt rows",
+                rows.len()
+            )));
+        }
+        for (j, row) in rows.chunks_exact(vocab).enumerate() {
+            let idx = self.computed + j + 1;
+            if idx >= self.prompt_len {
+                break;
+            }
+            if idx < entries.len() {
+                // Already computed before a preemption.
+                continue;
+            }
+            entries.push(Some(crate::sampling::prompt_logprob(
+                row,
+                self.tokens[idx],
+                *k,
+            )?));
+        }
+        Ok(())
     }
 }
 
@@ -341,6 +396,7 @@ impl Engine {
         let room = self.cfg.max_model_len.saturating_sub(prompt_len);
         let max_tokens = sub.params.max_tokens.min(room);
         let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids).with_rules(sub.rules);
+        let prompt_lp = sub.params.prompt_logprobs.map(|k| (vec![None], k));
         let seq = Sequence {
             id: sub.seq_id,
             request_id: sub.request_id,
@@ -359,6 +415,7 @@ impl Engine {
             cached_tokens: 0,
             arrived: sub.arrived,
             last_token_at: None,
+            prompt_lp,
         };
         if max_tokens == 0 {
             let finish = Finish {
@@ -451,7 +508,10 @@ impl Engine {
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
             let seq = &self.running[i];
-            let n = (seq.tokens.len() - seq.computed).min(budget);
+            let mut n = (seq.tokens.len() - seq.computed).min(budget);
+            if seq.wants_prompt_rows() {
+                n = n.min(PROMPT_LOGPROB_ROWS);
+            }
             let upto = seq.computed + n;
             let mut scheduled = true;
             while !Self::grow(&mut self.blocks, &mut self.running[i], upto) {
@@ -481,12 +541,20 @@ impl Engine {
             if self.blocks.caching_enabled() {
                 extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
             }
-            let max_hit = (seq.tokens.len() - 1) / bs;
+            // Prompt logprobs need the logits of every prompt position: nothing is reused.
+            let max_hit = if seq.wants_prompt_rows() {
+                0
+            } else {
+                (seq.tokens.len() - 1) / bs
+            };
             let hit_blocks = self
                 .blocks
                 .acquire_cached(&seq.hashes[..max_hit.min(seq.hashes.len())]);
             let hit = hit_blocks.len() * bs;
-            let n = (seq.tokens.len() - hit).min(budget);
+            let mut n = (seq.tokens.len() - hit).min(budget);
+            if seq.wants_prompt_rows() {
+                n = n.min(PROMPT_LOGPROB_ROWS);
+            }
             seq.table = hit_blocks;
             if !Self::grow(&mut self.blocks, &mut seq, hit + n) {
                 self.blocks.free_table(&seq.table);
@@ -542,6 +610,7 @@ impl Engine {
             let mut chunks: Vec<SeqChunk<'_>> = Vec::with_capacity(plan.len());
             let mut requests: Vec<SampleRequest<'_>> = Vec::new();
             let mut samplers: Vec<usize> = Vec::new();
+            let mut all_rows: Vec<bool> = Vec::with_capacity(plan.len());
             let mut next = plan.iter().zip(bufs.iter_mut()).enumerate().peekable();
             for (idx, seq) in self.running.iter_mut().enumerate() {
                 let Some((pi, (&(i, n), (rows, pos)))) = next.next_if(|(_, (p, _))| p.0 == idx)
@@ -549,6 +618,7 @@ impl Engine {
                     continue;
                 };
                 debug_assert_eq!(i, idx);
+                all_rows.push(seq.chunk_wants_rows(n));
                 let Sequence {
                     tokens,
                     computed,
@@ -577,19 +647,27 @@ impl Engine {
             let eos = &self.eos;
             let rng = &mut self.rng;
             catch_unwind(AssertUnwindSafe(|| {
-                model
-                    .step(&chunks, &mut requests, eos, rng)
-                    .map(|out| (out, samplers))
+                if all_rows.contains(&true) {
+                    model
+                        .step_with_rows(&chunks, &all_rows, &mut requests, eos, rng)
+                        .map(|(out, rows)| (out, samplers, rows))
+                } else {
+                    model
+                        .step(&chunks, &mut requests, eos, rng)
+                        .map(|out| (out, samplers, Vec::new()))
+                }
             }))
         };
         self.stats.steps += 1;
+        let mut prompt_rows: Vec<Option<Vec<f32>>>;
         match result {
-            Ok(Ok((out, samplers))) if out.len() == samplers.len() => {
+            Ok(Ok((out, samplers, rows))) if out.len() == samplers.len() => {
                 for (pi, r) in samplers.into_iter().zip(out) {
                     sampled[pi] = Some(r);
                 }
+                prompt_rows = rows;
             }
-            Ok(Ok((out, samplers))) => {
+            Ok(Ok((out, samplers, _))) => {
                 let msg = format!(
                     "model returned {} samples for {} sequences",
                     out.len(),
@@ -616,9 +694,16 @@ impl Engine {
         let mut finished: Vec<usize> = Vec::new();
         let mut failed: Vec<(usize, EngineError)> = Vec::new();
         let bs = self.cfg.block_size;
+        let vocab = self.model.info().vocab_size;
         for (pi, &(i, n)) in plan.iter().enumerate() {
             self.stats.computed_tokens += n as u64;
             let seq = &mut self.running[i];
+            if let Some(rows) = prompt_rows.get_mut(pi).and_then(Option::take) {
+                if let Err(e) = seq.add_prompt_rows(&rows, n, vocab) {
+                    failed.push((i, e));
+                    continue;
+                }
+            }
             seq.computed += n;
             if self.blocks.caching_enabled() {
                 let full = seq.computed / bs;
@@ -666,6 +751,7 @@ impl Engine {
             let _ = seq.events.send(SeqEvent::Token {
                 id: token,
                 logprobs: sampled.logprobs,
+                prompt_logprobs: seq.prompt_lp.take().map(|(entries, _)| entries),
                 cached_tokens: seq.cached_tokens,
                 finish,
             });

@@ -283,6 +283,7 @@ async fn unsupported_fields_are_400s_naming_them() {
     };
     for (extra, param) in [
         (json!({"prompt_logprobs": "2"}), "prompt_logprobs"),
+        (json!({"prompt_logprobs": 2.5}), "prompt_logprobs"),
         (json!({"use_beam_search": true}), "use_beam_search"),
         (json!({"priority": 3}), "priority"),
         (json!({"tool_choice": "auto"}), "tool_choice"),
@@ -491,4 +492,193 @@ async fn the_reasoning_parser_splits_think_from_the_answer() {
             .is_none(),
         "{plain}"
     );
+}
+
+/// Checks vLLM's prompt logprobs: one entry per prompt token (`len`), the first `null`, each
+/// other a map holding the prompt token (with its rank; checked when `prompt` is known) and the
+/// top `k` (ranks 1..=k).
+fn check_prompt_logprobs(entries: &Value, len: usize, prompt: Option<&[u32]>, k: usize) {
+    let entries = entries.as_array().unwrap();
+    assert_eq!(entries.len(), len);
+    assert_eq!(entries[0], Value::Null);
+    for (i, e) in entries.iter().enumerate().skip(1) {
+        let map = e.as_object().unwrap();
+        for v in map.values() {
+            assert!(v["rank"].as_u64().unwrap() >= 1, "{e}");
+            assert!(v["logprob"].as_f64().unwrap() <= 0.0, "{e}");
+            assert!(v["decoded_token"].is_string(), "{e}");
+        }
+        let mut ranks: Vec<u64> = map.values().map(|v| v["rank"].as_u64().unwrap()).collect();
+        ranks.sort_unstable();
+        for r in 1..=k as u64 {
+            assert!(ranks.contains(&r), "rank {r} missing in {e}");
+        }
+        assert!((k..=k + 1).contains(&map.len()), "{e}");
+        if let Some(prompt) = prompt {
+            let own = &map[&prompt[i].to_string()];
+            let in_top = own["rank"].as_u64().unwrap() <= k as u64;
+            assert_eq!(map.len(), if in_top { k } else { k + 1 }, "{e}");
+        }
+        // The alternatives are ordered by rank and their logprobs fall with it.
+        let mut by_rank: Vec<(u64, f64)> = map
+            .values()
+            .map(|v| (v["rank"].as_u64().unwrap(), v["logprob"].as_f64().unwrap()))
+            .collect();
+        by_rank.sort_by_key(|p| p.0);
+        assert!(by_rank.windows(2).all(|w| w[0].1 >= w[1].1), "{e}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_have_vllms_shape() {
+    let app = server(&[]);
+    let prompt: Vec<u32> = vec![5, 17, 300, 42, 9, 811];
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": prompt, "max_tokens": 2, "prompt_logprobs": 3})),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    check_prompt_logprobs(
+        &body["choices"][0]["prompt_logprobs"],
+        prompt.len(),
+        Some(&prompt),
+        3,
+    );
+    // Without the field there is none.
+    let (_, plain) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": prompt, "max_tokens": 2})),
+    )
+    .await;
+    assert!(
+        plain["choices"][0].get("prompt_logprobs").is_none(),
+        "{plain}"
+    );
+    // k = 0: the prompt token alone.
+    let (status, zero) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0})),
+    )
+    .await;
+    assert_eq!(status, 200, "{zero}");
+    for (i, e) in zero["choices"][0]["prompt_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .enumerate()
+        .skip(1)
+    {
+        assert_eq!(e.as_object().unwrap().len(), 1, "{e}");
+        assert_eq!(
+            e[prompt[i].to_string()]["logprob"],
+            body["choices"][0]["prompt_logprobs"][i][prompt[i].to_string()]["logprob"]
+        );
+    }
+
+    // Chat: on the response (the choices share the prompt), as vLLM.
+    let (status, chat) = call(
+        &app,
+        "POST",
+        "/v1/chat/completions",
+        Some(
+            json!({"model": MODEL, "max_tokens": 2, "n": 2, "prompt_logprobs": 2,
+            "messages": [{"role": "user", "content": "Hi there"}]}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{chat}");
+    let n = chat["usage"]["prompt_tokens"].as_u64().unwrap() as usize;
+    check_prompt_logprobs(&chat["prompt_logprobs"], n, None, 2);
+    assert!(chat["choices"][0].get("prompt_logprobs").is_none());
+
+    // Streams carry none: vLLM refuses a positive count (and -1), accepts 0.
+    let stream = |k: i64| {
+        json!({"model": MODEL, "prompt": "Hello", "max_tokens": 2, "stream": true,
+            "prompt_logprobs": k})
+    };
+    for k in [1, -1] {
+        let (status, err) = call(&app, "POST", "/v1/completions", Some(stream(k))).await;
+        assert_eq!(status, 400, "{err}");
+        assert_eq!(
+            err["error"]["message"],
+            "`prompt_logprobs` are not available when `stream=True`."
+        );
+        assert_eq!(err["error"]["param"], "prompt_logprobs");
+    }
+    let (status, sse) = call_text(
+        &app,
+        json!({"model": MODEL, "max_tokens": 2, "stream": true, "prompt_logprobs": 0,
+            "messages": [{"role": "user", "content": "Hi"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{sse}");
+    assert!(!sse.contains("prompt_logprobs"), "{sse}");
+
+    // Out of range, with vLLM's messages.
+    for (k, message) in [
+        (
+            -2,
+            "`prompt_logprobs` must be a positive value or -1.".to_string(),
+        ),
+        (
+            21,
+            "Requested prompt logprobs of 21, which is greater than max allowed: 20".into(),
+        ),
+        (
+            -1,
+            "Requested prompt logprobs of 1024, which is greater than max allowed: 20".into(),
+        ),
+    ] {
+        for (path, body) in [
+            (
+                "/v1/completions",
+                json!({"model": MODEL, "prompt": "Hello", "max_tokens": 2}),
+            ),
+            (
+                "/v1/chat/completions",
+                json!({"model": MODEL, "max_tokens": 2,
+                    "messages": [{"role": "user", "content": "Hi"}]}),
+            ),
+        ] {
+            let mut body = body;
+            body["prompt_logprobs"] = json!(k);
+            let (status, err) = call(&app, "POST", path, Some(body)).await;
+            assert_eq!(status, 400, "{path} {k}: {err}");
+            assert_eq!(err["error"]["message"], message, "{path} {k}");
+            assert_eq!(err["error"]["param"], "prompt_logprobs");
+        }
+    }
+}
+
+/// `-1` is the whole vocabulary when `--max-logprobs` allows it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prompt_logprobs_minus_one_is_the_whole_vocabulary() {
+    let app = server(&["--max-logprobs", "1024"]);
+    let (status, body) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(
+            json!({"model": MODEL, "prompt": [5, 17, 300], "max_tokens": 1,
+            "prompt_logprobs": -1}),
+        ),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let entries = body["choices"][0]["prompt_logprobs"].as_array().unwrap();
+    assert_eq!(entries[1].as_object().unwrap().len(), 1024);
+    let total: f64 = entries[1]
+        .as_object()
+        .unwrap()
+        .values()
+        .map(|v| v["logprob"].as_f64().unwrap().exp())
+        .sum();
+    assert!((total - 1.0).abs() < 1e-3, "{total}");
 }

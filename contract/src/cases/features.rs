@@ -159,6 +159,51 @@ fn completion_case(
     )
 }
 
+/// vLLM's prompt logprobs at `path`: one entry per prompt token, the first `null`, each other
+/// a map from token id to `{logprob, rank, decoded_token}` with the top `k` (ranks 1..=k) and
+/// the prompt token (one more entry when it is not among them).
+fn prompt_logprobs_shape(reply: &crate::http::Reply, path: &str, k: u64) -> Result<(), String> {
+    let json = reply.json.as_ref();
+    let entries = json
+        .and_then(|j| j.pointer(path))
+        .and_then(Value::as_array)
+        .ok_or_else(|| format!("no list at {path}"))?;
+    let prompt = json
+        .and_then(|j| j.pointer("/usage/prompt_tokens"))
+        .and_then(Value::as_u64);
+    if prompt != Some(entries.len() as u64) {
+        return Err(format!(
+            "{} entries for usage.prompt_tokens {prompt:?}",
+            entries.len()
+        ));
+    }
+    if entries.first() != Some(&Value::Null) {
+        return Err("the first entry must be null".into());
+    }
+    for (i, e) in entries.iter().enumerate().skip(1) {
+        let map = e
+            .as_object()
+            .ok_or_else(|| format!("entry {i} is not an object"))?;
+        let mut ranks: Vec<u64> = Vec::new();
+        for (id, lp) in map {
+            if id.parse::<u32>().is_err()
+                || !lp["logprob"].as_f64().is_some_and(|l| l <= 0.0)
+                || !lp["decoded_token"].is_string()
+            {
+                return Err(format!("entry {i}: {id}: {lp} is not a prompt logprob"));
+            }
+            ranks.push(lp["rank"].as_u64().unwrap_or(0));
+        }
+        let top = (1..=k).all(|r| ranks.contains(&r));
+        if !top || !(k..=k + 1).contains(&(map.len() as u64)) || ranks.contains(&0) {
+            return Err(format!(
+                "entry {i} must hold ranks 1..={k} and the prompt token: {e}"
+            ));
+        }
+    }
+    Ok(())
+}
+
 fn generation_cases(ctx: &Ctx) -> Vec<Case> {
     vec![
         chat_case(
@@ -278,6 +323,20 @@ fn generation_cases(ctx: &Ctx) -> Vec<Case> {
                         ))
                     }
                 }),
+        ),
+        completion_case(
+            ctx,
+            "features completions prompt_logprobs=2 gives a choice's prompt entries",
+            |b| set(b, "prompt_logprobs", json!(2)),
+            routes::text_completion()
+                .with(|reply| prompt_logprobs_shape(reply, "/choices/0/prompt_logprobs", 2)),
+        ),
+        chat_case(
+            ctx,
+            "features chat prompt_logprobs=1 gives the response's prompt entries",
+            |b| set(b, "prompt_logprobs", json!(1)),
+            routes::chat_completion()
+                .with(|reply| prompt_logprobs_shape(reply, "/prompt_logprobs", 1)),
         ),
         completion_case(
             ctx,

@@ -37,6 +37,11 @@ impl Bad {
         self.message = Message::exact(message);
         self
     }
+
+    fn message_prefix(mut self, prefix: &str) -> Self {
+        self.message = Message::prefix(prefix);
+        self
+    }
 }
 
 /// Sampling ranges, checked on both generation routes.
@@ -106,6 +111,13 @@ fn bad_values(ctx: &Ctx) -> Vec<Bad> {
              smaller truncation size.",
         ),
         bad(Route::Chat, "prompt_logprobs", json!("2")),
+        bad(Route::Chat, "prompt_logprobs", json!(-2))
+            .message("`prompt_logprobs` must be a positive value or -1."),
+        bad(Route::Completions, "prompt_logprobs", json!(-2))
+            .message("`prompt_logprobs` must be a positive value or -1."),
+        // More than --max-logprobs (20 by default; the count is vLLM's whatever the limit).
+        bad(Route::Completions, "prompt_logprobs", json!(1_000_000))
+            .message_prefix("Requested prompt logprobs of 1000000, which is greater than max allowed: "),
         bad(Route::Completions, "suffix", json!("!")).message("suffix is not currently supported"),
         bad(Route::Chat, "tool_choice", json!("auto")).message(
             "\"auto\" tool choice requires --enable-auto-tool-choice and --tool-call-parser to be set",
@@ -175,6 +187,33 @@ pub fn cases(ctx: &Ctx) -> Vec<Case> {
     ));
 
     // Field combinations.
+    for route in [Route::Chat, Route::Completions] {
+        cases.push(Case::with_model(
+            format!(
+                "validate {} prompt_logprobs=1 with stream=true",
+                route.path()
+            ),
+            route.route(),
+            route.model(ctx),
+            |model| {
+                let body = set(
+                    set(route.body(model), "stream", json!(true)),
+                    "prompt_logprobs",
+                    json!(1),
+                );
+                (
+                    RequestSpec::post_json(route.path(), body),
+                    Expect::error(
+                        400,
+                        "BadRequestError",
+                        Param::exact("prompt_logprobs"),
+                        Message::exact("`prompt_logprobs` are not available when `stream=True`."),
+                    )
+                    .with(not_gate()),
+                )
+            },
+        ));
+    }
     cases.push(Case::with_model(
         "validate /v1/chat/completions add_generation_prompt and continue_final_message both true",
         Route::Chat.route(),

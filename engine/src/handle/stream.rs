@@ -84,9 +84,13 @@ impl GenerationStream {
             SeqEvent::Token {
                 id,
                 logprobs,
+                prompt_logprobs,
                 cached_tokens,
                 finish,
             } => {
+                if prompt_logprobs.is_some() {
+                    delta.prompt_logprobs = prompt_logprobs;
+                }
                 self.completion_tokens += 1;
                 self.cached_tokens = cached_tokens;
                 delta.token_ids.push(id);

@@ -322,9 +322,12 @@ impl LlamaModel {
         validate_chunks(&self.cfg, batch, kv.block_size, kv.num_blocks)
     }
 
+    /// One step; `all_rows[i]` (when present) asks for chunk `i`'s logits at every token,
+    /// as [`CausalLm::forward_rows`] returns them.
     fn run(
         &self,
         batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
         kv: &mut PagedKvCache,
         s: &mut Scratch,
     ) -> Result<Vec<Option<Vec<f32>>>> {
@@ -499,35 +502,76 @@ impl LlamaModel {
             self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?;
         }
 
-        // Final norm and LM head for the chunks that want logits.
-        let wanted: Vec<usize> = batch
-            .iter()
-            .enumerate()
-            .filter(|(_, c)| c.want_logits)
-            .map(|(i, _)| i)
+        // Final norm and LM head for the rows whose logits are wanted: each sampling chunk's
+        // last row, then the other rows of the chunks that want all of theirs (prompt
+        // logprobs). The sampling rows go through the head on their own, as in a step without
+        // prompt logprobs: the quantised path depends on the row count, and asking for prompt
+        // logprobs must not change what is sampled.
+        let every = |ci: usize| all_rows.get(ci).copied().unwrap_or(false);
+        let sampling: Vec<usize> = (0..batch.len())
+            .filter(|&ci| batch[ci].want_logits)
             .collect();
+        let extra: Vec<(usize, std::ops::Range<usize>)> = (0..batch.len())
+            .filter(|&ci| every(ci))
+            .map(|ci| {
+                let end = spans[ci].row + spans[ci].len - usize::from(batch[ci].want_logits);
+                (ci, spans[ci].row..end)
+            })
+            .collect();
+        let last_rows: Vec<usize> = sampling
+            .iter()
+            .map(|&ci| spans[ci].row + spans[ci].len - 1)
+            .collect();
+        let sampled = self.lm_head(s, &last_rows)?;
+        let extra_rows: Vec<usize> = extra.iter().flat_map(|(_, r)| r.clone()).collect();
+        let mut rows = self.lm_head(s, &extra_rows)?;
+        let vocab = cfg.vocab;
         let mut results: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
-        if wanted.is_empty() {
+        if let ([ci], []) = (&sampling[..], &extra[..]) {
+            results[*ci] = Some(sampled);
             return Ok(results);
         }
-        let n = wanted.len();
+        let mut at = 0;
+        for (ci, r) in extra {
+            let mut mine = if at == 0 && r.len() * vocab == rows.len() {
+                std::mem::take(&mut rows)
+            } else {
+                rows[at * vocab..(at + r.len()) * vocab].to_vec()
+            };
+            at += r.len();
+            if let Ok(j) = sampling.binary_search(&ci) {
+                mine.extend_from_slice(&sampled[j * vocab..(j + 1) * vocab]);
+            }
+            results[ci] = Some(mine);
+        }
+        for (j, &ci) in sampling.iter().enumerate() {
+            if results[ci].is_none() {
+                results[ci] = Some(sampled[j * vocab..(j + 1) * vocab].to_vec());
+            }
+        }
+        Ok(results)
+    }
+
+    /// The final norm and the LM head over rows `rows` of the step's hidden states: one
+    /// logits row each, in that order.
+    fn lm_head(&self, s: &Scratch, rows: &[usize]) -> Result<Vec<f32>> {
+        let (h, n) = (self.cfg.hidden, rows.len());
+        if n == 0 {
+            return Ok(Vec::new());
+        }
         let mut normed = vec![0f32; n * h];
-        for (j, &ci) in wanted.iter().enumerate() {
-            let t = spans[ci].row + spans[ci].len - 1;
+        for (j, &t) in rows.iter().enumerate() {
             ops::rmsnorm(
                 &s.x[t * h..(t + 1) * h],
                 &self.output_norm,
-                cfg.eps,
+                self.cfg.eps,
                 &mut normed[j * h..(j + 1) * h],
             );
         }
-        let mut logits = vec![0f32; n * cfg.vocab];
+        let mut logits = vec![0f32; n * self.cfg.vocab];
         // The LM head sees only the logit rows: a prefill step's head is decode-sized.
         self.matmul(&normed, n, &self.output, &mut logits, false)?;
-        for (j, &ci) in wanted.iter().enumerate() {
-            results[ci] = Some(logits[j * cfg.vocab..(j + 1) * cfg.vocab].to_vec());
-        }
-        Ok(results)
+        Ok(logits)
     }
 }
 
@@ -702,6 +746,14 @@ impl CausalLm for LlamaModel {
     }
 
     fn forward(&mut self, batch: &[SeqChunk<'_>]) -> Result<Vec<Option<Vec<f32>>>> {
+        self.forward_rows(batch, &[])
+    }
+
+    fn forward_rows(
+        &mut self,
+        batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
+    ) -> Result<Vec<Option<Vec<f32>>>> {
         if batch.is_empty() {
             return Ok(Vec::new());
         }
@@ -714,6 +766,6 @@ impl CausalLm for LlamaModel {
             .as_mut()
             .ok_or_else(|| EngineError::Internal("the KV cache is not allocated".into()))?;
         self.validate(batch, kv)?;
-        self.run(batch, kv, scratch)
+        self.run(batch, all_rows, kv, scratch)
     }
 }

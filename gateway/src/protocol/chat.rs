@@ -176,6 +176,10 @@ pub struct ChatCompletion {
     pub model: String,
     pub choices: Vec<ChatChoice>,
     pub usage: Usage,
+    /// The prompt's logprobs when asked for: on the response, not a choice, as vLLM (the
+    /// choices share one prompt).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Value>,
 }
 
 #[derive(Debug, Serialize)]

@@ -50,6 +50,9 @@ pub struct CompletionChoice {
     pub logprobs: Option<CompletionLogprobs>,
     pub finish_reason: Option<&'static str>,
     pub stop_reason: Option<Value>,
+    /// The prompt's logprobs when asked for (never in a stream, as vLLM).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Value>,
 }
 
 #[derive(Debug, Serialize, Default)]

@@ -64,7 +64,7 @@ pub const SHARED: &[(&str, Handling)] = &[
     ("logit_bias", Honoured),
     ("allowed_token_ids", Honoured),
     ("bad_words", Honoured),
-    ("prompt_logprobs", Refused(NOT_YET)),
+    ("prompt_logprobs", Honoured),
     ("structured_outputs", Honoured),
     ("guided_json", Honoured),
     ("guided_regex", Honoured),

@@ -358,7 +358,28 @@ impl SamplingFields {
         if let Some(rf) = &self.response_format {
             validate_response_format(rf)?;
         }
-        self.vllm.check()
+        self.vllm.check()?;
+        if let Some(k) = self.prompt_logprobs() {
+            // vLLM's words and order; the count against --max-logprobs needs the model.
+            if self.stream == Some(true) && (k > 0 || k == -1) {
+                return Err(bad(
+                    "`prompt_logprobs` are not available when `stream=True`.".into(),
+                    "prompt_logprobs",
+                ));
+            }
+            if k < -1 {
+                return Err(bad(
+                    "`prompt_logprobs` must be a positive value or -1.".into(),
+                    "prompt_logprobs",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// `prompt_logprobs` as sent (its type is checked by [`VllmFields::check`]).
+    pub fn prompt_logprobs(&self) -> Option<i64> {
+        self.vllm.prompt_logprobs.as_deref().and_then(Value::as_i64)
     }
 
     pub fn stop_strings(&self) -> Vec<String> {
@@ -416,6 +437,8 @@ impl SamplingFields {
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
             logprobs,
+            // Resolved against the model by the route (`generate::resolve_prompt_logprobs`).
+            prompt_logprobs: None,
             constraint: structured::constraint(self)?.map(|(c, _)| c),
             logit_bias: structured::logit_bias(self)?,
             allowed_token_ids: structured::allowed_token_ids(self)?,

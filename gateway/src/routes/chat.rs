@@ -271,6 +271,8 @@ pub async fn handler(
     };
     // (6) structured outputs, checked before any work starts
     let mut params = req.sampling.to_params(logprobs)?;
+    params.prompt_logprobs =
+        generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
     generate::check_constraint(&model, &req.sampling).await?;
     let tool_mode = tools::mode(
         req.tool_choice.as_deref(),
@@ -339,6 +341,10 @@ pub async fn handler(
     let done = generate::collect_all(choices).await?;
     let completion_tokens: usize = done.iter().map(|c| c.finish.completion_tokens).sum();
     let cached = done.first().map(|c| c.finish.cached_tokens).unwrap_or(0);
+    let prompt_logprobs = done
+        .first()
+        .and_then(|c| c.prompt_logprobs.as_deref())
+        .map(|e| generate::prompt_logprobs_json(&model, e));
     let choices = done
         .into_iter()
         .map(|c| {
@@ -384,6 +390,7 @@ pub async fn handler(
         model: served,
         choices,
         usage,
+        prompt_logprobs,
     })
     .into_response())
 }

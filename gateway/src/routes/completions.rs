@@ -7,7 +7,7 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use engine::api::{StepLogprobs, Task};
+use engine::api::{SamplingParams, StepLogprobs, Task};
 use engine::handle::{ModelHandle, PromptOptions, PromptSource, SubmitOptions};
 use futures::StreamExt;
 use serde_json::{Map, Value};
@@ -107,6 +107,8 @@ pub async fn handler(
     require_task(&model, Task::Generate, "Completions")?;
     let policed = run_policies(&state, req, key).await?;
     let req = policed.req;
+    let prompt_logprobs =
+        generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
     let Some(prompt) = &req.prompt else {
         return Err(ApiError::bad_request(
             "`prompt` must be provided.",
@@ -122,7 +124,10 @@ pub async fn handler(
         .into_iter()
         .map(|source| model.prompt(source, opts))
         .collect::<Result<Vec<_>, _>>()?;
-    let params = req.sampling.to_params(logprobs)?;
+    let params = SamplingParams {
+        prompt_logprobs,
+        ..req.sampling.to_params(logprobs)?
+    };
     generate::check_constraint(&model, &req.sampling).await?;
 
     let id = format!("cmpl-{rid}");
@@ -177,6 +182,10 @@ pub async fn handler(
                 logprobs: logprobs.map(|_| completion_logprobs(&model, &c.logprobs, offset)),
                 finish_reason: Some(generate::finish_reason(&c.finish)),
                 stop_reason: generate::stop_reason(&c.finish),
+                prompt_logprobs: c
+                    .prompt_logprobs
+                    .as_deref()
+                    .map(|e| generate::prompt_logprobs_json(&model, e)),
                 text,
             }
         })
@@ -253,6 +262,7 @@ fn stream_response(
                 logprobs: lp,
                 finish_reason: finish.map(generate::finish_reason),
                 stop_reason: finish.and_then(generate::stop_reason),
+                prompt_logprobs: None,
             }],
             usage: None,
         };

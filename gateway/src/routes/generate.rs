@@ -1,12 +1,13 @@
 //! What chat and completions share: collecting or streaming the output of the choices the
 //! engine's front door started, and checking a structured-output constraint up front.
 
-use engine::api::{Delta, Finish, FinishReason, StepLogprobs, StopReason};
+use engine::api::{Delta, Finish, FinishReason, PromptLogprob, StepLogprobs, StopReason};
 use engine::handle::ModelHandle;
 use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
+use crate::protocol::sampling::SamplingFields;
 
 pub use engine::handle::Choice;
 
@@ -17,6 +18,7 @@ pub struct Collected {
     pub text: String,
     pub token_ids: Vec<u32>,
     pub logprobs: Vec<StepLogprobs>,
+    pub prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
     pub finish: Finish,
 }
 
@@ -24,8 +26,12 @@ pub async fn collect(mut c: Choice) -> ApiResult<Collected> {
     let mut text = String::new();
     let mut token_ids = Vec::new();
     let mut logprobs = Vec::new();
+    let mut prompt_logprobs = None;
     while let Some(delta) = c.stream.next().await {
         let delta = delta?;
+        if delta.prompt_logprobs.is_some() {
+            prompt_logprobs = delta.prompt_logprobs;
+        }
         text.push_str(&delta.text);
         token_ids.extend_from_slice(&delta.token_ids);
         logprobs.extend(delta.logprobs);
@@ -36,6 +42,7 @@ pub async fn collect(mut c: Choice) -> ApiResult<Collected> {
                 text,
                 token_ids,
                 logprobs,
+                prompt_logprobs,
                 finish,
             });
         }
@@ -86,6 +93,77 @@ pub fn stop_reason(f: &Finish) -> Option<Value> {
         Some(StopReason::TokenId(id)) => Some(Value::from(*id)),
         Some(StopReason::String(s)) => Some(Value::from(s.clone())),
     }
+}
+
+/// `prompt_logprobs` for `model`, as vLLM's engine checks it (the request's range and stream
+/// checks ran with the other fields): `-1` is the whole vocabulary, and more alternatives than
+/// `--max-logprobs` is vLLM's 400. Only the CPU decoder computes every prompt row's logits.
+/// A stream (which may only ask for 0) carries none, as vLLM's, so none are computed.
+pub fn resolve_prompt_logprobs(
+    sampling: &SamplingFields,
+    model: &ModelHandle,
+    max_logprobs: usize,
+) -> ApiResult<Option<usize>> {
+    let Some(k) = sampling.prompt_logprobs() else {
+        return Ok(None);
+    };
+    let k = if k == -1 {
+        model.vocab_size()
+    } else {
+        k.max(0) as usize
+    };
+    if k > max_logprobs {
+        return Err(ApiError::bad_request(
+            format!("Requested prompt logprobs of {k}, which is greater than max allowed: {max_logprobs}"),
+            Some("prompt_logprobs"),
+        ));
+    }
+    if sampling.stream == Some(true) {
+        return Ok(None);
+    }
+    let device = &model.card().device;
+    if device != "cpu" {
+        return Err(ApiError::bad_request(
+            format!("`prompt_logprobs` is not supported for a model on {device}: the GPU decoder computes logits only for the rows it samples."),
+            Some("prompt_logprobs"),
+        ));
+    }
+    Ok(Some(k))
+}
+
+/// Prompt logprobs as vLLM writes them: per prompt token `null` (the first) or a map from
+/// token id to `{logprob, rank, decoded_token}` holding the prompt token, then its top-k
+/// alternatives (ranks 1..=k). A `-inf` logprob is written as -9999.0, as vLLM clamps it.
+pub fn prompt_logprobs_json(model: &ModelHandle, entries: &[Option<PromptLogprob>]) -> Value {
+    let entry = |id: u32, logprob: f32, rank: usize| {
+        let logprob = if logprob == f32::NEG_INFINITY {
+            -9999.0
+        } else {
+            logprob
+        };
+        serde_json::json!({
+            "logprob": logprob,
+            "rank": rank,
+            "decoded_token": token_text(model, id),
+        })
+    };
+    Value::Array(
+        entries
+            .iter()
+            .map(|e| match e {
+                None => Value::Null,
+                Some(e) => {
+                    let mut map = serde_json::Map::new();
+                    map.insert(e.token_id.to_string(), entry(e.token_id, e.logprob, e.rank));
+                    for (r, t) in e.top.iter().enumerate() {
+                        map.entry(t.id.to_string())
+                            .or_insert_with(|| entry(t.id, t.logprob, r + 1));
+                    }
+                    Value::Object(map)
+                }
+            })
+            .collect(),
+    )
 }
 
 /// The text a single token decodes to, for logprobs.
