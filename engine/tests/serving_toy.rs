@@ -753,3 +753,95 @@ async fn embeddings_share_batches_and_drop_abandoned_work() {
         after - at_abort
     );
 }
+
+/// The front door: chat messages and token ids become prompts, truncation keeps the tail, and
+/// every context check is a 400 naming its field before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_front_door_checks_before_it_starts() {
+    use engine::handle::{PromptOptions, PromptSource, SubmitOptions};
+    let (_engine, m) = start(ToyModel::new(256), &config());
+    let opts = |truncate| PromptOptions {
+        add_special_tokens: false,
+        truncate_prompt_tokens: truncate,
+        field: "prompt",
+    };
+    let submit = |max_tokens, n| SubmitOptions {
+        request_id: "fd".into(),
+        params: greedy(0),
+        max_tokens,
+        max_tokens_field: "max_completion_tokens",
+        n,
+        cache_salt: None,
+    };
+    let param = |e: EngineError| match e {
+        EngineError::InvalidRequest { param, message } => (param, message),
+        other => panic!("expected a 400, got {other:?}"),
+    };
+
+    // Chat messages are rendered with the model's template, then tokenised.
+    let chat = m
+        .prompt(
+            PromptSource::Chat {
+                messages: serde_json::json!([{"role": "user", "content": "hi"}]),
+                template: Box::default(),
+            },
+            opts(None),
+        )
+        .unwrap();
+    assert_eq!(chat.ids(), ids("user: hi\n"));
+    // Truncation keeps the last k tokens; past the context it is vLLM's message.
+    let cut = m
+        .prompt(PromptSource::Text("abcdef".into()), opts(Some(2)))
+        .unwrap();
+    assert_eq!(cut.ids(), ids("ef"));
+    let (p, msg) = param(
+        m.prompt(PromptSource::Text("abc".into()), opts(Some(129)))
+            .unwrap_err(),
+    );
+    assert_eq!(p.as_deref(), Some("truncate_prompt_tokens"));
+    assert!(msg.starts_with("truncate_prompt_tokens value is greater than max_model_len"));
+    // Ids are checked against the vocabulary and name the field that carried them.
+    let (p, msg) = param(
+        m.prompt(PromptSource::Ids(vec![1, 100_000]), opts(None))
+            .unwrap_err(),
+    );
+    assert_eq!(
+        (p.as_deref(), msg.as_str()),
+        (Some("prompt"), "Token id 100000 is out of vocabulary")
+    );
+    assert!(m.prompt(PromptSource::Ids(vec![-1]), opts(None)).is_err());
+
+    // max_tokens past what the prompt leaves names the field that carried it.
+    let (p, msg) = param(
+        m.submit(vec![cut.clone()], Vec::new(), submit(Some(127), 1))
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(p.as_deref(), Some("max_completion_tokens"));
+    assert!(msg.contains("(127 > 128 - 2)"), "{msg}");
+    // More sequences than the engine can ever hold: a 400 naming n.
+    let (p, _) = param(
+        m.submit(vec![cut.clone()], Vec::new(), submit(None, 33))
+            .await
+            .err()
+            .unwrap(),
+    );
+    assert_eq!(p.as_deref(), Some("n"));
+    // Within bounds: n choices per prompt, prompt-major, each with the fitted budget.
+    let started = m
+        .submit(vec![cut.clone(), chat], Vec::new(), submit(Some(3), 2))
+        .await
+        .unwrap();
+    assert_eq!(started.prompt_tokens, vec![2, ids("user: hi\n").len()]);
+    let indices: Vec<(usize, usize)> = started
+        .choices
+        .iter()
+        .map(|c| (c.index, c.prompt_idx))
+        .collect();
+    assert_eq!(indices, vec![(0, 0), (1, 0), (2, 1), (3, 1)]);
+    for c in started.choices {
+        let out = collect(c.stream).await;
+        assert_eq!(out.finish.completion_tokens, 3);
+    }
+}
