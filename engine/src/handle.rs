@@ -137,6 +137,26 @@ struct ModelInner {
     backend: Backend,
 }
 
+/// Slots taken for a request's choices before the first starts; what no choice used is given
+/// back on drop.
+pub(crate) struct Reserved {
+    shared: Arc<Shared>,
+    group: u64,
+    left: usize,
+}
+
+impl Drop for Reserved {
+    fn drop(&mut self) {
+        self.shared.slots.release(self.group, self.left);
+    }
+}
+
+fn overloaded(max_num_seqs: usize) -> EngineError {
+    EngineError::Overloaded(format!(
+        "the engine already holds {max_num_seqs} sequences (max_num_seqs) and every request present has its fair share"
+    ))
+}
+
 enum Backend {
     Decoder(DecoderBackend),
     Encoder(EncoderBackend),
@@ -457,7 +477,36 @@ impl ModelHandle {
             .map_err(|e| EngineError::invalid(e, None))
     }
 
+    /// Start one sequence, as a request of its own.
     pub fn generate(&self, req: GenerateRequest) -> Result<GenerationStream> {
+        self.generate_in(req, None)
+    }
+
+    /// Admit a request of `k` sequences whole, or refuse it whole as overload
+    /// ([`crate::share`]): its choices then start with [`Self::generate_in`].
+    pub(crate) fn reserve(&self, k: usize) -> Result<Reserved> {
+        let Backend::Decoder(d) = &self.inner.backend else {
+            return Err(EngineError::UnsupportedTask {
+                task: "generate".into(),
+            });
+        };
+        let group = d.next_id.fetch_add(1, Ordering::Relaxed);
+        if !d.shared.slots.take(group, k, d.max_num_seqs) {
+            return Err(overloaded(d.max_num_seqs));
+        }
+        Ok(Reserved {
+            shared: Arc::clone(&d.shared),
+            group,
+            left: k,
+        })
+    }
+
+    /// Start one sequence: a choice of a reserved request, or a request of its own.
+    pub(crate) fn generate_in(
+        &self,
+        req: GenerateRequest,
+        reserved: Option<&mut Reserved>,
+    ) -> Result<GenerationStream> {
         let Backend::Decoder(d) = &self.inner.backend else {
             return Err(EngineError::UnsupportedTask {
                 task: "generate".into(),
@@ -509,18 +558,19 @@ impl ModelHandle {
             crate::constraint::prepare(&req.params, &self.inner.tokenizer, d.model_vocab, || {
                 self.guides(d)
             })?;
-        let reserved = d
-            .shared
-            .held
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
-                (n < d.max_num_seqs).then_some(n + 1)
-            });
-        if reserved.is_err() {
-            return Err(EngineError::Overloaded(format!(
-                "the engine already holds {} sequences (max_num_seqs)",
-                d.max_num_seqs
-            )));
-        }
+        let group = match reserved {
+            Some(r) if r.left > 0 => {
+                r.left -= 1;
+                r.group
+            }
+            _ => {
+                let group = d.next_id.fetch_add(1, Ordering::Relaxed);
+                if !d.shared.slots.take(group, 1, d.max_num_seqs) {
+                    return Err(overloaded(d.max_num_seqs));
+                }
+                group
+            }
+        };
         let seq_id = d.next_id.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = unbounded_channel();
         let params = req.params;
@@ -544,6 +594,7 @@ impl ModelHandle {
         };
         let submission = Submission {
             seq_id,
+            group,
             request_id: req.request_id,
             prompt_ids: req.prompt_ids,
             params,
@@ -565,7 +616,7 @@ impl ModelHandle {
             .send(Command::Submit(Box::new(submission)))
             .is_err()
         {
-            d.shared.held.fetch_sub(1, Ordering::SeqCst);
+            d.shared.slots.release(group, 1);
             return Err(EngineError::Stopped);
         }
         Ok(stream)

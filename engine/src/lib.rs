@@ -36,6 +36,7 @@ pub mod model;
 pub mod models;
 pub mod sampling;
 pub mod scheduler;
+pub mod share;
 pub mod tokenizer;
 pub mod weight_cache;
 

@@ -4,7 +4,10 @@
 //! [`BlockManager`], which decides on the host which cache blocks each sequence owns. Each
 //! step it:
 //! 1. takes new commands (blocking only when it has nothing to do);
-//! 2. drops sequences whose client went away (their stream was dropped);
+//! 2. drops sequences whose client went away (their stream was dropped), and shares the
+//!    `max_num_seqs` slots between requests: new sequences arrive parked and get a slot as
+//!    [`crate::share`] decides, which may park (preempt) a sequence of a request above its
+//!    share;
 //! 3. schedules: running sequences first, in admission order (a decode token each, or the next
 //!    chunk of an unfinished prefill), then waiting sequences while there is token budget
 //!    (`max_num_batched_tokens`), room in the running batch (`max_num_active_seqs`) and KV
@@ -24,7 +27,7 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{Receiver, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -42,6 +45,7 @@ use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
 use crate::model::{CausalLm, KvBudget, SampleRequest, SeqChunk};
 use crate::sampling::SequenceSampler;
+use crate::share::{Move, SlotBook};
 
 /// Limits the scheduler works within.
 #[derive(Debug, Clone)]
@@ -81,6 +85,8 @@ pub enum SeqEvent {
 #[derive(Debug)]
 pub struct Submission {
     pub seq_id: u64,
+    /// The request the sequence is a choice of (the unit of the fair share).
+    pub group: u64,
     pub request_id: String,
     pub prompt_ids: Vec<u32>,
     pub params: SamplingParams,
@@ -119,8 +125,8 @@ pub struct EngineStats {
 #[derive(Debug, Default)]
 pub struct Shared {
     pub alive: AtomicBool,
-    /// Sequences submitted and not yet finished (the `max_num_seqs` bound).
-    pub held: AtomicUsize,
+    /// Sequences submitted and not yet finished, per request (the `max_num_seqs` bound).
+    pub slots: SlotBook,
     pub stats: Mutex<EngineStats>,
     /// The model's grammar compiler, built by the handle on the first constrained request (an
     /// error is kept: it would fail the same way again).
@@ -150,6 +156,7 @@ impl Drop for AliveGuard {
 
 struct Sequence {
     id: u64,
+    group: u64,
     request_id: String,
     /// Prompt followed by the generated tokens.
     tokens: Vec<u32>,
@@ -235,6 +242,8 @@ pub struct Engine {
     cfg: SchedulerConfig,
     waiting: VecDeque<Sequence>,
     running: Vec<Sequence>,
+    /// Admitted sequences that hold no slot for now ([`crate::share`]).
+    parked: VecDeque<Sequence>,
     rx: Receiver<Command>,
     rng: StdRng,
     shared: Arc<Shared>,
@@ -300,6 +309,7 @@ impl Engine {
             cfg,
             waiting: VecDeque::new(),
             running: Vec::new(),
+            parked: VecDeque::new(),
             rx,
             rng: StdRng::from_rng(&mut rand::rng()),
             shared,
@@ -324,7 +334,7 @@ impl Engine {
         let _guard = AliveGuard(self.shared.clone());
         self.publish();
         loop {
-            if self.running.is_empty() && self.waiting.is_empty() {
+            if self.is_idle() {
                 match self.rx.recv() {
                     Ok(cmd) => {
                         if !self.handle(cmd) {
@@ -354,7 +364,7 @@ impl Engine {
                 break;
             }
             self.drop_closed();
-            if !self.running.is_empty() || !self.waiting.is_empty() {
+            if !self.is_idle() {
                 self.step();
             }
             self.publish();
@@ -363,11 +373,12 @@ impl Engine {
             .running
             .drain(..)
             .chain(self.waiting.drain(..))
+            .chain(self.parked.drain(..))
             .collect();
         for seq in all {
             let _ = seq.events.send(SeqEvent::Failed(EngineError::Stopped));
             self.blocks.free_table(&seq.table);
-            self.shared.held.fetch_sub(1, Ordering::SeqCst);
+            self.shared.slots.release(seq.group, 1);
         }
         self.publish();
     }
@@ -382,6 +393,10 @@ impl Engine {
                     self.exit(seq, Exit::Cancelled);
                 } else if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
                     if let Some(seq) = self.waiting.remove(i) {
+                        self.exit(seq, Exit::Cancelled);
+                    }
+                } else if let Some(i) = self.parked.iter().position(|s| s.id == id) {
+                    if let Some(seq) = self.parked.remove(i) {
                         self.exit(seq, Exit::Cancelled);
                     }
                 }
@@ -399,6 +414,7 @@ impl Engine {
         let prompt_lp = sub.params.prompt_logprobs.map(|k| (vec![None], k));
         let seq = Sequence {
             id: sub.seq_id,
+            group: sub.group,
             request_id: sub.request_id,
             tokens: sub.prompt_ids,
             prompt_len,
@@ -430,13 +446,14 @@ impl Engine {
             return;
         }
         tracing::debug!(request_id = %seq.request_id, prompt_len, max_tokens, "sequence queued");
-        self.waiting.push_back(seq);
+        // Every new sequence starts parked; `rebalance` gives it a slot.
+        self.parked.push_back(seq);
     }
 
     /// Release a sequence that leaves the engine.
     fn exit(&mut self, seq: Sequence, why: Exit) {
         self.blocks.free_table(&seq.table);
-        self.shared.held.fetch_sub(1, Ordering::SeqCst);
+        self.shared.slots.release(seq.group, 1);
         match why {
             Exit::Finished => {}
             Exit::Cancelled => {
@@ -460,20 +477,33 @@ impl Engine {
                 i += 1;
             }
         }
-        let mut j = 0;
-        while j < self.waiting.len() {
-            if self.waiting[j].events.is_closed() {
-                if let Some(seq) = self.waiting.remove(j) {
-                    self.exit(seq, Exit::Cancelled);
+        for parked in [false, true] {
+            let mut j = 0;
+            loop {
+                let queue = if parked {
+                    &mut self.parked
+                } else {
+                    &mut self.waiting
+                };
+                let Some(seq) = queue.get(j) else { break };
+                if seq.events.is_closed() {
+                    if let Some(seq) = queue.remove(j) {
+                        self.exit(seq, Exit::Cancelled);
+                    }
+                } else {
+                    j += 1;
                 }
-            } else {
-                j += 1;
             }
         }
     }
 
-    /// Free a running sequence's blocks and put it back at the front of the queue.
-    fn preempt(&mut self, idx: usize) {
+    fn is_idle(&self) -> bool {
+        self.running.is_empty() && self.waiting.is_empty() && self.parked.is_empty()
+    }
+
+    /// Take a running sequence out of the batch, freeing its blocks; it is recomputed when it
+    /// runs again.
+    fn evict(&mut self, idx: usize) -> Sequence {
         let mut seq = self.running.remove(idx);
         self.blocks.free_table(&seq.table);
         seq.table.clear();
@@ -481,6 +511,56 @@ impl Engine {
         seq.registered = 0;
         self.stats.preemptions += 1;
         self.metrics.preempted();
+        seq
+    }
+
+    /// Move sequences between the slot holders and the parked until the split between
+    /// requests is fair ([`crate::share::rebalance`]).
+    fn rebalance(&mut self) {
+        loop {
+            let holders: Vec<u64> = self
+                .running
+                .iter()
+                .chain(self.waiting.iter())
+                .map(|s| s.group)
+                .collect();
+            let parked: Vec<u64> = self.parked.iter().map(|s| s.group).collect();
+            let Some(mv) = crate::share::rebalance(&holders, &parked, self.cfg.max_num_seqs) else {
+                return;
+            };
+            let (give_up, take) = match mv {
+                Move::Park(g) => (Some(g), None),
+                Move::Unpark(i) => (None, Some(i)),
+                Move::Swap(g, i) => (Some(g), Some(i)),
+            };
+            // Take first: parking pushes to the back of `parked`, which leaves `i` in place.
+            if let Some(seq) = take.and_then(|i| self.parked.remove(i)) {
+                self.waiting.push_back(seq);
+            }
+            if let Some(g) = give_up {
+                // The youngest holder of the group: a waiting one costs nothing to park.
+                let seq = if let Some(i) = self.waiting.iter().rposition(|s| s.group == g) {
+                    self.waiting.remove(i)
+                } else {
+                    self.running
+                        .iter()
+                        .rposition(|s| s.group == g)
+                        .map(|i| self.evict(i))
+                };
+                match seq {
+                    Some(seq) => {
+                        tracing::debug!(request_id = %seq.request_id, "sequence parked for the fair share");
+                        self.parked.push_back(seq);
+                    }
+                    None => return,
+                }
+            }
+        }
+    }
+
+    /// Free a running sequence's blocks and put it back at the front of the queue.
+    fn preempt(&mut self, idx: usize) {
+        let seq = self.evict(idx);
         tracing::debug!(request_id = %seq.request_id, "sequence preempted for recompute");
         self.waiting.push_front(seq);
     }
@@ -584,6 +664,7 @@ impl Engine {
         if crate::fault::scheduler_panic() {
             panic!("injected scheduler fault (ENGINE_FAULT_INJECT)");
         }
+        self.rebalance();
         let plan = self.schedule();
         if plan.is_empty() {
             if !self.waiting.is_empty() && self.running.is_empty() {
@@ -818,10 +899,13 @@ impl Engine {
 
     fn publish(&mut self) {
         self.stats.running = self.running.len();
-        self.stats.waiting = self.waiting.len();
+        self.stats.waiting = self.waiting.len() + self.parked.len();
         self.stats.blocks = self.blocks.stats();
-        self.metrics
-            .queue(self.running.len(), self.waiting.len(), self.blocks.usage());
+        self.metrics.queue(
+            self.running.len(),
+            self.waiting.len() + self.parked.len(),
+            self.blocks.usage(),
+        );
         match self.shared.stats.lock() {
             Ok(mut s) => *s = self.stats.clone(),
             Err(p) => *p.into_inner() = self.stats.clone(),

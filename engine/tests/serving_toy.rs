@@ -845,3 +845,65 @@ async fn the_front_door_checks_before_it_starts() {
         assert_eq!(out.finish.completion_tokens, 3);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_request_cannot_take_every_slot() {
+    use engine::handle::{PromptOptions, PromptSource, SubmitOptions};
+    let mut model = ToyModel::new(512);
+    model.delay = Duration::from_millis(2);
+    let cfg = EngineConfig {
+        max_num_seqs: 4,
+        ..config()
+    };
+    let (_e, m) = start(model, &cfg);
+    let prompt = |text: &str| {
+        m.prompt(
+            PromptSource::Text(text.into()),
+            PromptOptions {
+                add_special_tokens: false,
+                truncate_prompt_tokens: None,
+                field: "prompt",
+            },
+        )
+        .unwrap()
+    };
+    let opts = |id: &str, max_tokens, n| SubmitOptions {
+        request_id: id.into(),
+        params: greedy(0),
+        max_tokens: Some(max_tokens),
+        max_tokens_field: "max_tokens",
+        n,
+        cache_salt: None,
+    };
+    // A lone request runs all its choices at once.
+    let big = m
+        .submit(vec![prompt("AB")], Vec::new(), opts("big", 100, 4))
+        .await
+        .unwrap();
+    wait_for(&m, "the big request running", |s| s.running == 4).await;
+    // A newcomer gets its fair share of the slots (2 of 4), not a 503; more than its share
+    // is refused as overload.
+    match m
+        .submit(vec![prompt("CD")], Vec::new(), opts("greedy", 5, 3))
+        .await
+    {
+        Err(EngineError::Overloaded(_)) => {}
+        Err(e) => panic!("expected Overloaded, got {e:?}"),
+        Ok(_) => panic!("expected Overloaded, got streams"),
+    }
+    let small = m
+        .submit(vec![prompt("CD")], Vec::new(), opts("small", 5, 2))
+        .await
+        .unwrap();
+    for c in small.choices {
+        assert_eq!(collect(c.stream).await.ids, expected(&ids("CD"), 5));
+    }
+    // The newcomer finished while every choice of the big request was still in the engine:
+    // it took slots from the big request, which gave two up (preempted, recomputed later).
+    let stats = m.engine_stats().unwrap();
+    assert_eq!(stats.running + stats.waiting, 4, "{stats:?}");
+    assert!(stats.preemptions >= 2, "{stats:?}");
+    for c in big.choices {
+        assert_eq!(collect(c.stream).await.ids, expected(&ids("AB"), 100));
+    }
+}

@@ -153,6 +153,51 @@ async fn more_sequences_than_max_num_seqs_is_a_400() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_holding_every_slot_leaves_a_newcomer_its_share() {
+    let app = server(&["--max-num-seqs", "2"]);
+    // A stream of n = 2 takes both slots; its first event shows it is running.
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(
+            json!({"model": MODEL, "prompt": "Hi", "n": 2, "max_tokens": 1500,
+                   "ignore_eos": true, "stream": true})
+            .to_string(),
+        ))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let mut body = resp.into_body();
+    let first = body.frame().await.unwrap().unwrap();
+    assert!(first.data_ref().is_some_and(|d| d.starts_with(b"data: ")));
+    // Another request gets its share (1 of 2) and runs while the stream is open...
+    let (status, reply) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(status, 200, "{reply}");
+    assert_eq!(reply["usage"]["completion_tokens"], 2, "{reply}");
+    // ...but not more than its share: that is overload, not a 400.
+    let (status, reply) = call(
+        &app,
+        "POST",
+        "/v1/completions",
+        Some(json!({"model": MODEL, "prompt": "Hi", "n": 2, "max_tokens": 2})),
+    )
+    .await;
+    assert_eq!(status, 503, "{reply}");
+    // The stream is still going.
+    let next = body.frame().await.unwrap().unwrap();
+    assert!(next
+        .data_ref()
+        .is_some_and(|d| !d.starts_with(b"data: [DONE]")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_503_once_draining() {
     let (app, state) = server_and_state(&[]);
     assert_eq!(call(&app, "GET", "/health", None).await.0, 200);

@@ -178,6 +178,7 @@ impl ModelHandle {
             budgets.push(self.fit_max_tokens(ids.len(), &opts)?);
         }
         let mut choices = Vec::with_capacity(wanted);
+        let mut reserved = self.reserve(wanted)?;
         let mut prompt_tokens = Vec::with_capacity(prompts.len());
         for (p, (ids, max_tokens)) in prompts.into_iter().zip(budgets).enumerate() {
             prompt_tokens.push(ids.len());
@@ -186,13 +187,16 @@ impl ModelHandle {
                 params.max_tokens = max_tokens;
                 // Distinct but reproducible samples per choice when seeded.
                 params.seed = params.seed.map(|s| s.wrapping_add(j as u64));
-                let stream = self.generate(GenerateRequest {
-                    request_id: format!("{}-{}", opts.request_id, p * n + j),
-                    prompt_ids: ids.clone(),
-                    params,
-                    cache_salt: opts.cache_salt.clone(),
-                    media: media.clone(),
-                })?;
+                let stream = self.generate_in(
+                    GenerateRequest {
+                        request_id: format!("{}-{}", opts.request_id, p * n + j),
+                        prompt_ids: ids.clone(),
+                        params,
+                        cache_salt: opts.cache_salt.clone(),
+                        media: media.clone(),
+                    },
+                    Some(&mut reserved),
+                )?;
                 choices.push(Choice {
                     index: p * n + j,
                     prompt_idx: p,
