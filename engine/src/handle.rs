@@ -656,6 +656,8 @@ impl ModelHandle {
                 ));
             }
         }
+        let started = Instant::now();
+        let tokens: usize = inputs.iter().map(Vec::len).sum();
         let (reply, wait) = oneshot::channel();
         match e.jobs.try_send(EmbedJob { inputs, reply }) {
             Ok(()) => {}
@@ -666,7 +668,15 @@ impl ModelHandle {
             }
             Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
         }
-        wait.await
-            .map_err(|_| EngineError::Internal("the embedding worker stopped".into()))?
+        let vectors = wait
+            .await
+            .map_err(|_| EngineError::Internal("the embedding worker stopped".into()))??;
+        // Counted like a finished generation, so the request and token counters cover every
+        // model a dashboard shows; a request whose client left is not counted.
+        self.inner.metrics.prompt_tokens(tokens);
+        self.inner
+            .metrics
+            .request_finished(crate::api::FinishReason::Stop, started.elapsed());
+        Ok(vectors)
     }
 }
