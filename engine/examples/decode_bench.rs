@@ -5,6 +5,7 @@
 //! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128] [--activations q8|f32]
 //!     [--batches 1,4,16] [--prefill 128,512] [--decode-only] [--outside-pool]
 //!     [--device cpu|cuda[:N]] [--dtype auto|bfloat16|float16|float32]
+//!     [--kv-cache-dtype auto|float32|float16|bfloat16]
 //! ```
 //!
 //! On a GPU (`--features cuda`), each step includes copying its logits back to the host, as
@@ -25,7 +26,7 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::device::{DTypeRequest, Device, DeviceRequest};
-use engine::model::{ActivationMode, CausalLm, KvBudget, SeqChunk};
+use engine::model::{ActivationMode, CausalLm, KvBudget, KvDtype, SeqChunk};
 
 const BLOCK: usize = 16;
 
@@ -40,7 +41,11 @@ struct Args {
     prefill: Vec<usize>,
     device: DeviceRequest,
     dtype: DTypeRequest,
+    kv_dtype: KvDtype,
 }
+
+/// The KV cache type every cache of this run takes (set once from the arguments).
+static KV_DTYPE: std::sync::OnceLock<KvDtype> = std::sync::OnceLock::new();
 
 fn list(name: &str, v: String) -> Result<Vec<usize>, String> {
     v.split(',')
@@ -61,6 +66,7 @@ fn parse_args() -> Result<Args, String> {
         prefill: vec![128, 512],
         device: DeviceRequest::Cpu,
         dtype: DTypeRequest::Auto,
+        kv_dtype: KvDtype::Auto,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -86,6 +92,7 @@ fn parse_args() -> Result<Args, String> {
             "--prefill" => args.prefill = list("--prefill", value("--prefill")?)?,
             "--device" => args.device = value("--device")?.parse()?,
             "--dtype" => args.dtype = value("--dtype")?.parse()?,
+            "--kv-cache-dtype" => args.kv_dtype = value("--kv-cache-dtype")?.parse()?,
             "--decode-only" => args.decode_only = true,
             "--outside-pool" => args.outside_pool = true,
             other => return Err(format!("unknown argument {other}")),
@@ -141,6 +148,7 @@ fn budget(tokens: usize, rows: usize, seqs: usize) -> KvBudget {
     KvBudget {
         max_batched_tokens: rows,
         max_seqs: seqs,
+        dtype: KV_DTYPE.get().copied().unwrap_or_default(),
         ..KvBudget::tokens(tokens)
     }
 }
@@ -197,6 +205,7 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
+    let _ = KV_DTYPE.set(args.kv_dtype);
     // Like the server with `--threads`: the steps run inside the pool (on one of its
     // threads), so parallel regions start without a hand-off from an outside thread.
     let builder = rayon::ThreadPoolBuilder::new().num_threads(args.threads);
@@ -235,6 +244,7 @@ fn measure(args: &Args) -> Result<(), String> {
         "threads": args.threads,
         "cpu_level": kernels::cpu_level().name(),
         "activations": model.activation_mode().as_str(),
+        "kv_cache_dtype": args.kv_dtype.as_str(),
         "in_pool": !args.outside_pool,
         "load_s": (load_s * 1000.0).round() / 1000.0,
         "decode_tokens": args.decode_tokens,

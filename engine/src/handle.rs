@@ -52,6 +52,9 @@ pub struct EngineConfig {
     /// ([`crate::model::DEFAULT_CPU_KV_TOKENS`]), or on a GPU what `gpu_memory_utilization`
     /// leaves after weights and activations.
     pub kv_cache_tokens: Option<usize>,
+    /// The KV cache's element type (`--kv-cache-dtype`): CPU decoders store f32, f16 or bf16;
+    /// a GPU model's cache takes the model's type.
+    pub kv_cache_dtype: crate::model::KvDtype,
     pub block_size: usize,
     pub enable_prefix_caching: bool,
     pub threads: Option<usize>,
@@ -77,6 +80,7 @@ impl Default for EngineConfig {
             max_num_active_seqs: None,
             max_num_batched_tokens: 2048,
             kv_cache_tokens: None,
+            kv_cache_dtype: crate::model::KvDtype::Auto,
             block_size: 16,
             enable_prefix_caching: true,
             threads: None,

@@ -42,6 +42,111 @@ pub struct KvBudget {
     pub max_batched_tokens: usize,
     /// The most sequences in one step (`--max-num-active-seqs`).
     pub max_seqs: usize,
+    /// The element type of a host (CPU) cache (`--kv-cache-dtype`).
+    pub dtype: KvDtype,
+}
+
+/// The element type of the KV cache (`--kv-cache-dtype`, vLLM's flag).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvDtype {
+    /// f32 on the CPU; a GPU model's cache takes the model's type.
+    #[default]
+    Auto,
+    Float32,
+    Float16,
+    Bfloat16,
+}
+
+impl KvDtype {
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            KvDtype::Auto => "auto",
+            KvDtype::Float32 => "float32",
+            KvDtype::Float16 => "float16",
+            KvDtype::Bfloat16 => "bfloat16",
+        }
+    }
+
+    /// Bytes per element in a host cache.
+    pub const fn host_size(self) -> usize {
+        match self {
+            KvDtype::Auto | KvDtype::Float32 => 4,
+            KvDtype::Float16 | KvDtype::Bfloat16 => 2,
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s {
+            "auto" => Ok(KvDtype::Auto),
+            "float32" | "fp32" => Ok(KvDtype::Float32),
+            "float16" | "half" | "fp16" => Ok(KvDtype::Float16),
+            "bfloat16" | "bf16" => Ok(KvDtype::Bfloat16),
+            other if other.starts_with("fp8") => Err(format!(
+                "kv cache dtype `{other}` is not supported: 8-bit caches are not built (supported: auto, float32, float16, bfloat16)"
+            )),
+            other => Err(format!(
+                "unknown kv cache dtype `{other}` (supported: auto, float32, float16, bfloat16)"
+            )),
+        }
+    }
+}
+
+/// One layer's K or V storage in a host cache, in the cache's element type.
+#[derive(Debug)]
+pub enum KvBuf {
+    F32(Vec<f32>),
+    F16(Vec<half::f16>),
+    Bf16(Vec<half::bf16>),
+}
+
+impl KvBuf {
+    fn zeroed(dtype: KvDtype, len: usize) -> Self {
+        match dtype {
+            KvDtype::Auto | KvDtype::Float32 => KvBuf::F32(vec![0.0; len]),
+            KvDtype::Float16 => KvBuf::F16(vec![half::f16::ZERO; len]),
+            KvDtype::Bfloat16 => KvBuf::Bf16(vec![half::bf16::ZERO; len]),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            KvBuf::F32(b) => b.len(),
+            KvBuf::F16(b) => b.len(),
+            KvBuf::Bf16(b) => b.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Store `src` at `off`, rounded to the cache's type.
+    pub fn write(&mut self, off: usize, src: &[f32]) {
+        use half::slice::HalfFloatSliceExt;
+        let n = src.len();
+        match self {
+            KvBuf::F32(b) => b[off..off + n].copy_from_slice(src),
+            KvBuf::F16(b) => b[off..off + n].convert_from_f32_slice(src),
+            KvBuf::Bf16(b) => b[off..off + n].convert_from_f32_slice(src),
+        }
+    }
+
+    /// The f32 storage (an f32 cache), for code that keeps its own data in it.
+    pub fn as_f32_mut(&mut self) -> Option<&mut [f32]> {
+        match self {
+            KvBuf::F32(b) => Some(b),
+            _ => None,
+        }
+    }
 }
 
 /// KV tokens of a CPU model when the operator sets none.
@@ -55,6 +160,7 @@ impl KvBudget {
             gpu_memory_utilization: 0.9,
             max_batched_tokens: 2048,
             max_seqs: 256,
+            dtype: KvDtype::Auto,
         }
     }
 }
@@ -77,12 +183,22 @@ pub struct PagedKvCache {
     pub n_layers: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
-    pub k: Vec<Vec<f32>>,
-    pub v: Vec<Vec<f32>>,
+    pub k: Vec<KvBuf>,
+    pub v: Vec<KvBuf>,
 }
 
 impl PagedKvCache {
+    /// An f32 cache.
     pub fn new(info: &DecoderInfo, block_size: usize, num_blocks: usize) -> Self {
+        Self::with_dtype(info, block_size, num_blocks, KvDtype::Float32)
+    }
+
+    pub fn with_dtype(
+        info: &DecoderInfo,
+        block_size: usize,
+        num_blocks: usize,
+        dtype: KvDtype,
+    ) -> Self {
         let per_layer = num_blocks * block_size * info.n_kv_heads * info.head_dim;
         PagedKvCache {
             block_size,
@@ -90,8 +206,12 @@ impl PagedKvCache {
             n_layers: info.n_layers,
             n_kv_heads: info.n_kv_heads,
             head_dim: info.head_dim,
-            k: (0..info.n_layers).map(|_| vec![0.0; per_layer]).collect(),
-            v: (0..info.n_layers).map(|_| vec![0.0; per_layer]).collect(),
+            k: (0..info.n_layers)
+                .map(|_| KvBuf::zeroed(dtype, per_layer))
+                .collect(),
+            v: (0..info.n_layers)
+                .map(|_| KvBuf::zeroed(dtype, per_layer))
+                .collect(),
         }
     }
 
@@ -107,9 +227,9 @@ impl PagedKvCache {
         (block * self.block_size + pos % self.block_size) * self.token_stride()
     }
 
-    /// Bytes of KV storage per token (all layers, K and V, f32).
-    pub fn bytes_per_token(info: &DecoderInfo) -> usize {
-        info.n_layers * info.n_kv_heads * info.head_dim * 2 * std::mem::size_of::<f32>()
+    /// Bytes of KV storage per token (all layers, K and V) in a cache of `dtype`.
+    pub fn bytes_per_token(info: &DecoderInfo, dtype: KvDtype) -> usize {
+        info.n_layers * info.n_kv_heads * info.head_dim * 2 * dtype.host_size()
     }
 }
 

@@ -178,6 +178,15 @@ pub struct ServeArgs {
     /// GPU, what --gpu-memory-utilization leaves after weights and activations).
     #[arg(long = "kv-cache-tokens")]
     pub kv_cache_tokens: Option<usize>,
+    /// The KV cache's element type: `auto` (f32 on the CPU; a GPU model's cache takes the
+    /// model's type), `float32`, `float16` or `bfloat16` (CPU decoders: half the memory; on SmolLM2 the
+    /// top logprobs move by up to 0.02 with float16 and 0.08 with bfloat16).
+    #[arg(
+        long = "kv-cache-dtype",
+        default_value = "auto",
+        value_name = "auto|float32|float16|bfloat16"
+    )]
+    pub kv_cache_dtype: engine::model::KvDtype,
     /// Where decoders run: `auto` (CUDA device 0 when a driver, a device, NVRTC and cuBLAS are
     /// present, else the CPU, with a log line saying why), `cpu`, `cuda` or `cuda:N`.
     #[arg(
@@ -420,6 +429,30 @@ mod tests {
             ActivationMode::Q8
         );
         assert!(serve(&["--activation-precision", "fp16"]).is_err());
+    }
+
+    #[test]
+    fn kv_cache_dtype_defaults_to_auto_and_refuses_fp8_by_name() {
+        let serve = |extra: &[&str]| {
+            let argv = ["gateway", "serve"].iter().chain(extra);
+            match Cli::try_parse_from(argv).map(|c| c.command) {
+                Ok(Command::Serve(args)) => Ok(args.kv_cache_dtype),
+                Ok(_) => panic!("not serve"),
+                Err(e) => Err(e.to_string()),
+            }
+        };
+        use engine::model::KvDtype;
+        assert_eq!(serve(&[]).unwrap(), KvDtype::Auto);
+        assert_eq!(
+            serve(&["--kv-cache-dtype", "bfloat16"]).unwrap(),
+            KvDtype::Bfloat16
+        );
+        assert_eq!(
+            serve(&["--kv-cache-dtype", "float16"]).unwrap(),
+            KvDtype::Float16
+        );
+        let err = serve(&["--kv-cache-dtype", "fp8"]).unwrap_err();
+        assert!(err.contains("8-bit caches are not built"), "{err}");
     }
 
     #[test]

@@ -279,6 +279,7 @@ impl Settings {
             max_num_active_seqs: args.max_num_active_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens.unwrap_or(2048),
             kv_cache_tokens: args.kv_cache_tokens,
+            kv_cache_dtype: args.kv_cache_dtype,
             threads: args.threads,
             activation_mode: args.activation_precision,
             device: args.device,

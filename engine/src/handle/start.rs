@@ -56,6 +56,7 @@ pub(super) fn start_decoder(
             gpu_memory_utilization: config.gpu_memory_utilization,
             max_batched_tokens: config.max_num_batched_tokens,
             max_seqs: active,
+            dtype: config.kv_cache_dtype,
         },
         max_model_len,
         enable_prefix_caching: config.enable_prefix_caching,

@@ -35,7 +35,8 @@ use memmap2::Mmap;
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::model::{
-    host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, PagedKvCache, SeqChunk,
+    host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, KvDtype, PagedKvCache,
+    SeqChunk,
 };
 
 use attention::{AttnShape, ChunkSpan};
@@ -468,8 +469,8 @@ impl LlamaModel {
                 for i in 0..span.len {
                     let t = span.row + i;
                     let off = kv.offset(span.block_table, span.start_pos + i);
-                    kv.k[li][off..off + kv_dim].copy_from_slice(&s.k[t * kv_dim..(t + 1) * kv_dim]);
-                    kv.v[li][off..off + kv_dim].copy_from_slice(&s.v[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.k[li].write(off, &s.k[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.v[li].write(off, &s.v[t * kv_dim..(t + 1) * kv_dim]);
                 }
             }
             attention::attend(&shape, &spans, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
@@ -730,7 +731,11 @@ impl CausalLm for LlamaModel {
             ));
         }
         let blocks = host_kv_blocks(block_size, budget);
-        let bytes = blocks * block_size * PagedKvCache::bytes_per_token(&self.info);
+        let dtype = match budget.dtype {
+            KvDtype::Auto => KvDtype::Float32,
+            d => d,
+        };
+        let bytes = blocks * block_size * PagedKvCache::bytes_per_token(&self.info, dtype);
         // The pages are zero-filled by the OS as they are first written, so the process grows
         // towards this size as sequences fill the cache: say so once, with the figure.
         tracing::info!(
@@ -738,10 +743,13 @@ impl CausalLm for LlamaModel {
             block_size,
             tokens = blocks * block_size,
             gib = %format!("{:.2}", bytes as f64 / (1u64 << 30) as f64),
-            "KV cache in host memory (f32; committed as it fills, --kv-cache-tokens sizes it)"
+            dtype = %dtype,
+            "KV cache in host memory (committed as it fills; --kv-cache-tokens sizes it, --kv-cache-dtype sets its type)"
         );
         let state = self.state.get_mut().unwrap_or_else(|e| e.into_inner());
-        state.kv = Some(PagedKvCache::new(&self.info, block_size, blocks));
+        state.kv = Some(PagedKvCache::with_dtype(
+            &self.info, block_size, blocks, dtype,
+        ));
         Ok(blocks)
     }
 

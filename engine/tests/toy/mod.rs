@@ -162,9 +162,14 @@ impl CausalLm for ToyModel {
                 return Err(EngineError::Internal("block table too short".into()));
             }
             let mut context = Vec::with_capacity(end);
-            for pos in 0..chunk.start_pos {
-                let off = kv.offset(chunk.block_table, pos);
-                let (tok, stored_pos) = (kv.k[0][off], kv.k[0][off + 1]);
+            let offsets: Vec<usize> = (0..end)
+                .map(|pos| kv.offset(chunk.block_table, pos))
+                .collect();
+            let k0 = kv.k[0]
+                .as_f32_mut()
+                .ok_or_else(|| EngineError::Internal("the toy keeps an f32 cache".into()))?;
+            for (pos, &off) in offsets[..chunk.start_pos].iter().enumerate() {
+                let (tok, stored_pos) = (k0[off], k0[off + 1]);
                 if stored_pos != pos as f32 + 1.0 {
                     return Err(EngineError::Internal(format!(
                         "KV cache has no token at position {pos}"
@@ -173,9 +178,9 @@ impl CausalLm for ToyModel {
                 context.push(tok as u32);
             }
             for (i, &t) in chunk.tokens.iter().enumerate() {
-                let off = kv.offset(chunk.block_table, chunk.start_pos + i);
-                kv.k[0][off] = t as f32;
-                kv.k[0][off + 1] = (chunk.start_pos + i) as f32 + 1.0;
+                let off = offsets[chunk.start_pos + i];
+                k0[off] = t as f32;
+                k0[off + 1] = (chunk.start_pos + i) as f32 + 1.0;
                 context.push(t);
             }
             out.push(chunk.want_logits.then(|| toy_logits(toy_next(&context))));

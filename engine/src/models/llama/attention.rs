@@ -12,6 +12,38 @@ use std::cell::RefCell;
 use kernels::ops;
 use rayon::prelude::*;
 
+use crate::model::KvBuf;
+
+/// An element type of the host KV cache: rows are read as f32.
+trait KvElem: Copy + Send + Sync {
+    /// `src` as f32: the slice itself for f32, else converted into `scratch`.
+    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
+}
+
+impl KvElem for f32 {
+    fn row<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
+        src
+    }
+}
+
+impl KvElem for half::f16 {
+    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
+        use half::slice::HalfFloatSliceExt;
+        let out = &mut scratch[..src.len()];
+        src.convert_to_f32_slice(out);
+        out
+    }
+}
+
+impl KvElem for half::bf16 {
+    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
+        use half::slice::HalfFloatSliceExt;
+        let out = &mut scratch[..src.len()];
+        src.convert_to_f32_slice(out);
+        out
+    }
+}
+
 /// Chunks at least this long take the gather + GEMM path.
 const GEMM_MIN_QUERIES: usize = 8;
 /// Queries per task on the GEMM path.
@@ -55,6 +87,8 @@ struct TaskScratch {
     acc: Vec<f32>,
     keys: Vec<f32>,
     values: Vec<f32>,
+    /// One cached row converted to f32 (16- and 8-bit caches).
+    row: Vec<f32>,
 }
 
 thread_local! {
@@ -72,8 +106,24 @@ pub(crate) fn attend(
     shape: &AttnShape,
     chunks: &[ChunkSpan<'_>],
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &KvBuf,
+    v_cache: &KvBuf,
+    out: &mut [f32],
+) {
+    match (k_cache, v_cache) {
+        (KvBuf::F32(k), KvBuf::F32(v)) => attend_typed(shape, chunks, q, k, v, out),
+        (KvBuf::F16(k), KvBuf::F16(v)) => attend_typed(shape, chunks, q, k, v, out),
+        (KvBuf::Bf16(k), KvBuf::Bf16(v)) => attend_typed(shape, chunks, q, k, v, out),
+        _ => panic!("K and V caches of different types"),
+    }
+}
+
+fn attend_typed<T: KvElem>(
+    shape: &AttnShape,
+    chunks: &[ChunkSpan<'_>],
+    q: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     out: &mut [f32],
 ) {
     let q_stride = shape.n_heads * shape.head_dim;
@@ -130,15 +180,15 @@ fn for_each_block(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn direct_task(
+fn direct_task<T: KvElem>(
     shape: &AttnShape,
     ch: &ChunkSpan<'_>,
     kvh: usize,
     i0: usize,
     i1: usize,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     out: OutPtr,
     s: &mut TaskScratch,
 ) {
@@ -146,8 +196,11 @@ fn direct_task(
     let q_stride = shape.n_heads * hd;
     let kv_stride = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
-    let TaskScratch { scores, acc, .. } = s;
+    let TaskScratch {
+        scores, acc, row, ..
+    } = s;
     acc.resize(hd, 0.0);
+    row.resize(hd, 0.0);
     for i in i0..i1 {
         let ctx = ch.start_pos + i + 1;
         if scores.len() < ctx {
@@ -165,7 +218,7 @@ fn direct_task(
                 |p0, off, n| {
                     for j in 0..n {
                         let o = off + j * kv_stride + kvh * hd;
-                        sc[p0 + j] = ops::dot(qv, &k_cache[o..o + hd]) * shape.scale;
+                        sc[p0 + j] = ops::dot(qv, T::row(&k_cache[o..o + hd], row)) * shape.scale;
                     }
                 },
             );
@@ -179,7 +232,7 @@ fn direct_task(
                 |p0, off, n| {
                     for j in 0..n {
                         let o = off + j * kv_stride + kvh * hd;
-                        ops::axpy(sc[p0 + j], &v_cache[o..o + hd], acc);
+                        ops::axpy(sc[p0 + j], T::row(&v_cache[o..o + hd], row), acc);
                     }
                 },
             );
@@ -193,15 +246,15 @@ fn direct_task(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn gemm_task(
+fn gemm_task<T: KvElem>(
     shape: &AttnShape,
     ch: &ChunkSpan<'_>,
     kvh: usize,
     i0: usize,
     i1: usize,
     q: &[f32],
-    k_cache: &[f32],
-    v_cache: &[f32],
+    k_cache: &[T],
+    v_cache: &[T],
     out: OutPtr,
     s: &mut TaskScratch,
 ) {
@@ -217,7 +270,9 @@ fn gemm_task(
         acc,
         keys,
         values,
+        row,
     } = s;
+    row.resize(hd, 0.0);
     keys.resize(ctx * hd, 0.0);
     values.resize(ctx * hd, 0.0);
     scores.resize(nq * ctx, 0.0);
@@ -229,8 +284,10 @@ fn gemm_task(
         |p0, off, n| {
             for j in 0..n {
                 let o = off + j * kv_stride + kvh * hd;
-                keys[(p0 + j) * hd..(p0 + j + 1) * hd].copy_from_slice(&k_cache[o..o + hd]);
-                values[(p0 + j) * hd..(p0 + j + 1) * hd].copy_from_slice(&v_cache[o..o + hd]);
+                keys[(p0 + j) * hd..(p0 + j + 1) * hd]
+                    .copy_from_slice(T::row(&k_cache[o..o + hd], row));
+                values[(p0 + j) * hd..(p0 + j + 1) * hd]
+                    .copy_from_slice(T::row(&v_cache[o..o + hd], row));
             }
         },
     );

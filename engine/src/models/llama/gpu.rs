@@ -391,6 +391,15 @@ impl CausalLm for GpuLlama {
                 Some("block_size"),
             ));
         }
+        if budget.dtype != crate::model::KvDtype::Auto {
+            return Err(EngineError::invalid(
+                format!(
+                    "--kv-cache-dtype {} applies to CPU decoders; a GPU model's KV cache takes the model's type (--dtype)",
+                    budget.dtype
+                ),
+                Some("kv_cache_dtype"),
+            ));
+        }
         self.kv = None;
         // Activations first, for the largest step the scheduler may run.
         self.ensure_scratch(budget.max_batched_tokens.max(1), budget.max_seqs.max(1))?;
