@@ -1,6 +1,7 @@
 //! Safetensors weights of an HF checkpoint folder: one `model.safetensors`, or shards listed
-//! in `model.safetensors.index.json`. Files are memory-mapped; a tensor is converted to f32 when
-//! it is asked for.
+//! in `model.safetensors.index.json`. Files are memory-mapped (or their bytes come mapped from
+//! the weight cache: [`SafetensorsWeights::from_maps`]); a tensor is converted to f32 when it
+//! is asked for.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;

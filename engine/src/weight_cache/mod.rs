@@ -72,8 +72,9 @@ pub struct CacheRequest<'a> {
     pub device: &'a str,
 }
 
-/// Loads a decoder through the cache. `Ok(None)` means "load from disk", with the reason
-/// (only with `fallback`); a checkpoint the cache cannot hold is an error either way.
+/// Loads a decoder (GGUF, or an HF safetensors folder) through the cache. `Ok(Err(reason))`
+/// means "load from disk" (only with `fallback`); a checkpoint the cache cannot hold is an
+/// error either way.
 pub fn load_decoder(
     path: &Path,
     req: &CacheRequest<'_>,
