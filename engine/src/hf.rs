@@ -3,6 +3,8 @@
 //!
 //! - [`detect`] tells what a model path holds, for the engine's dispatch.
 //! - [`load_encoder`] loads a BERT-family embedding model ready to serve.
+//! - [`load_decoder`] loads a Llama-family decoder; [`decoder_from_weights`] the same from
+//!   weights already mapped (the weight cache).
 //! - [`load_tokenizer`], [`read_chat_template`], [`read_special_tokens`] serve the decoder loaders.
 
 mod config;
@@ -152,6 +154,15 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
 /// Loads a decoder folder (`config.json`, safetensors, `tokenizer.json`, the chat template
 /// and special tokens): the Llama-family decoder of [`crate::models::llama`].
 pub fn load_decoder(dir: &Path) -> Result<crate::model::LoadedDecoder> {
+    decoder_from_weights(dir, &SafetensorsWeights::open(dir)?)
+}
+
+/// [`load_decoder`] with the weights already opened (from the folder's files, or from the
+/// weight cache's shared memory); everything else comes from `dir`.
+pub fn decoder_from_weights(
+    dir: &Path,
+    weights: &SafetensorsWeights,
+) -> Result<crate::model::LoadedDecoder> {
     let config_path = dir.join("config.json");
     let text = std::fs::read_to_string(&config_path)
         .map_err(|e| EngineError::load(config_path.display().to_string(), e.to_string()))?;
@@ -185,9 +196,8 @@ pub fn load_decoder(dir: &Path) -> Result<crate::model::LoadedDecoder> {
     };
     let eos = ids("eos_token_id");
     let bos = ids("bos_token_id").first().copied();
-    let weights = SafetensorsWeights::open(dir)?;
-    let model = crate::models::llama::LlamaModel::from_hf(dir, &config, &weights, bos, eos)?;
-    let media = crate::models::media::MediaEncoders::load(dir, &config, &weights)?.map(Box::new);
+    let model = crate::models::llama::LlamaModel::from_hf(dir, &config, weights, bos, eos)?;
+    let media = crate::models::media::MediaEncoders::load(dir, &config, weights)?.map(Box::new);
     let tokenizer = load_tokenizer(dir)?;
     let (bos_token, eos_token) = read_special_tokens(dir);
     let architecture = config

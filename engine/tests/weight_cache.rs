@@ -1,6 +1,7 @@
-//! The weight cache end to end inside one process: a daemon holding the real SmolLM2 GGUF in
-//! shared memory, engines loading through `--load-format ipc_cache` in each mode, and the
-//! failure paths (mismatch, absent daemon, unsupported checkpoint).
+//! The weight cache end to end inside one process: a daemon holding the real SmolLM2 GGUF or
+//! the committed tiny HF Llama (bf16 safetensors) in shared memory, engines loading through
+//! `--load-format ipc_cache` in each mode, and the failure paths (mismatch, a changed
+//! checkpoint, absent daemon, unsupported checkpoint).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -9,11 +10,14 @@ use std::time::{Duration, Instant};
 use engine::api::{GenerateRequest, SamplingParams};
 use engine::device::DTypeRequest;
 use engine::handle::{EngineConfig, EngineHandle, ModelSpec};
-use engine::weight_cache::daemon::{hold_checkpoint, Daemon, Held, Status};
+use engine::weight_cache::daemon::{Daemon, Status};
+use engine::weight_cache::hold::{hold_checkpoint, Held};
 use engine::weight_cache::protocol::Request;
 use engine::weight_cache::{CacheMode, LoadFormat, LoaderConfig};
 
 const NAME: &str = "smollm2";
+/// The served name of the HF checkpoint (its own socket).
+const HF: &str = "tiny-llama";
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -27,6 +31,10 @@ fn gguf() -> PathBuf {
         p.display()
     );
     p
+}
+
+fn tiny_llama() -> PathBuf {
+    root().join("tests/data/tiny-llama")
 }
 
 fn tmpdir(tag: &str) -> PathBuf {
@@ -61,16 +69,24 @@ fn loader(dir: &Path, mode: CacheMode, fallback: bool, state_timeout: Duration) 
 }
 
 fn start(cfg: &EngineConfig, path: &Path) -> engine::error::Result<EngineHandle> {
+    start_as(cfg, path, NAME)
+}
+
+fn start_as(cfg: &EngineConfig, path: &Path, name: &str) -> engine::error::Result<EngineHandle> {
     let spec = ModelSpec {
         path: path.display().to_string(),
-        served_name: NAME.into(),
+        served_name: name.into(),
     };
     EngineHandle::start(&[spec], cfg)
 }
 
 /// Greedy ids for a fixed prompt.
 async fn greedy(engine: &EngineHandle) -> Vec<u32> {
-    let m = engine.model(NAME).unwrap();
+    greedy_of(engine, NAME).await
+}
+
+async fn greedy_of(engine: &EngineHandle, name: &str) -> Vec<u32> {
+    let m = engine.model(name).unwrap();
     let req = GenerateRequest {
         request_id: "g".into(),
         prompt_ids: m.encode("The capital of France is", false).unwrap(),
@@ -225,6 +241,147 @@ fn encoders_cannot_be_cached_even_with_fallback() {
     assert!(err.contains("CUDA weight cache is not built"), "{err}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hf_decoder_loads_warm_as_from_disk() {
+    let dir = tmpdir("hf-paths");
+    let disk = start_as(
+        &config(LoadFormat::Auto, LoaderConfig::default()),
+        &tiny_llama(),
+        HF,
+    )
+    .unwrap();
+    let expected = greedy_of(&disk, HF).await;
+    drop(disk);
+
+    let daemon = Daemon::bind(&dir, HF).unwrap();
+    let h = hold_checkpoint(&tiny_llama(), DTypeRequest::Auto, "cpu").unwrap();
+    let file_len = std::fs::metadata(tiny_llama().join("model.safetensors"))
+        .unwrap()
+        .len();
+    assert_eq!(h.bytes(), file_len, "the file's bytes, one part");
+    assert_eq!(h.identity.architecture, "LlamaForCausalLM");
+    assert_eq!(h.identity.quantization, "BF16:20");
+    daemon.set_ready(h);
+
+    let warm_as = |mode| {
+        let cfg = config(
+            LoadFormat::IpcCache,
+            loader(&dir, mode, false, Duration::from_secs(5)),
+        );
+        start_as(&cfg, &tiny_llama(), HF).unwrap()
+    };
+    let warm = warm_as(CacheMode::ZeroCopy);
+    assert_eq!(greedy_of(&warm, HF).await, expected, "zero_copy");
+    assert_eq!(daemon.attached(), 1, "a zero_copy engine stays attached");
+    let copied = warm_as(CacheMode::Copy);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while daemon.attached() > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert_eq!(daemon.attached(), 1, "the copy engine detached");
+    daemon.shutdown(Some(Duration::ZERO));
+    drop(daemon);
+    assert_eq!(greedy_of(&copied, HF).await, expected, "copy");
+    assert_eq!(
+        greedy_of(&warm, HF).await,
+        expected,
+        "zero_copy after the daemon"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `tiny-llama` copied to `to`, with each tensor's type and bytes rewritten by `edit` and the
+/// header's `__metadata__` set to `metadata`.
+fn changed_tiny_llama(
+    to: &Path,
+    edit: impl Fn(safetensors::Dtype, &[u8]) -> (safetensors::Dtype, Vec<u8>),
+    metadata: Option<std::collections::HashMap<String, String>>,
+) {
+    std::fs::create_dir_all(to).unwrap();
+    for e in std::fs::read_dir(tiny_llama()).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+    }
+    let bytes = std::fs::read(tiny_llama().join("model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, safetensors::Dtype, Vec<usize>, Vec<u8>)> = st
+        .tensors()
+        .into_iter()
+        .map(|(name, view)| {
+            let (dtype, data) = edit(view.dtype(), view.data());
+            (name, dtype, view.shape().to_vec(), data)
+        })
+        .collect();
+    let views: Vec<(String, safetensors::tensor::TensorView<'_>)> = tensors
+        .iter()
+        .map(|(n, d, s, b)| {
+            let v = safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap();
+            (n.clone(), v)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, metadata, &to.join("model.safetensors")).unwrap();
+}
+
+#[test]
+fn a_changed_hf_checkpoint_fails_fast_naming_the_fields() {
+    let dir = tmpdir("hf-changed");
+    let sock = dir.join("sock");
+    let daemon = Daemon::bind(&sock, HF).unwrap();
+    daemon.set_ready(hold_checkpoint(&tiny_llama(), DTypeRequest::Auto, "cpu").unwrap());
+    let cached = |fallback| {
+        let timeout = Duration::from_secs(60);
+        config(
+            LoadFormat::IpcCache,
+            loader(&sock, CacheMode::ZeroCopy, fallback, timeout),
+        )
+    };
+    let no_fallback = cached(false);
+    let refused = |model: &Path| {
+        let t = Instant::now();
+        let err = start_as(&no_fallback, model, HF).err().unwrap().to_string();
+        assert!(t.elapsed() < Duration::from_secs(20), "never a wait");
+        err
+    };
+
+    // The same tensors under an edited header (one more metadata entry).
+    let edited = dir.join("edited");
+    let meta = [("edited".to_string(), "yes".to_string())].into();
+    changed_tiny_llama(&edited, |d, b| (d, b.to_vec()), Some(meta));
+    let err = refused(&edited);
+    assert!(err.contains("checkpoint_digest (daemon: sha256:"), "{err}");
+    for same in ["quantization", "architecture", "dtype (", "device", "role"] {
+        assert!(!err.contains(same), "{same} is not a difference: {err}");
+    }
+
+    // Another dtype: every tensor stored as F32.
+    let f32_copy = dir.join("f32");
+    let to_f32 = |d: safetensors::Dtype, b: &[u8]| {
+        assert_eq!(d, safetensors::Dtype::BF16);
+        let out = b
+            .chunks_exact(2)
+            .flat_map(|c| {
+                half::bf16::from_le_bytes([c[0], c[1]])
+                    .to_f32()
+                    .to_le_bytes()
+            })
+            .collect();
+        (safetensors::Dtype::F32, out)
+    };
+    changed_tiny_llama(&f32_copy, to_f32, None);
+    let err = refused(&f32_copy);
+    assert!(err.contains("checkpoint_digest (daemon: sha256:"), "{err}");
+    assert!(
+        err.contains("quantization (daemon: BF16:20, engine: F32:20)"),
+        "{err}"
+    );
+
+    // With fallback the changed checkpoint loads from its own files.
+    assert!(start_as(&cached(true), &f32_copy, HF).is_ok());
+    assert_eq!(daemon.attached(), 0);
+    daemon.shutdown(Some(Duration::ZERO));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn a_removed_socket_is_a_part_that_exited() {
     let dir = tmpdir("gone");
@@ -246,7 +403,8 @@ fn a_removed_socket_is_a_part_that_exited() {
 
 /// A process of another user that reaches the socket (here through a folder and socket opened
 /// up on purpose, as a misconfiguration would) is refused by the peer-credential check: the
-/// daemon closes the connection without a word and hands nothing over. Needs root to run as
+/// daemon closes the connection without a word and hands nothing over (often before the
+/// request is written, so a broken pipe on the write is the same refusal). Needs root to run as
 /// another user; `protocol`'s unit tests cover the check itself everywhere.
 #[test]
 #[cfg_attr(not(host_root), ignore = "switching to another user needs root")]
@@ -274,9 +432,8 @@ fn another_user_is_refused_by_peer_credentials() {
     let script = "import socket, sys\n\
         s = socket.socket(socket.AF_UNIX)\n\
         s.connect(sys.argv[1])\n\
-        s.sendall(bytes.fromhex(sys.argv[2]))\n\
-        try:\n    got = s.recv(1)\n\
-        except ConnectionResetError:\n    got = b''\n\
+        try:\n    s.sendall(bytes.fromhex(sys.argv[2]))\n    got = s.recv(1)\n\
+        except (BrokenPipeError, ConnectionResetError):\n    got = b''\n\
         print('REFUSED' if got == b'' else 'ANSWERED')\n";
     let out = std::process::Command::new("python3")
         .args(["-c", script])

@@ -9,7 +9,8 @@ use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
 use engine::device::DeviceRequest;
-use engine::weight_cache::daemon::{hold_checkpoint, Daemon, Status};
+use engine::weight_cache::daemon::{Daemon, Status};
+use engine::weight_cache::hold::hold_checkpoint;
 use engine::weight_cache::protocol::default_socket_dir;
 
 use crate::cli::PreloadArgs;

@@ -43,6 +43,10 @@ struct Preload {
 
 impl Preload {
     fn start(socket_dir: &Path, extra: &[&str]) -> Preload {
+        Preload::start_model(&gguf(), NAME, socket_dir, extra)
+    }
+
+    fn start_model(model: &str, name: &str, socket_dir: &Path, extra: &[&str]) -> Preload {
         let bin = must(gateway_bin());
         let port = must(free_port());
         let dir = must(TempDir::new("preload"));
@@ -51,7 +55,7 @@ impl Preload {
         let child = Command::new(bin)
             .current_dir(workspace_root())
             .arg("preload")
-            .args(["--model", &gguf(), "--served-model-name", NAME])
+            .args(["--model", model, "--served-model-name", name])
             .arg("--weight-cache-socket-dir")
             .arg(socket_dir)
             .args(["--weight-cache-health-port", &port.to_string()])
@@ -153,7 +157,11 @@ async fn start(args: &[String]) -> Gateway {
 }
 
 async fn greedy(g: &Gateway) -> String {
-    let body = json!({"model": NAME, "prompt": "The capital of France is", "max_tokens": 12,
+    greedy_of(g, NAME).await
+}
+
+async fn greedy_of(g: &Gateway, name: &str) -> String {
+    let body = json!({"model": name, "prompt": "The capital of France is", "max_tokens": 12,
         "temperature": 0, "ignore_eos": true});
     let r = client()
         .post(format!("{}/v1/completions", g.base_url))
@@ -288,6 +296,40 @@ async fn copy_mode_survives_the_daemon_exiting() {
         daemon.output()
     );
     assert_eq!(greedy(&g).await, before);
+}
+
+/// An HF safetensors folder (the committed tiny bf16 Llama) through `gateway preload`: the
+/// engine maps the daemon's memory and answers as a disk load does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_hf_folder_is_preloaded_and_served_warm() {
+    let model = workspace_root()
+        .join("tests/data/tiny-llama")
+        .display()
+        .to_string();
+    let name = "tiny-llama";
+    let dir = must(TempDir::new("wc-hf"));
+    let mut daemon = Preload::start_model(&model, name, &dir.path, &[]);
+    daemon.wait_ready().await;
+    let served = |extra: &[&str]| {
+        let mut args = vec!["--model", &model, "--served-model-name", name];
+        args.extend_from_slice(extra);
+        args.into_iter().map(String::from).collect::<Vec<_>>()
+    };
+    let disk = start(&served(&[])).await;
+    let expected = greedy_of(&disk, name).await;
+    drop(disk);
+    let config = json!({"socket_dir": dir.path, "fallback": false, "mode": "zero_copy"});
+    let warm = start(&served(&[
+        "--load-format",
+        "ipc_cache",
+        "--model-loader-extra-config",
+        &config.to_string(),
+    ]))
+    .await;
+    let log = warm.output();
+    assert!(log.contains("weights from ipc_cache (daemon pid"), "{log}");
+    assert!(log.contains("LlamaForCausalLM dtype=auto BF16:20"), "{log}");
+    assert_eq!(greedy_of(&warm, name).await, expected);
 }
 
 #[test]

@@ -1,6 +1,7 @@
 //! Safetensors weights of an HF checkpoint folder: one `model.safetensors`, or shards listed
-//! in `model.safetensors.index.json`. Files are memory-mapped; a tensor is converted to f32 when
-//! it is asked for.
+//! in `model.safetensors.index.json`. Files are memory-mapped (or their bytes come mapped from
+//! the weight cache: [`SafetensorsWeights::from_maps`]); a tensor is converted to f32 when it
+//! is asked for.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fs::File;
@@ -70,62 +71,80 @@ impl std::fmt::Debug for SafetensorsWeights {
 }
 
 impl SafetensorsWeights {
-    /// Opens the weights in `dir`: `model.safetensors.index.json` if present (sharded), else
-    /// `model.safetensors`, else the only `*.safetensors` file in the folder.
+    /// Opens the weights in `dir`: the files [`SafetensorsWeights::file_names`] lists, each
+    /// memory-mapped.
     pub fn open(dir: &Path) -> Result<Self> {
-        let index_path = dir.join("model.safetensors.index.json");
-        let file_names: Vec<String> =
-            if index_path.is_file() {
-                let text = std::fs::read_to_string(&index_path)
-                    .map_err(|e| EngineError::load(display(&index_path), e.to_string()))?;
-                let index: ShardIndex = serde_json::from_str(&text).map_err(|e| {
-                    EngineError::load(display(&index_path), format!("invalid index: {e}"))
-                })?;
-                let mut names: Vec<String> = index.weight_map.into_values().collect();
-                names.sort();
-                names.dedup();
-                if names.is_empty() {
-                    return Err(EngineError::load(
-                        display(&index_path),
-                        "weight_map is empty",
-                    ));
-                }
-                names
-            } else if dir.join("model.safetensors").is_file() {
-                vec!["model.safetensors".to_string()]
-            } else {
-                let found = list_safetensors(dir)?;
-                match found.as_slice() {
-                    [one] => vec![one.clone()],
-                    [] => return Err(EngineError::load(
-                        display(dir),
-                        "no model.safetensors, model.safetensors.index.json or *.safetensors file",
-                    )),
-                    _ => {
-                        return Err(EngineError::load(
-                            display(dir),
-                            format!(
-                            "several safetensors files ({}) but no model.safetensors.index.json",
-                            found.join(", ")
-                        ),
-                        ))
-                    }
-                }
-            };
-        let mut files = Vec::with_capacity(file_names.len());
-        let mut tensors = HashMap::new();
-        for name in file_names {
+        let mut maps = Vec::new();
+        for name in Self::file_names(dir)? {
             let path = dir.join(&name);
             let file =
                 File::open(&path).map_err(|e| EngineError::load(display(&path), e.to_string()))?;
             // SAFETY: the map is read-only and private to this process. Like every mmap-based
             // loader we rely on the checkpoint file not being truncated or rewritten while it
-            // is served; the header is validated against the mapped length below, so a file
-            // that is corrupt from the start is an error rather than an out-of-bounds read.
+            // is served; the header is validated against the mapped length in `from_maps`, so
+            // a file that is corrupt from the start is an error rather than an out-of-bounds
+            // read.
             let mmap = unsafe { Mmap::map(&file) }
                 .map_err(|e| EngineError::load(display(&path), format!("cannot map: {e}")))?;
-            let (header_len, metadata) = SafeTensors::read_metadata(&mmap).map_err(|e| {
-                EngineError::load(display(&path), format!("corrupt safetensors file: {e}"))
+            maps.push((name, Arc::new(mmap)));
+        }
+        Self::from_maps(dir, maps)
+    }
+
+    /// The weight files of `dir`, relative to it: the shards of
+    /// `model.safetensors.index.json` if present (sorted), else `model.safetensors`, else the
+    /// only `*.safetensors` file in the folder.
+    pub fn file_names(dir: &Path) -> Result<Vec<String>> {
+        let index_path = dir.join("model.safetensors.index.json");
+        if index_path.is_file() {
+            let text = std::fs::read_to_string(&index_path)
+                .map_err(|e| EngineError::load(display(&index_path), e.to_string()))?;
+            let index: ShardIndex = serde_json::from_str(&text).map_err(|e| {
+                EngineError::load(display(&index_path), format!("invalid index: {e}"))
+            })?;
+            let mut names: Vec<String> = index.weight_map.into_values().collect();
+            names.sort();
+            names.dedup();
+            if names.is_empty() {
+                return Err(EngineError::load(
+                    display(&index_path),
+                    "weight_map is empty",
+                ));
+            }
+            return Ok(names);
+        }
+        if dir.join("model.safetensors").is_file() {
+            return Ok(vec!["model.safetensors".to_string()]);
+        }
+        let found = list_safetensors(dir)?;
+        match found.as_slice() {
+            [one] => Ok(vec![one.clone()]),
+            [] => Err(EngineError::load(
+                display(dir),
+                "no model.safetensors, model.safetensors.index.json or *.safetensors file",
+            )),
+            _ => Err(EngineError::load(
+                display(dir),
+                format!(
+                    "several safetensors files ({}) but no model.safetensors.index.json",
+                    found.join(", ")
+                ),
+            )),
+        }
+    }
+
+    /// Weights of the folder `dir` from bytes already mapped (its files, or the weight cache's
+    /// shared memory): one `(file name, map)` per file, in [`SafetensorsWeights::file_names`]
+    /// order. Every header is parsed and checked against its map's length.
+    pub fn from_maps(dir: &Path, maps: Vec<(String, Arc<Mmap>)>) -> Result<Self> {
+        let mut files: Vec<WeightFile> = Vec::with_capacity(maps.len());
+        let mut tensors = HashMap::new();
+        for (name, mmap) in maps {
+            let (header_len, metadata) = SafeTensors::read_metadata(&mmap[..]).map_err(|e| {
+                EngineError::load(
+                    display(&dir.join(&name)),
+                    format!("corrupt safetensors file: {e}"),
+                )
             })?;
             let file_idx = files.len();
             for (tensor, info) in metadata.tensors() {
@@ -136,16 +155,15 @@ impl SafetensorsWeights {
                         info: info.clone(),
                     },
                 ) {
-                    let prev_name: &WeightFile = &files[prev.file];
                     return Err(EngineError::load(
-                        display(&path),
-                        format!("tensor `{tensor}` is also in {}", prev_name.name),
+                        display(&dir.join(&name)),
+                        format!("tensor `{tensor}` is also in {}", files[prev.file].name),
                     ));
                 }
             }
             files.push(WeightFile {
                 name,
-                mmap: Arc::new(mmap),
+                mmap,
                 data_start: 8 + header_len,
             });
         }

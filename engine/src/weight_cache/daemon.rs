@@ -1,9 +1,8 @@
-//! The daemon side: load a checkpoint once into sealed memfds, and hand them to engines of the
-//! same user over a Unix socket. The gateway's `preload` command drives it (signals, health).
+//! The daemon side: hand the weights [`super::hold`] loaded once to engines of the same user
+//! over a Unix socket. The gateway's `preload` command drives it (signals, health).
 
-use std::fs::File;
 use std::io;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::AsFd;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -11,122 +10,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use memmap2::Mmap;
-use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
-
-use super::identity::{describe_diffs, CacheIdentity, Role};
-use super::protocol::{self, check_peer, PartInfo, Reply, Request};
-use crate::device::DTypeRequest;
-use crate::error::{EngineError, Result};
-use crate::gguf::GgufFile;
-
-/// Weights held for engines: the identity and one sealed memfd per part.
-pub struct Held {
-    pub identity: CacheIdentity,
-    parts: Vec<(PartInfo, OwnedFd)>,
-}
-
-impl Held {
-    pub fn bytes(&self) -> u64 {
-        self.parts.iter().map(|(p, _)| p.len).sum()
-    }
-
-    /// The same memory under another identity (tests of the mismatch path).
-    pub fn with_identity(self, identity: CacheIdentity) -> Held {
-        Held { identity, ..self }
-    }
-}
-
-/// What the engine does to a checkpoint at load, done once here. For a GGUF decoder that is
-/// nothing to the matrices: the engine serves them in place, in their stored (quantised)
-/// types, from the file's bytes, and builds its small f32 vectors (norms) and the tokenizer
-/// from those bytes at every start. So the held result is the file's bytes, in a memfd that
-/// the engine maps where it would have mapped the file. Before holding, the decoder is built
-/// once from the memfd, so a checkpoint the engine would refuse is refused here.
-///
-/// Other checkpoints cannot be held: HF encoders (BERT) convert every tensor to owned f32
-/// buffers at load, which no shared map can stand in for.
-pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result<Held> {
-    let name = path.display().to_string();
-    if device != "cpu" {
-        return Err(EngineError::BackendUnavailable(format!(
-            "the CUDA weight cache is not built in this version: only --device cpu can be preloaded (asked: {device})"
-        )));
-    }
-    if dtype != DTypeRequest::Auto {
-        return Err(EngineError::BackendUnavailable(format!(
-            "--dtype {dtype} applies to GPU models; the CPU engine serves the checkpoint's stored types (use --dtype auto)"
-        )));
-    }
-    let file_path = gguf_file(path)?;
-    let started = Instant::now();
-    let on_disk = GgufFile::open(&file_path)?;
-    let identity = CacheIdentity::of_gguf(&on_disk, dtype, device, Role::Target)?;
-    drop(on_disk);
-    let fd = memfd_create(
-        "gateway-weights",
-        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
-    )
-    .map_err(|e| EngineError::load(&name, format!("memfd_create: {e}")))?;
-    let mut dst = File::from(fd);
-    let mut src = File::open(&file_path)
-        .map_err(|e| EngineError::load(&name, format!("cannot open: {e}")))?;
-    let len = io::copy(&mut src, &mut dst)
-        .map_err(|e| EngineError::load(&name, format!("cannot copy into shared memory: {e}")))?;
-    // Sealed: no one, the daemon included, can change or resize the bytes an engine maps.
-    fcntl_add_seals(
-        &dst,
-        SealFlags::WRITE | SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL,
-    )
-    .map_err(|e| EngineError::load(&name, format!("cannot seal the shared memory: {e}")))?;
-    // SAFETY: the memfd is sealed against writes and resizing, so the map cannot change.
-    let map = unsafe { Mmap::map(&dst) }
-        .map_err(|e| EngineError::load(&name, format!("cannot map the shared memory: {e}")))?;
-    let check = crate::gguf::decoder_from_gguf(GgufFile::from_map(
-        file_path.display().to_string(),
-        Arc::new(map),
-    )?)?;
-    drop(check);
-    let part = PartInfo {
-        name: file_path
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        len,
-    };
-    tracing::info!(
-        file = %name,
-        bytes = len,
-        identity = %identity,
-        elapsed_ms = started.elapsed().as_millis() as u64,
-        "weights held in shared memory"
-    );
-    Ok(Held {
-        identity,
-        parts: vec![(part, OwnedFd::from(dst))],
-    })
-}
-
-/// The GGUF file of a checkpoint path, or the reason it cannot be held.
-pub fn gguf_file(path: &Path) -> Result<PathBuf> {
-    let name = path.display().to_string();
-    match crate::hf::detect(path) {
-        crate::hf::CheckpointKind::Gguf if path.is_dir() => crate::handle::single_gguf(path),
-        crate::hf::CheckpointKind::Gguf => Ok(path.to_path_buf()),
-        crate::hf::CheckpointKind::Encoder => Err(EngineError::load(
-            name,
-            "the weight cache cannot hold HF encoder checkpoints (the engine converts their tensors to f32 buffers of its own at load); serve it with --load-format auto",
-        )),
-        crate::hf::CheckpointKind::Decoder => Err(EngineError::load(
-            name,
-            "the weight cache holds GGUF decoders only; this HF safetensors checkpoint cannot be held yet: serve it with --load-format auto",
-        )),
-        crate::hf::CheckpointKind::Unknown => Err(EngineError::load(
-            name,
-            "not a recognised model: expected a .gguf file or an HF folder with config.json",
-        )),
-    }
-}
+use super::hold::Held;
+use super::identity::describe_diffs;
+use super::protocol::{self, check_peer, Reply, Request};
 
 /// Where the daemon stands, for the health endpoint and the shutdown.
 #[derive(Debug, Clone, PartialEq, Eq)]

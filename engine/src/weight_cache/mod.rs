@@ -4,24 +4,23 @@
 //! or copies them (`copy`) instead of loading from disk.
 //!
 //! One owner per hand-off: [`config`] (the engine's flags), [`identity`] (what the memory
-//! is), [`protocol`] (the wire and the socket's place), [`daemon`] (the holder) and
-//! [`client`] (the engine side). [`load_decoder`] is what the engine's loader calls.
+//! is), [`hold`] (what is held, and how it is built), [`protocol`] (the wire and the socket's
+//! place), [`daemon`] (the holder) and [`client`] (the engine side). [`load_decoder`] is what the engine's loader calls.
 
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod hold;
 pub mod identity;
 pub mod protocol;
 
 use std::path::Path;
-use std::sync::Arc;
 
 pub use config::{CacheMode, LoadFormat, LoaderConfig};
 pub use identity::{CacheIdentity, Role};
 
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
-use crate::gguf::GgufFile;
 use crate::model::LoadedDecoder;
 
 /// Which path loaded a model's weights (the start-up log line and the metrics label).
@@ -73,16 +72,15 @@ pub struct CacheRequest<'a> {
     pub device: &'a str,
 }
 
-/// Loads a decoder through the cache. `Ok(None)` means "load from disk", with the reason
-/// (only with `fallback`); a checkpoint the cache cannot hold is an error either way.
+/// Loads a decoder (GGUF, or an HF safetensors folder) through the cache. `Ok(Err(reason))`
+/// means "load from disk" (only with `fallback`); a checkpoint the cache cannot hold is an
+/// error either way.
 pub fn load_decoder(
     path: &Path,
     req: &CacheRequest<'_>,
 ) -> Result<std::result::Result<(LoadedDecoder, WeightsSource), String>> {
-    let file = daemon::gguf_file(path)?;
-    let on_disk = GgufFile::open(&file)?;
-    let want = CacheIdentity::of_gguf(&on_disk, req.dtype, req.device, Role::Target)?;
-    drop(on_disk);
+    let what = hold::Cacheable::of(path)?;
+    let want = what.identity(req.dtype, req.device, Role::Target)?;
     let dir = req
         .config
         .socket_dir
@@ -101,9 +99,11 @@ pub fn load_decoder(
         bytes: att.bytes(),
         identity: att.identity.to_string(),
     };
-    let map = att.maps.into_iter().next().ok_or_else(|| {
-        EngineError::load(path.display().to_string(), "the daemon sent no weights")
-    })?;
-    let gguf = GgufFile::from_map(file.display().to_string(), Arc::clone(&map))?;
-    Ok(Ok((crate::gguf::decoder_from_gguf(gguf)?, source)))
+    let parts = att
+        .parts
+        .into_iter()
+        .map(|p| p.name)
+        .zip(att.maps)
+        .collect();
+    Ok(Ok((what.decoder(parts)?, source)))
 }
