@@ -145,11 +145,25 @@ pub(super) fn start_encoder(
     let worker_alive = alive.clone();
     let batch_tokens = config.max_num_batched_tokens.max(1);
     let model = e.model;
+    // Its own pool: in a pool shared with a decoder, each of a decode step's many small
+    // parallel jobs would queue behind an embedding batch's large ones, so the decoder would
+    // get far less than half the CPU; with two pools the OS shares the cores between them.
+    let threads = config.threads.unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+    });
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .thread_name({
+            let name = spec.served_name.clone();
+            move |i| format!("embed-{name}-{i}")
+        })
+        .build()
+        .map_err(|err| EngineError::Internal(format!("cannot build the embedding pool: {err}")))?;
     std::thread::Builder::new()
         .name(format!("embed-{}", spec.served_name))
         .spawn(move || {
             let _guard = AliveFlag(worker_alive);
-            embed_worker(model, rx, batch_tokens);
+            pool.install(|| embed_worker(model, rx, batch_tokens));
         })
         .map_err(|err| {
             EngineError::Internal(format!("cannot start the embedding thread: {err}"))
