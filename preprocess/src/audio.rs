@@ -7,7 +7,7 @@
 //!   downmixes to mono by the mean of the channels.
 //! * [`resample`] (in `resample.rs`) converts between sample rates with
 //!   rubato's FFT resampler.
-//! * [`WhisperFeatureConfig::log_mel`] (in `mel.rs`) computes the log-mel
+//! * [`LogMel::log_mel`] (in `mel.rs`) computes the log-mel
 //!   spectrogram exactly as openai-whisper and Hugging Face's
 //!   `WhisperFeatureExtractor` do.
 //! * [`audio_to_features`] chains the three.
@@ -19,17 +19,12 @@ mod mel;
 mod resample;
 
 pub use decode::{declared_frames, decode_audio, DecodedAudio};
-pub use mel::{AudioFeatures, WhisperFeatureConfig};
+pub use media::spec::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, WHISPER_SAMPLE_RATE};
+pub use mel::{AudioFeatures, LogMel, WhisperFeatureConfig};
 pub use resample::{resample, resampled_len};
 
-/// The sample rate Whisper-style models expect.
-pub const WHISPER_SAMPLE_RATE: u32 = 16_000;
 /// The decoded-duration cap's default (CONTRACT section 4).
 pub const DEFAULT_MAX_DURATION_S: f64 = 600.0;
-/// Lowest sample rate accepted, for decoded audio and for resampling targets.
-pub const MIN_SAMPLE_RATE: u32 = 1_000;
-/// Highest sample rate accepted, for decoded audio and for resampling targets.
-pub const MAX_SAMPLE_RATE: u32 = 384_000;
 /// Most channels a decoded stream may have.
 pub const MAX_CHANNELS: usize = 64;
 
@@ -64,6 +59,18 @@ pub enum AudioError {
     InvalidConfig { key: String, reason: String },
     #[error("Cannot resample the audio: {0}")]
     Resample(String),
+}
+
+impl From<media::spec::SpecError> for AudioError {
+    fn from(e: media::spec::SpecError) -> Self {
+        use media::spec::SpecError;
+        match e {
+            SpecError::Image { key, reason } | SpecError::Audio { key, reason } => {
+                AudioError::InvalidConfig { key, reason }
+            }
+            SpecError::File { file, reason } => AudioError::InvalidConfig { key: file, reason },
+        }
+    }
 }
 
 /// Checks a sample rate against [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`].

@@ -16,7 +16,7 @@ use image::{ImageDecoder, ImageReader};
 use serde_json::Value;
 
 use crate::audio::{declared_frames, resampled_len, WhisperFeatureConfig};
-use crate::image::{ImageProcessor, Qwen2VlConfig};
+use crate::image::{ImageProcessor, PatchProcessor, Qwen2VlConfig};
 use crate::video::{self, sample_indices, VideoIoOptions, VideoLimits, JPEG_LIST_FPS};
 
 /// An item's cost as its header declares it.

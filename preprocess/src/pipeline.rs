@@ -26,84 +26,16 @@ use bytes::Bytes;
 use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
 use serde_json::Value;
 
-use crate::audio::{self, AudioIoOptions, WhisperFeatureConfig};
+use crate::audio::{self, AudioIoOptions};
 use crate::budget::{ByteBudget, Reservation};
 use crate::cache::{UuidCache, Weigh};
 use crate::error::PreprocessError;
 use crate::estimate::{self, Estimate};
 use crate::fetch::{FetchLimits, MediaFetcher, Payload};
-use crate::image::{self, ImageIoOptions, ImageProcessor, Qwen2VlConfig};
+use crate::image::{self, ImageIoOptions, ImageProcessor, PatchProcessor, ProcessImage};
 use crate::pool::{DecodePool, PoolConfig};
 use crate::video::{self, VideoIoOptions, VideoLimits};
 use crate::{ContentHash, Modality};
-
-/// How a model turns each modality into tensors; `None` where it takes no such input.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ModelMediaSpec {
-    pub image: Option<ImageProcessor>,
-    /// Video frames go through a patch processor (Qwen2-VL style: temporal patches).
-    pub video: Option<Qwen2VlConfig>,
-    pub audio: Option<WhisperFeatureConfig>,
-}
-
-impl ModelMediaSpec {
-    /// What a checkpoint folder's processor files say: a Qwen2-VL image processor
-    /// (`preprocessor_config.json`, with `video_preprocessor_config.json` for video when
-    /// present), or a Whisper feature extractor for audio. A folder with neither takes no
-    /// media.
-    pub fn from_model_dir(dir: &std::path::Path) -> Result<Self, PreprocessError> {
-        let read = |name: &str| -> Result<Option<Value>, PreprocessError> {
-            let path = dir.join(name);
-            let Ok(text) = std::fs::read_to_string(&path) else {
-                return Ok(None);
-            };
-            serde_json::from_str(&text).map(Some).map_err(|e| {
-                PreprocessError::Config(format!("{}: invalid JSON: {e}", path.display()))
-            })
-        };
-        let mut spec = ModelMediaSpec::default();
-        let Some(pre) = read("preprocessor_config.json")? else {
-            return Ok(spec);
-        };
-        let kind =
-            |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
-        if kind(&pre, "image_processor_type").starts_with("Qwen2VLImageProcessor") {
-            let image = Qwen2VlConfig::from_preprocessor_config(&pre)
-                .map_err(|e| PreprocessError::Config(format!("preprocessor_config.json: {e}")))?;
-            let video = match read("video_preprocessor_config.json")? {
-                Some(v) => Qwen2VlConfig::from_preprocessor_config(&v).map_err(|e| {
-                    PreprocessError::Config(format!("video_preprocessor_config.json: {e}"))
-                })?,
-                None => image.clone(),
-            };
-            spec.image = Some(ImageProcessor::Qwen2Vl(image));
-            spec.video = Some(video);
-        }
-        if kind(&pre, "feature_extractor_type") == "WhisperFeatureExtractor" {
-            spec.audio = Some(
-                WhisperFeatureConfig::from_preprocessor_config(&pre).map_err(|e| {
-                    PreprocessError::Config(format!("preprocessor_config.json: {e}"))
-                })?,
-            );
-        }
-        Ok(spec)
-    }
-
-    /// The modalities this spec can process.
-    pub fn modalities(&self) -> Vec<Modality> {
-        let mut out = Vec::new();
-        if self.image.is_some() {
-            out.push(Modality::Image);
-        }
-        if self.audio.is_some() {
-            out.push(Modality::Audio);
-        }
-        if self.video.is_some() {
-            out.push(Modality::Video);
-        }
-        out
-    }
-}
 
 /// One media item of a request, as the message parser found it.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +47,7 @@ pub struct MediaRequestItem {
 }
 
 pub use crate::budget::TokenBudget;
+pub use media::spec::ModelMediaSpec;
 pub use media::{MediaTensor, ProcessedMedia};
 
 impl Weigh for ProcessedMedia {

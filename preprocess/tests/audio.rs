@@ -10,7 +10,7 @@ use std::path::PathBuf;
 
 use preprocess::audio::{
     audio_to_features, decode_audio, resample, AudioError, AudioIoOptions, DecodedAudio,
-    WhisperFeatureConfig, WHISPER_SAMPLE_RATE,
+    LogMel, WhisperFeatureConfig, WHISPER_SAMPLE_RATE,
 };
 use serde_json::Value;
 

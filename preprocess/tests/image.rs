@@ -10,7 +10,8 @@ use std::io::Cursor;
 use image::codecs::gif::GifEncoder;
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 use preprocess::image::{
-    decode_image, ClipConfig, ImageError, ImageIoOptions, ImageMode, Qwen2VlConfig,
+    decode_image, ClipConfig, ImageError, ImageIoOptions, ImageMode, PatchProcessor,
+    ProcessImage, Qwen2VlConfig,
 };
 
 /// A deterministic picture: gradients and a checker, so resizes have something to do.
