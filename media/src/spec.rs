@@ -30,11 +30,11 @@ pub enum SpecError {
 }
 
 impl SpecError {
-    /// The key the error names (`None` for a whole file).
-    pub fn key(&self) -> Option<&str> {
+    /// What is wrong (the key or file, and why), for an error type that names the setting.
+    pub fn into_parts(self) -> (String, String) {
         match self {
-            SpecError::Image { key, .. } | SpecError::Audio { key, .. } => Some(key),
-            SpecError::File { .. } => None,
+            SpecError::Image { key, reason } | SpecError::Audio { key, reason } => (key, reason),
+            SpecError::File { file, reason } => (file, reason),
         }
     }
 }

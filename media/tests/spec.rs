@@ -73,8 +73,7 @@ fn whisper_config_from_preprocessor_json() {
         ("hop_length", json!(-1)),
         ("chunk_length", json!(100_000)),
     ] {
-        let err =
-            WhisperFeatureConfig::from_preprocessor_config(&json!({ key: bad })).unwrap_err();
+        let err = WhisperFeatureConfig::from_preprocessor_config(&json!({ key: bad })).unwrap_err();
         assert!(
             matches!(&err, SpecError::Audio { key: k, .. } if k == key),
             "{key}: {err}"

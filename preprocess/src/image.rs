@@ -20,7 +20,7 @@ use std::io::Cursor;
 
 use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
-use serde_json::Value;
+use policies::{ImageLoadOptions, ProcessorOptions};
 
 /// The most values one processed image or video may hold (512 MiB of f32): with the default
 /// 32 frames at Qwen2-VL's largest default size a video needs 96 M.
@@ -48,8 +48,6 @@ pub enum ImageError {
     Decode(String),
     #[error("The image format is not supported (supported: JPEG, PNG, WebP, GIF, BMP).")]
     UnsupportedFormat,
-    #[error("Invalid media_io_kwargs.image.{key}: {reason}")]
-    InvalidOption { key: String, reason: String },
     #[error("Invalid image processor setting {key}: {reason}")]
     InvalidConfig { key: String, reason: String },
     #[error("The image is {width}x{height}; it cannot be resized for this model ({reason}).")]
@@ -60,26 +58,7 @@ pub enum ImageError {
     },
 }
 
-/// `image_mode` of media_io_kwargs (Pillow's mode names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageMode {
-    Rgb,
-    Rgba,
-    L,
-    La,
-}
-
-impl ImageMode {
-    pub fn parse(name: &str) -> Option<ImageMode> {
-        match name {
-            "RGB" => Some(ImageMode::Rgb),
-            "RGBA" => Some(ImageMode::Rgba),
-            "L" => Some(ImageMode::L),
-            "LA" => Some(ImageMode::La),
-            _ => None,
-        }
-    }
-}
+pub use policies::ImageMode;
 
 /// How images are read: the `image` entry of media_io_kwargs plus the pixel cap.
 #[derive(Debug, Clone, PartialEq)]
@@ -100,42 +79,14 @@ impl Default for ImageIoOptions {
 }
 
 impl ImageIoOptions {
-    /// Reads `{"image_mode": "RGB", "rgba_background_color": [r, g, b]}`.
-    pub fn from_kwargs(image_kwargs: Option<&Value>) -> Result<Self, ImageError> {
-        let mut opts = ImageIoOptions::default();
-        let Some(value) = image_kwargs else {
-            return Ok(opts);
-        };
-        let bad = |key: &str, reason: &str| ImageError::InvalidOption {
-            key: key.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let Value::Object(map) = value else {
-            return Err(bad("", "must be an object"));
-        };
-        for (key, v) in map {
-            match key.as_str() {
-                "image_mode" => {
-                    let name = v.as_str().ok_or_else(|| bad(key, "must be a string"))?;
-                    opts.image_mode = ImageMode::parse(name)
-                        .ok_or_else(|| bad(key, "must be one of RGB, RGBA, L, LA"))?;
-                }
-                "rgba_background_color" => {
-                    let items = v
-                        .as_array()
-                        .filter(|a| a.len() == 3)
-                        .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
-                    for (slot, item) in opts.rgba_background_color.iter_mut().zip(items) {
-                        *slot = item
-                            .as_u64()
-                            .and_then(|n| u8::try_from(n).ok())
-                            .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
-                    }
-                }
-                _ => return Err(bad(key, "unknown option")),
-            }
+    /// How a request's images are read: its typed `media_io_kwargs.image` under the server's
+    /// pixel cap.
+    pub fn new(load: &ImageLoadOptions, max_pixels: u64) -> Self {
+        ImageIoOptions {
+            image_mode: load.image_mode,
+            rgba_background_color: load.rgba_background_color,
+            max_pixels,
         }
-        Ok(opts)
     }
 }
 
@@ -340,9 +291,9 @@ impl ProcessImage for ClipConfig {
 /// Qwen2-VL's patch processor: the pixel bounds a request may set, the reference smart resize,
 /// and images or video frames into flattened patches.
 pub trait PatchProcessor: Sized {
-    /// Applies `min_pixels` / `max_pixels` (or HF's `size: {shortest_edge, longest_edge}`)
-    /// from merged mm_processor_kwargs.
-    fn with_kwargs(self, kwargs: Option<&Value>) -> Result<Self, ImageError>;
+    /// Applies the request's `min_pixels` / `max_pixels` (merged mm_processor_kwargs) over
+    /// the model's.
+    fn with_options(self, options: &ProcessorOptions) -> Result<Self, ImageError>;
     /// The reference `smart_resize`: both sides multiples of patch*merge, the area within
     /// `[min_pixels, max_pixels]`, the aspect ratio kept as closely as possible.
     fn smart_resize(&self, height: u32, width: u32) -> Result<(u32, u32), ImageError>;
@@ -353,13 +304,8 @@ pub trait PatchProcessor: Sized {
 
 impl From<media::spec::SpecError> for ImageError {
     fn from(e: media::spec::SpecError) -> Self {
-        use media::spec::SpecError;
-        match e {
-            SpecError::Image { key, reason } | SpecError::Audio { key, reason } => {
-                ImageError::InvalidConfig { key, reason }
-            }
-            SpecError::File { file, reason } => ImageError::InvalidConfig { key: file, reason },
-        }
+        let (key, reason) = e.into_parts();
+        ImageError::InvalidConfig { key, reason }
     }
 }
 
@@ -371,32 +317,9 @@ impl ProcessImage for Qwen2VlConfig {
 }
 
 impl PatchProcessor for Qwen2VlConfig {
-    fn with_kwargs(mut self, kwargs: Option<&Value>) -> Result<Self, ImageError> {
-        let Some(Value::Object(map)) = kwargs else {
-            return Ok(self);
-        };
-        let num = |v: &Value, key: &str| -> Result<u64, ImageError> {
-            v.as_u64()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| ImageError::InvalidConfig {
-                    key: key.to_owned(),
-                    reason: "must be a positive integer".to_owned(),
-                })
-        };
-        if let Some(Value::Object(size)) = map.get("size") {
-            if let Some(v) = size.get("shortest_edge") {
-                self.min_pixels = num(v, "size.shortest_edge")?;
-            }
-            if let Some(v) = size.get("longest_edge") {
-                self.max_pixels = num(v, "size.longest_edge")?;
-            }
-        }
-        if let Some(v) = map.get("min_pixels") {
-            self.min_pixels = num(v, "min_pixels")?;
-        }
-        if let Some(v) = map.get("max_pixels") {
-            self.max_pixels = num(v, "max_pixels")?;
-        }
+    fn with_options(mut self, options: &ProcessorOptions) -> Result<Self, ImageError> {
+        self.min_pixels = options.min_pixels.unwrap_or(self.min_pixels);
+        self.max_pixels = options.max_pixels.unwrap_or(self.max_pixels);
         self.check_pixel_bounds()?;
         Ok(self)
     }
@@ -554,50 +477,29 @@ mod tests {
     }
 
     #[test]
-    fn kwargs_change_the_pixel_bounds() {
+    fn options_change_the_pixel_bounds() {
+        let options = |min: Option<u64>, max: Option<u64>| ProcessorOptions {
+            min_pixels: min,
+            max_pixels: max,
+            ..ProcessorOptions::default()
+        };
         let q = Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"max_pixels": 200704, "min_pixels": 3136}),
-            ))
+            .with_options(&options(Some(3136), Some(200_704)))
             .unwrap();
-        assert_eq!(q.max_pixels, 200_704);
+        assert_eq!((q.min_pixels, q.max_pixels), (3136, 200_704));
+        // Unset bounds keep the model's.
         let q = Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"size": {"shortest_edge": 100, "longest_edge": 5000}}),
-            ))
+            .with_options(&options(None, Some(5000)))
             .unwrap();
-        assert_eq!((q.min_pixels, q.max_pixels), (100, 5000));
-        assert!(Qwen2VlConfig::default()
-            .with_kwargs(Some(&serde_json::json!({"max_pixels": -1})))
-            .is_err());
-        assert!(Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"min_pixels": 10000, "max_pixels": 100})
-            ))
-            .is_err());
-    }
-
-    #[test]
-    fn io_options_parse_and_refuse_unknown_keys() {
-        let o = ImageIoOptions::from_kwargs(Some(&serde_json::json!({
-            "image_mode": "L", "rgba_background_color": [0, 10, 20]
-        })))
-        .unwrap();
-        assert_eq!(o.image_mode, ImageMode::L);
-        assert_eq!(o.rgba_background_color, [0, 10, 20]);
-        for bad in [
-            serde_json::json!({"image_mode": "CMYK"}),
-            serde_json::json!({"rgba_background_color": [0, 300, 0]}),
-            serde_json::json!({"rgba_background_color": [0, 0]}),
-            serde_json::json!({"colour": 1}),
-        ] {
-            let err = ImageIoOptions::from_kwargs(Some(&bad)).unwrap_err();
-            assert!(
-                err.to_string()
-                    .starts_with("Invalid media_io_kwargs.image."),
-                "{err}"
-            );
-        }
+        assert_eq!((q.min_pixels, q.max_pixels), (56 * 56, 5000));
+        // A request's bound may cross the model's other one.
+        let err = Qwen2VlConfig::default()
+            .with_options(&options(None, Some(100)))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ImageError::InvalidConfig { key, .. } if key == "min_pixels"),
+            "{err}"
+        );
     }
 
     #[test]

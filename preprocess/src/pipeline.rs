@@ -11,8 +11,9 @@
 //!    must fit in the request's [`TokenBudget`] (a 400 naming the item), and its decoded bytes,
 //!    reserved against the server's decoded-media budget (a 503 when it is taken);
 //! 4. each is decoded and processed on the bounded [`DecodePool`] (never on the reactor) with the
-//!    merged `media_io_kwargs` (how to load) and `mm_processor_kwargs` (how the model's processor
-//!    sizes it); untrusted video gets the tighter time budget and thread cap;
+//!    request's typed [`MediaOptions`] (from the merged `media_io_kwargs`: how to load; from
+//!    `mm_processor_kwargs`: how the model's processor sizes it); untrusted video gets the
+//!    tighter time budget and thread cap;
 //! 5. results carrying a `uuid` are cached under it.
 //!
 //! Each result has a content hash over the media's bytes and the options that shaped its tensor
@@ -23,10 +24,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
-use serde_json::Value;
+use policies::{MediaOptions, MediaUrlPolicy};
 
-use crate::audio::{self, AudioIoOptions};
+use crate::audio::{self, AudioIoOptions, DEFAULT_MAX_DURATION_S};
 use crate::budget::{ByteBudget, Reservation};
 use crate::cache::{UuidCache, Weigh};
 use crate::error::PreprocessError;
@@ -115,24 +115,12 @@ impl std::fmt::Debug for MediaPipeline {
     }
 }
 
-/// The startup-only keys of a modality's kwargs are settings of the server, never of the loader.
-fn loader_kwargs(map: Option<&KwargsMap>) -> Option<Value> {
-    let map = map?;
-    let kept: KwargsMap = map
-        .iter()
-        .filter(|(k, _)| !policies::is_startup_only_key(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    (!kept.is_empty()).then_some(Value::Object(kept))
-}
-
 /// What a job needs to turn fetched bytes into a tensor (owned: it moves to the pool).
 struct Job {
     modality: Modality,
     payload: Payload,
     mime: Option<String>,
-    io: Option<Value>,
-    mm: Value,
+    options: MediaOptions,
     spec: ModelMediaSpec,
     max_image_pixels: u64,
     max_audio_duration_s: f64,
@@ -176,7 +164,7 @@ impl MediaPipeline {
     pub async fn process(
         &self,
         items: &[MediaRequestItem],
-        kwargs: &MergedKwargs,
+        options: &MediaOptions,
         trusted: bool,
         spec: &ModelMediaSpec,
         budget: TokenBudget,
@@ -195,7 +183,6 @@ impl MediaPipeline {
             *index += 1;
         }
         // (2) fetch the rest concurrently.
-        let mm = Value::Object(kwargs.mm_processor_kwargs().clone());
         let wanted: Vec<(usize, &str)> = items
             .iter()
             .enumerate()
@@ -215,8 +202,7 @@ impl MediaPipeline {
                 modality: items[i].modality,
                 payload: fetched.payload,
                 mime: fetched.mime,
-                io: loader_kwargs(kwargs.media_kwargs(items[i].modality.as_str())),
-                mm: mm.clone(),
+                options: options.clone(),
                 spec: spec.clone(),
                 max_image_pixels: self.config.max_image_pixels,
                 max_audio_duration_s: self.config.max_audio_duration_s,
@@ -366,7 +352,7 @@ fn estimate_job(job: &Job) -> Option<Estimate> {
         (Modality::Image, Payload::Bytes(bytes)) => estimate::image(
             bytes,
             job.spec.image.as_ref()?,
-            &job.mm,
+            job.options.processor().ok()?,
             job.max_image_pixels,
         ),
         (Modality::Audio, Payload::Bytes(bytes)) => {
@@ -374,12 +360,13 @@ fn estimate_job(job: &Job) -> Option<Estimate> {
         }
         (Modality::Video, payload) => {
             let q = job.spec.video.as_ref()?;
-            let opts = VideoIoOptions::from_kwargs(job.io.as_ref()).ok()?;
+            let mm = job.options.processor().ok()?;
+            let opts = VideoIoOptions::new(job.options.video().ok()?);
             match payload {
                 Payload::Bytes(bytes) => {
-                    estimate::container(bytes, q, &job.mm, &opts, &job.video_limits)
+                    estimate::container(bytes, q, mm, &opts, &job.video_limits)
                 }
-                Payload::JpegFrames(frames) => estimate::jpeg_frames(frames, q, &job.mm, &opts),
+                Payload::JpegFrames(frames) => estimate::jpeg_frames(frames, q, mm, &opts),
             }
         }
         _ => None,
@@ -394,14 +381,16 @@ fn payload_parts(payload: &Payload) -> Vec<&[u8]> {
     }
 }
 
-/// Hash of the media's bytes plus the options that shaped its tensor.
+/// Hash of the media's bytes plus the options that shaped its tensor: the processor's and
+/// those of its modality's loader.
 fn content_hash(job: &Job) -> ContentHash {
-    let options = serde_json::json!({
-        "modality": job.modality.as_str(),
-        "io": job.io,
-        "mm": job.mm,
-    })
-    .to_string();
+    let o = &job.options;
+    let load = match job.modality {
+        Modality::Image => format!("{:?}", o.image()),
+        Modality::Video => format!("{:?}", o.video()),
+        Modality::Audio => format!("{:?}", o.audio()),
+    };
+    let options = format!("{}|{load}|{:?}", job.modality, o.processor());
     let mut parts = vec![options.as_bytes()];
     parts.extend(payload_parts(&job.payload));
     ContentHash::of_parts(parts)
@@ -416,8 +405,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
     let tensor = match job.modality {
         Modality::Image => {
             let processor = job.spec.image.as_ref().ok_or_else(not_accepted)?;
-            let mut io = ImageIoOptions::from_kwargs(job.io.as_ref())?;
-            io.max_pixels = job.max_image_pixels;
+            let io = ImageIoOptions::new(job.options.image()?, job.max_image_pixels);
             let Payload::Bytes(bytes) = &job.payload else {
                 return Err(PreprocessError::WrongPayload {
                     modality: job.modality,
@@ -425,16 +413,17 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
             };
             let rgb = image::decode_image(bytes, &io)?.into_rgb();
             let processed = match processor {
-                ImageProcessor::Qwen2Vl(q) => {
-                    q.clone().with_kwargs(Some(&job.mm))?.process(&rgb)?
-                }
+                ImageProcessor::Qwen2Vl(q) => q
+                    .clone()
+                    .with_options(job.options.processor()?)?
+                    .process(&rgb)?,
                 other => other.process(&rgb)?,
             };
             MediaTensor::Image(processed)
         }
         Modality::Video => {
             let processor = job.spec.video.as_ref().ok_or_else(not_accepted)?;
-            let opts = VideoIoOptions::from_kwargs(job.io.as_ref())?;
+            let opts = VideoIoOptions::new(job.options.video()?);
             let decoded = match &job.payload {
                 Payload::Bytes(bytes) => video::decode_video(bytes, &opts, &job.video_limits)?,
                 Payload::JpegFrames(frames) => {
@@ -443,7 +432,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
             };
             let frames = processor
                 .clone()
-                .with_kwargs(Some(&job.mm))?
+                .with_options(job.options.processor()?)?
                 .process_frames(&decoded.frames)?;
             MediaTensor::Video {
                 frames,
@@ -452,8 +441,10 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
         }
         Modality::Audio => {
             let cfg = job.spec.audio.as_ref().ok_or_else(not_accepted)?;
-            let mut io = AudioIoOptions::from_kwargs(job.io.as_ref())?;
-            io.max_duration_s = io.max_duration_s.min(job.max_audio_duration_s);
+            let io = AudioIoOptions::new(
+                job.options.audio()?,
+                DEFAULT_MAX_DURATION_S.min(job.max_audio_duration_s),
+            );
             let Payload::Bytes(bytes) = &job.payload else {
                 return Err(PreprocessError::WrongPayload {
                     modality: job.modality,

@@ -423,7 +423,7 @@ async fn fetch_media(
         .collect();
     let budget = preprocess::budget::TokenBudget { available };
     Ok(pipeline
-        .process(&items, merged, trusted, spec, budget)
+        .process(&items, merged.media_options(), trusted, spec, budget)
         .await?)
 }
 
