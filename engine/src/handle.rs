@@ -398,6 +398,15 @@ impl ModelHandle {
         }
     }
 
+    /// How this model's processor turns media into the tensors its encoders take, loaded with
+    /// the model from its folder's processor files; `None` for text-only models.
+    pub fn media_spec(&self) -> Option<&::media::spec::ModelMediaSpec> {
+        match &self.inner.backend {
+            Backend::Decoder(DecoderBackend { media: Some(m), .. }) => Some(m.spec()),
+            _ => None,
+        }
+    }
+
     /// Expands the rendered prompt's media placeholders (one per item, in prompt order) and
     /// runs the encoders on the model's media worker. Returns the ids to submit and the media
     /// for [`GenerateRequest::media`].

@@ -9,6 +9,7 @@ use std::path::PathBuf;
 
 use engine::hf::SafetensorsWeights;
 use engine::models::qwen2_vl::vision::{VisionConfig, VisionTower};
+use preprocess::image::PatchProcessor;
 use serde::Deserialize;
 
 mod multimodal_data;

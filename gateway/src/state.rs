@@ -43,34 +43,26 @@ pub struct AppState {
     pub metrics: Option<PrometheusHandle>,
     /// Fetching and decoding of media parts, for models that take media.
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
-    /// Per served model that takes media: how its processor turns media into tensors.
-    pub media_specs: std::collections::HashMap<String, preprocess::pipeline::ModelMediaSpec>,
     /// Set when shutdown begins: `/health` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
 }
 
 impl AppState {
     /// The state the routes share, from the flags, their validated settings and the started
-    /// engine. Models with media encoders get their processor settings from their folders.
+    /// engine. The media pipeline starts when a served model takes media; each model's
+    /// processor spec came with it from the engine.
     pub fn new(
         args: &ServeArgs,
         settings: Settings,
         engine: EngineHandle,
         metrics: Option<PrometheusHandle>,
     ) -> Result<Self, StartupError> {
-        let mut media_specs = std::collections::HashMap::new();
-        for spec in &settings.models {
-            let takes_media = engine
+        let takes_media = settings.models.iter().any(|spec| {
+            engine
                 .model(&spec.served_name)
-                .is_some_and(|m| !m.media_modalities().is_empty());
-            if takes_media {
-                let media =
-                    preprocess::pipeline::ModelMediaSpec::from_model_dir(Path::new(&spec.path))
-                        .map_err(|e| fail(format!("{}: {e}", spec.path)))?;
-                media_specs.insert(spec.served_name.clone(), media);
-            }
-        }
-        let media = if media_specs.is_empty() {
+                .is_some_and(|m| m.media_spec().is_some())
+        });
+        let media = if !takes_media {
             None
         } else {
             Some(Arc::new(
@@ -96,7 +88,6 @@ impl AppState {
             api_keys: args.api_key.clone(),
             max_body_bytes: args.max_request_body_bytes,
             media,
-            media_specs,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
         })

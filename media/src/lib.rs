@@ -2,8 +2,11 @@
 //! `preprocess` produces [`ProcessedMedia`], the gateway passes it through untouched, and the
 //! engine consumes it. The number of placeholder tokens an item takes is counted once, in
 //! [`tokens`], by the engine (and by anything that must predict it, with the same functions).
+//! What media a model takes and how its processor shapes them is its [`spec::ModelMediaSpec`],
+//! loaded by the engine with the model and run by `preprocess`.
 
 mod hash;
+pub mod spec;
 mod tensor;
 pub mod tokens;
 

@@ -8,7 +8,7 @@
 //! 1. [`gate`]: the multimodal trust gate (shape check of `mm_processor_kwargs` /
 //!    `media_io_kwargs`, then refusal of non-empty ones from untrusted clients).
 //! 2. [`merge`](mod@merge): deployment defaults merged with a trusted request's kwargs, then
-//!    typed validation of known keys.
+//!    typed validation of known keys, giving the typed [`options`] the media pipeline takes.
 //! 3. [`profile`]: the trusted-client profile's bounds on the merged kwargs.
 //! 4. [`limits`]: per-prompt media item limits.
 //! 5. [`media_url`]: media URL decisions (schemes, data URLs, allowed domains, local paths) and
@@ -26,6 +26,7 @@ pub mod ip;
 pub mod limits;
 pub mod media_url;
 pub mod merge;
+pub mod options;
 pub mod profile;
 
 pub use error::{KwargsField, PolicyError};
@@ -39,5 +40,9 @@ pub use media_url::{
 pub use merge::{
     is_startup_only_key, merge, DeploymentDefaults, KwargsMap, MergedKwargs, IMAGE_MODES,
     STARTUP_ONLY_KEYS,
+};
+pub use options::{
+    AudioLoadOptions, ImageLoadOptions, ImageMode, MediaOptions, OptionError, ProcessorOptions,
+    VideoLoadOptions,
 };
 pub use profile::TrustedClientPolicy;

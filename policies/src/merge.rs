@@ -21,7 +21,8 @@
 //!   [`validate_mm_processor`]); an invalid value is a 400 naming the key, e.g.
 //!   `Invalid value for media_io_kwargs.video.num_frames: expected a positive
 //!   integer, got "invalid"` with `param` `media_io_kwargs`. Unknown keys pass
-//!   through untouched: they may be model-specific.
+//!   through untouched: they may be model-specific. The checked maps are then typed once
+//!   ([`MergedKwargs::media_options`], see [`crate::options`]) for the media pipeline.
 //!
 //! `num_frames: -1` ("all frames" in some vLLM loaders) is refused: it is an
 //! unbounded resource request, and this server always samples a bounded number.
@@ -31,6 +32,7 @@ use std::collections::BTreeMap;
 use serde_json::{Map, Value};
 
 use crate::error::{compact_json, describe_json_type, KwargsField, PolicyError};
+use crate::options::MediaOptions;
 
 /// Keys that configure the server's media machinery itself rather than one
 /// request's preprocessing. They are honoured in deployment defaults and never
@@ -169,6 +171,29 @@ pub struct MergedKwargs {
     mm_processor_kwargs: KwargsMap,
     media_io_kwargs: BTreeMap<String, KwargsMap>,
     ignored_request_keys: Vec<String>,
+    options: MediaOptions,
+}
+
+impl MergedKwargs {
+    /// The validated maps with their typed options.
+    fn new(
+        mm_processor_kwargs: KwargsMap,
+        media_io_kwargs: BTreeMap<String, KwargsMap>,
+        ignored_request_keys: Vec<String>,
+    ) -> Self {
+        let options = MediaOptions::from_validated(
+            &mm_processor_kwargs,
+            media_io_kwargs.get("image"),
+            media_io_kwargs.get("video"),
+            media_io_kwargs.get("audio"),
+        );
+        MergedKwargs {
+            mm_processor_kwargs,
+            media_io_kwargs,
+            ignored_request_keys,
+            options,
+        }
+    }
 }
 
 /// Merges the deployment defaults with a request's kwargs and validates the
@@ -185,11 +210,11 @@ pub fn merge(
     trusted: bool,
 ) -> Result<MergedKwargs, PolicyError> {
     if !trusted {
-        return Ok(MergedKwargs {
-            mm_processor_kwargs: defaults.mm_processor_kwargs.clone(),
-            media_io_kwargs: defaults.media_io_kwargs.clone(),
-            ignored_request_keys: Vec::new(),
-        });
+        return Ok(MergedKwargs::new(
+            defaults.mm_processor_kwargs.clone(),
+            defaults.media_io_kwargs.clone(),
+            Vec::new(),
+        ));
     }
 
     let mut ignored = Vec::new();
@@ -236,11 +261,7 @@ pub fn merge(
     }
     validate_mm_processor(&mm)?;
     validate_media_io(&media)?;
-    Ok(MergedKwargs {
-        mm_processor_kwargs: mm,
-        media_io_kwargs: media,
-        ignored_request_keys: ignored,
-    })
+    Ok(MergedKwargs::new(mm, media, ignored))
 }
 
 /// Copies `request` over `target`: request wins, `null` values and start-up-only
@@ -290,73 +311,9 @@ impl MergedKwargs {
         Value::Object(self.media_kwargs(modality).cloned().unwrap_or_default())
     }
 
-    fn media_key(&self, modality: &str, key: &str) -> Option<&Value> {
-        self.media_kwargs(modality).and_then(|m| m.get(key))
-    }
-
-    /// `media_io_kwargs.video.num_frames`.
-    pub fn video_num_frames(&self) -> Option<u32> {
-        self.media_key("video", "num_frames")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-    }
-
-    /// `media_io_kwargs.video.fps`.
-    pub fn video_fps(&self) -> Option<f64> {
-        self.media_key("video", "fps").and_then(Value::as_f64)
-    }
-
-    /// `media_io_kwargs.video.max_duration` (seconds).
-    pub fn video_max_duration(&self) -> Option<f64> {
-        self.media_key("video", "max_duration")
-            .and_then(Value::as_f64)
-    }
-
-    /// `media_io_kwargs.image.image_mode` (a PIL mode name such as `RGB`).
-    pub fn image_mode(&self) -> Option<&str> {
-        self.media_key("image", "image_mode")
-            .and_then(Value::as_str)
-    }
-
-    /// `media_io_kwargs.image.rgba_background_color` as `[r, g, b]`.
-    pub fn rgba_background_color(&self) -> Option<[u8; 3]> {
-        self.media_key("image", "rgba_background_color")
-            .and_then(as_rgb)
-    }
-
-    /// `mm_processor_kwargs.min_pixels`.
-    pub fn min_pixels(&self) -> Option<u64> {
-        self.mm_processor_kwargs
-            .get("min_pixels")
-            .and_then(Value::as_u64)
-    }
-
-    /// `mm_processor_kwargs.max_pixels`.
-    pub fn max_pixels(&self) -> Option<u64> {
-        self.mm_processor_kwargs
-            .get("max_pixels")
-            .and_then(Value::as_u64)
-    }
-
-    /// `mm_processor_kwargs.num_crops`.
-    pub fn num_crops(&self) -> Option<u32> {
-        self.mm_processor_kwargs
-            .get("num_crops")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
-    }
-
-    /// `mm_processor_kwargs.fps`.
-    pub fn mm_fps(&self) -> Option<f64> {
-        self.mm_processor_kwargs.get("fps").and_then(Value::as_f64)
-    }
-
-    /// `mm_processor_kwargs.num_frames`.
-    pub fn mm_num_frames(&self) -> Option<u32> {
-        self.mm_processor_kwargs
-            .get("num_frames")
-            .and_then(Value::as_u64)
-            .and_then(|n| u32::try_from(n).ok())
+    /// The typed options the media pipeline runs with.
+    pub fn media_options(&self) -> &MediaOptions {
+        &self.options
     }
 }
 
@@ -406,7 +363,7 @@ impl Check {
     }
 }
 
-fn as_rgb(value: &Value) -> Option<[u8; 3]> {
+pub(crate) fn as_rgb(value: &Value) -> Option<[u8; 3]> {
     let items = value.as_array()?;
     if items.len() != 3 {
         return None;
@@ -504,6 +461,14 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn video(merged: &MergedKwargs) -> crate::options::VideoLoadOptions {
+        merged.media_options().video().unwrap().clone()
+    }
+
+    fn processor(merged: &MergedKwargs) -> crate::options::ProcessorOptions {
+        merged.media_options().processor().unwrap().clone()
+    }
+
     fn obj(value: Value) -> KwargsMap {
         match value {
             Value::Object(map) => map,
@@ -593,8 +558,8 @@ mod tests {
         let merged = merge(&d, Some(&req), Some(&media), false).expect("merge");
         assert_eq!(merged.mm_processor_kwargs(), &d.mm_processor_kwargs);
         assert_eq!(merged.media_io_kwargs(), &d.media_io_kwargs);
-        assert_eq!(merged.video_num_frames(), Some(40));
-        assert_eq!(merged.video_fps(), Some(2.0));
+        assert_eq!(video(&merged).num_frames, Some(40));
+        assert_eq!(video(&merged).fps, Some(2.0));
         assert!(merged.ignored_request_keys().is_empty());
     }
 
@@ -603,8 +568,8 @@ mod tests {
         let d = defaults();
         let req = obj(json!({"num_crops": 9, "size": {"shortest_edge": 10}}));
         let merged = merge(&d, Some(&req), None, true).expect("merge");
-        assert_eq!(merged.num_crops(), Some(9));
-        assert_eq!(merged.max_pixels(), Some(1_000_000));
+        assert_eq!(processor(&merged).num_crops, Some(9));
+        assert_eq!(processor(&merged).max_pixels, Some(1_000_000));
         assert_eq!(
             merged.mm_processor_kwargs().get("size"),
             Some(&json!({"shortest_edge": 10}))
@@ -616,8 +581,8 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"video": {"num_frames": 8}}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.video_num_frames(), Some(8));
-        assert_eq!(merged.video_fps(), None);
+        assert_eq!(video(&merged).num_frames, Some(8));
+        assert_eq!(video(&merged).fps, None);
     }
 
     #[test]
@@ -625,8 +590,8 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"video": {"fps": 0.5}}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.video_fps(), Some(0.5));
-        assert_eq!(merged.video_num_frames(), None);
+        assert_eq!(video(&merged).fps, Some(0.5));
+        assert_eq!(video(&merged).num_frames, None);
     }
 
     #[test]
@@ -634,8 +599,8 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"video": {"fps": 1, "num_frames": 4}}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.video_fps(), Some(1.0));
-        assert_eq!(merged.video_num_frames(), Some(4));
+        assert_eq!(video(&merged).fps, Some(1.0));
+        assert_eq!(video(&merged).num_frames, Some(4));
     }
 
     #[test]
@@ -643,9 +608,9 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"video": {"max_duration": 10}}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.video_fps(), Some(2.0));
-        assert_eq!(merged.video_num_frames(), Some(40));
-        assert_eq!(merged.video_max_duration(), Some(10.0));
+        assert_eq!(video(&merged).fps, Some(2.0));
+        assert_eq!(video(&merged).num_frames, Some(40));
+        assert_eq!(video(&merged).max_duration_s, Some(10.0));
     }
 
     #[test]
@@ -653,9 +618,10 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"image": {"rgba_background_color": [0, 0, 0]}, "audio": {"x": 1}}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.image_mode(), Some("RGB"));
-        assert_eq!(merged.rgba_background_color(), Some([0, 0, 0]));
-        assert_eq!(merged.video_num_frames(), Some(40));
+        let image = merged.media_options().image().unwrap();
+        assert_eq!(image.image_mode, crate::options::ImageMode::Rgb);
+        assert_eq!(image.rgba_background_color, [0, 0, 0]);
+        assert_eq!(video(&merged).num_frames, Some(40));
         assert_eq!(
             merged.media_kwargs("audio").and_then(|a| a.get("x")),
             Some(&json!(1))
@@ -677,8 +643,8 @@ mod tests {
             .media_kwargs("video")
             .is_some_and(|v| !v.contains_key("hwaccel")));
         assert!(!merged.mm_processor_kwargs().contains_key("device"));
-        assert_eq!(merged.num_crops(), Some(2));
-        assert_eq!(merged.video_num_frames(), Some(8));
+        assert_eq!(processor(&merged).num_crops, Some(2));
+        assert_eq!(video(&merged).num_frames, Some(8));
         assert_eq!(
             merged.ignored_request_keys(),
             &[
@@ -698,9 +664,12 @@ mod tests {
         let d = defaults();
         let media = obj(json!({"video": {"num_frames": null}, "image": null}));
         let merged = merge(&d, None, Some(&media), true).expect("merge");
-        assert_eq!(merged.video_num_frames(), Some(40));
-        assert_eq!(merged.video_fps(), Some(2.0));
-        assert_eq!(merged.image_mode(), Some("RGB"));
+        assert_eq!(video(&merged).num_frames, Some(40));
+        assert_eq!(video(&merged).fps, Some(2.0));
+        assert_eq!(
+            merged.media_options().image().unwrap().image_mode,
+            crate::options::ImageMode::Rgb
+        );
     }
 
     #[test]
@@ -854,8 +823,8 @@ mod tests {
         assert_eq!(err.param(), Some("mm_processor_kwargs"));
         let req = obj(json!({"min_pixels": 1000, "max_pixels": 2_000_000}));
         let merged = merge(&d, Some(&req), None, true).expect("consistent");
-        assert_eq!(merged.min_pixels(), Some(1000));
-        assert_eq!(merged.max_pixels(), Some(2_000_000));
+        assert_eq!(processor(&merged).min_pixels, Some(1000));
+        assert_eq!(processor(&merged).max_pixels, Some(2_000_000));
     }
 
     #[test]
@@ -899,18 +868,34 @@ mod tests {
     }
 
     #[test]
-    fn image_modes_and_mm_accessors() {
-        for mode in ["RGB", "RGBA", "L", "1", "CMYK", "I;16"] {
+    fn image_modes_and_mm_options() {
+        // Every PIL mode passes validation; the loader takes the four it decodes to and
+        // refuses the others when an image is loaded.
+        for (mode, decoded) in [
+            ("RGB", true),
+            ("RGBA", true),
+            ("L", true),
+            ("1", false),
+            ("CMYK", false),
+            ("I;16", false),
+        ] {
             let media = obj(json!({"image": {"image_mode": mode}}));
             let merged =
                 merge(&DeploymentDefaults::default(), None, Some(&media), true).expect(mode);
-            assert_eq!(merged.image_mode(), Some(mode));
+            let image = merged.media_options().image();
+            assert_eq!(image.is_ok(), decoded, "{mode}");
+            if let Err(e) = image {
+                assert_eq!(
+                    e.to_string(),
+                    "Invalid media_io_kwargs.image.image_mode: must be one of RGB, RGBA, L, LA"
+                );
+            }
         }
         let req = obj(json!({"fps": 1.5, "num_frames": 16, "num_crops": 3}));
         let merged = merge(&DeploymentDefaults::default(), Some(&req), None, true).expect("ok");
-        assert_eq!(merged.mm_fps(), Some(1.5));
-        assert_eq!(merged.mm_num_frames(), Some(16));
-        assert_eq!(merged.num_crops(), Some(3));
+        assert_eq!(processor(&merged).fps, Some(1.5));
+        assert_eq!(processor(&merged).num_frames, Some(16));
+        assert_eq!(processor(&merged).num_crops, Some(3));
         assert_eq!(
             merged.mm_processor_kwargs_value(),
             json!({"fps": 1.5, "num_frames": 16, "num_crops": 3})

@@ -22,7 +22,7 @@ use std::error::Error;
 use std::time::{Duration, Instant};
 
 use preprocess::audio::{
-    decode_audio, resample, AudioFeatures, AudioIoOptions, WhisperFeatureConfig,
+    decode_audio, resample, AudioFeatures, AudioIoOptions, LogMel, WhisperFeatureConfig,
     WHISPER_SAMPLE_RATE,
 };
 use serde_json::json;

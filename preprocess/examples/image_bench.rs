@@ -12,7 +12,9 @@
 
 use std::time::Instant;
 
-use preprocess::image::{decode_image, ClipConfig, ImageIoOptions, Qwen2VlConfig};
+use preprocess::image::{
+    decode_image, ClipConfig, ImageIoOptions, PatchProcessor, ProcessImage, Qwen2VlConfig,
+};
 
 fn median_secs(runs: usize, mut f: impl FnMut()) -> f64 {
     f();

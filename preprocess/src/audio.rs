@@ -7,29 +7,24 @@
 //!   downmixes to mono by the mean of the channels.
 //! * [`resample`] (in `resample.rs`) converts between sample rates with
 //!   rubato's FFT resampler.
-//! * [`WhisperFeatureConfig::log_mel`] (in `mel.rs`) computes the log-mel
+//! * [`LogMel::log_mel`] (in `mel.rs`) computes the log-mel
 //!   spectrogram exactly as openai-whisper and Hugging Face's
 //!   `WhisperFeatureExtractor` do.
 //! * [`audio_to_features`] chains the three.
 
-use serde_json::Value;
+use policies::AudioLoadOptions;
 
 mod decode;
 mod mel;
 mod resample;
 
 pub use decode::{declared_frames, decode_audio, DecodedAudio};
-pub use mel::{AudioFeatures, WhisperFeatureConfig};
+pub use media::spec::{MAX_SAMPLE_RATE, MIN_SAMPLE_RATE, WHISPER_SAMPLE_RATE};
+pub use mel::{AudioFeatures, LogMel, WhisperFeatureConfig};
 pub use resample::{resample, resampled_len};
 
-/// The sample rate Whisper-style models expect.
-pub const WHISPER_SAMPLE_RATE: u32 = 16_000;
 /// The decoded-duration cap's default (CONTRACT section 4).
 pub const DEFAULT_MAX_DURATION_S: f64 = 600.0;
-/// Lowest sample rate accepted, for decoded audio and for resampling targets.
-pub const MIN_SAMPLE_RATE: u32 = 1_000;
-/// Highest sample rate accepted, for decoded audio and for resampling targets.
-pub const MAX_SAMPLE_RATE: u32 = 384_000;
 /// Most channels a decoded stream may have.
 pub const MAX_CHANNELS: usize = 64;
 
@@ -55,15 +50,18 @@ pub enum AudioError {
     BadSampleRate { rate: u64 },
     #[error("The audio has {channels} channels (allowed: 1 to {MAX_CHANNELS}).")]
     BadChannels { channels: usize },
-    #[error("Invalid media_io_kwargs.audio: {0}")]
-    InvalidKwargs(String),
-    #[error("Invalid media_io_kwargs.audio.{key}: {reason}")]
-    InvalidOption { key: String, reason: String },
     /// A server-side setting: a preprocessor config key or the duration cap.
     #[error("Invalid audio processing setting {key}: {reason}")]
     InvalidConfig { key: String, reason: String },
     #[error("Cannot resample the audio: {0}")]
     Resample(String),
+}
+
+impl From<media::spec::SpecError> for AudioError {
+    fn from(e: media::spec::SpecError) -> Self {
+        let (key, reason) = e.into_parts();
+        AudioError::InvalidConfig { key, reason }
+    }
 }
 
 /// Checks a sample rate against [`MIN_SAMPLE_RATE`]..=[`MAX_SAMPLE_RATE`].
@@ -93,45 +91,13 @@ impl Default for AudioIoOptions {
 }
 
 impl AudioIoOptions {
-    /// Reads `{"target_sample_rate": 16000}` (`sample_rate` is accepted as an
-    /// alias). `None` or JSON `null` gives the defaults; an unknown key is an
-    /// error naming it.
-    pub fn from_kwargs(audio_kwargs: Option<&Value>) -> Result<Self, AudioError> {
-        let mut opts = AudioIoOptions::default();
-        let map = match audio_kwargs {
-            None | Some(Value::Null) => return Ok(opts),
-            Some(Value::Object(map)) => map,
-            Some(_) => return Err(AudioError::InvalidKwargs("must be an object".to_owned())),
-        };
-        for (key, v) in map {
-            match key.as_str() {
-                "target_sample_rate" | "sample_rate" => {
-                    let bad = || AudioError::InvalidOption {
-                        key: key.clone(),
-                        reason: format!(
-                            "must be an integer from {MIN_SAMPLE_RATE} to {MAX_SAMPLE_RATE}"
-                        ),
-                    };
-                    let rate = v.as_u64().ok_or_else(bad)?;
-                    let rate = check_rate(rate).map_err(|_| bad())?;
-                    if opts.target_sample_rate.is_some_and(|r| r != rate) {
-                        return Err(AudioError::InvalidOption {
-                            key: key.clone(),
-                            reason: "conflicts with the other sample rate given".to_owned(),
-                        });
-                    }
-                    opts.target_sample_rate = Some(rate);
-                }
-                _ => {
-                    return Err(AudioError::InvalidOption {
-                        key: key.clone(),
-                        reason: "unknown option (known: target_sample_rate, sample_rate)"
-                            .to_owned(),
-                    })
-                }
-            }
+    /// How a request's audio is read: its typed `media_io_kwargs.audio` under the server's
+    /// duration cap (seconds).
+    pub fn new(load: &AudioLoadOptions, max_duration_s: f64) -> Self {
+        AudioIoOptions {
+            max_duration_s,
+            target_sample_rate: load.target_sample_rate,
         }
-        Ok(opts)
     }
 }
 
@@ -156,57 +122,27 @@ pub fn audio_to_features(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
-    fn kwargs_defaults_and_rates() {
-        assert_eq!(
-            AudioIoOptions::from_kwargs(None).unwrap(),
-            AudioIoOptions::default()
+    fn request_options_keep_the_server_cap() {
+        let o = AudioIoOptions::new(
+            &AudioLoadOptions {
+                target_sample_rate: Some(8_000),
+            },
+            30.0,
         );
         assert_eq!(
-            AudioIoOptions::from_kwargs(Some(&Value::Null))
-                .unwrap()
-                .max_duration_s,
-            600.0
+            (o.target_sample_rate, o.max_duration_s),
+            (Some(8_000), 30.0)
         );
-        let o = AudioIoOptions::from_kwargs(Some(&json!({"target_sample_rate": 16000}))).unwrap();
-        assert_eq!(o.target_sample_rate, Some(16_000));
-        let o = AudioIoOptions::from_kwargs(Some(&json!({"sample_rate": 8000}))).unwrap();
-        assert_eq!(o.target_sample_rate, Some(8_000));
-        let o = AudioIoOptions::from_kwargs(Some(&json!({}))).unwrap();
-        assert_eq!(o.target_sample_rate, None);
-    }
-
-    #[test]
-    fn kwargs_errors_name_the_key() {
-        let err = AudioIoOptions::from_kwargs(Some(&json!({"volume": 2}))).unwrap_err();
+        // The accepted request rates are the decoder's.
         assert_eq!(
-            err.to_string(),
-            "Invalid media_io_kwargs.audio.volume: unknown option (known: target_sample_rate, \
-             sample_rate)"
+            (MIN_SAMPLE_RATE, MAX_SAMPLE_RATE),
+            (
+                policies::options::MIN_TARGET_SAMPLE_RATE,
+                policies::options::MAX_TARGET_SAMPLE_RATE
+            )
         );
-        for bad in [
-            json!(0),
-            json!(-16000),
-            json!(16000.5),
-            json!("16000"),
-            json!(999_999),
-        ] {
-            let err =
-                AudioIoOptions::from_kwargs(Some(&json!({"target_sample_rate": bad}))).unwrap_err();
-            assert!(
-                matches!(&err, AudioError::InvalidOption { key, .. } if key == "target_sample_rate"),
-                "{err}"
-            );
-        }
-        let err = AudioIoOptions::from_kwargs(Some(&json!([16000]))).unwrap_err();
-        assert_eq!(err, AudioError::InvalidKwargs("must be an object".into()));
-        let err = AudioIoOptions::from_kwargs(Some(
-            &json!({"target_sample_rate": 16000, "sample_rate": 8000}),
-        ))
-        .unwrap_err();
-        assert!(matches!(err, AudioError::InvalidOption { .. }));
     }
 
     #[test]

@@ -19,6 +19,9 @@ pub enum PreprocessError {
     /// A URL policy decision (SSRF, domains, data URL syntax, `file:` rules).
     #[error(transparent)]
     Policy(#[from] policies::PolicyError),
+    /// A request option the loader or processor of this item's modality cannot honour.
+    #[error(transparent)]
+    Options(#[from] policies::OptionError),
     #[error(transparent)]
     Image(#[from] crate::image::ImageError),
     #[error(transparent)]

@@ -13,10 +13,10 @@ use std::io::Cursor;
 use bytes::Bytes;
 use image::metadata::Orientation;
 use image::{ImageDecoder, ImageReader};
-use serde_json::Value;
+use policies::ProcessorOptions;
 
 use crate::audio::{declared_frames, resampled_len, WhisperFeatureConfig};
-use crate::image::{ImageProcessor, Qwen2VlConfig};
+use crate::image::{ImageProcessor, PatchProcessor, Qwen2VlConfig};
 use crate::video::{self, sample_indices, VideoIoOptions, VideoLimits, JPEG_LIST_FPS};
 
 /// An item's cost as its header declares it.
@@ -63,15 +63,15 @@ pub fn image_size(bytes: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// Tokens and tensor bytes of `frames` frames of `width x height` through the Qwen2-VL
-/// processor with the merged `mm` kwargs (the same grid its `process_frames` computes).
+/// processor with the request's processor options (the same grid its `process_frames` computes).
 fn qwen_frames(
     q: &Qwen2VlConfig,
-    mm: &Value,
+    options: &ProcessorOptions,
     frames: usize,
     width: u32,
     height: u32,
 ) -> Option<(usize, usize)> {
-    let q = q.clone().with_kwargs(Some(mm)).ok()?;
+    let q = q.clone().with_options(options).ok()?;
     let (rh, rw) = q.smart_resize(height, width).ok()?;
     let p = q.patch_size.max(1);
     let tp = q.temporal_patch_size.max(1);
@@ -91,7 +91,7 @@ fn qwen_frames(
 pub fn image(
     bytes: &[u8],
     processor: &ImageProcessor,
-    mm: &Value,
+    options: &ProcessorOptions,
     max_pixels: u64,
 ) -> Option<Estimate> {
     let (width, height) = image_size(bytes)?;
@@ -102,7 +102,7 @@ pub fn image(
     let decoded = rgb_bytes(width, height).saturating_mul(2);
     let (tokens, tensor) = match processor {
         ImageProcessor::Qwen2Vl(q) => {
-            let (tokens, tensor) = qwen_frames(q, mm, 1, width, height)?;
+            let (tokens, tensor) = qwen_frames(q, options, 1, width, height)?;
             (Some(tokens), tensor)
         }
         ImageProcessor::Clip(_) => (None, 0),
@@ -136,14 +136,14 @@ pub fn audio(bytes: &[u8], mime: Option<&str>, cfg: &WhisperFeatureConfig) -> Op
 /// A video of `total` frames of `width x height` at `fps`, sampled as the decoder will.
 fn video_frames(
     q: &Qwen2VlConfig,
-    mm: &Value,
+    options: &ProcessorOptions,
     opts: &VideoIoOptions,
     total: usize,
     fps: f64,
     (width, height): (u32, u32),
 ) -> Option<Estimate> {
     let kept = sample_indices(total, fps, opts).len();
-    let (tokens, tensor) = qwen_frames(q, mm, kept, width, height)?;
+    let (tokens, tensor) = qwen_frames(q, options, kept, width, height)?;
     Some(Estimate {
         tokens: Some(tokens),
         decoded_bytes: rgb_bytes(width, height)
@@ -157,11 +157,11 @@ fn video_frames(
 pub fn jpeg_frames(
     frames: &[Bytes],
     q: &Qwen2VlConfig,
-    mm: &Value,
+    options: &ProcessorOptions,
     opts: &VideoIoOptions,
 ) -> Option<Estimate> {
     let size = video::jpeg_size(frames.first()?, 0).ok()?;
-    video_frames(q, mm, opts, frames.len(), JPEG_LIST_FPS, size)
+    video_frames(q, options, opts, frames.len(), JPEG_LIST_FPS, size)
 }
 
 /// A video container whose header declares its frame count (the decoder counts the packets
@@ -170,7 +170,7 @@ pub fn jpeg_frames(
 pub fn container(
     bytes: &[u8],
     q: &Qwen2VlConfig,
-    mm: &Value,
+    options: &ProcessorOptions,
     opts: &VideoIoOptions,
     limits: &VideoLimits,
 ) -> Option<Estimate> {
@@ -180,7 +180,7 @@ pub fn container(
         .filter(|n| *n > 0)?;
     video_frames(
         q,
-        mm,
+        options,
         opts,
         total,
         header.fps,

@@ -20,7 +20,7 @@ use std::io::Cursor;
 
 use fast_image_resize::{FilterType, ResizeAlg, ResizeOptions, Resizer};
 use image::{DynamicImage, ImageDecoder, ImageReader, RgbImage};
-use serde_json::Value;
+use policies::{ImageLoadOptions, ProcessorOptions};
 
 /// The most values one processed image or video may hold (512 MiB of f32): with the default
 /// 32 frames at Qwen2-VL's largest default size a video needs 96 M.
@@ -29,12 +29,10 @@ pub const MAX_PATCH_VALUES: usize = 128 << 20;
 /// The pixel cap's default (vLLM / Pillow's `MAX_IMAGE_PIXELS` x 2).
 pub const DEFAULT_MAX_PIXELS: u64 = 178_956_970;
 
-/// OpenAI CLIP's normalisation (also Qwen2-VL's).
-pub const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-pub const CLIP_STD: [f32; 3] = [0.268_629_5, 0.261_302_6, 0.275_777_1];
-/// SigLIP's normalisation.
-pub const SIGLIP_MEAN: [f32; 3] = [0.5, 0.5, 0.5];
-pub const SIGLIP_STD: [f32; 3] = [0.5, 0.5, 0.5];
+pub use media::spec::{
+    ClipConfig, ImageProcessor, Qwen2VlConfig, ResizeTo, CLIP_MEAN, CLIP_STD, SIGLIP_MEAN,
+    SIGLIP_STD,
+};
 
 /// Errors of image decoding and processing; each is a 400 naming the problem.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -50,8 +48,6 @@ pub enum ImageError {
     Decode(String),
     #[error("The image format is not supported (supported: JPEG, PNG, WebP, GIF, BMP).")]
     UnsupportedFormat,
-    #[error("Invalid media_io_kwargs.image.{key}: {reason}")]
-    InvalidOption { key: String, reason: String },
     #[error("Invalid image processor setting {key}: {reason}")]
     InvalidConfig { key: String, reason: String },
     #[error("The image is {width}x{height}; it cannot be resized for this model ({reason}).")]
@@ -62,26 +58,7 @@ pub enum ImageError {
     },
 }
 
-/// `image_mode` of media_io_kwargs (Pillow's mode names).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ImageMode {
-    Rgb,
-    Rgba,
-    L,
-    La,
-}
-
-impl ImageMode {
-    pub fn parse(name: &str) -> Option<ImageMode> {
-        match name {
-            "RGB" => Some(ImageMode::Rgb),
-            "RGBA" => Some(ImageMode::Rgba),
-            "L" => Some(ImageMode::L),
-            "LA" => Some(ImageMode::La),
-            _ => None,
-        }
-    }
-}
+pub use policies::ImageMode;
 
 /// How images are read: the `image` entry of media_io_kwargs plus the pixel cap.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,42 +79,14 @@ impl Default for ImageIoOptions {
 }
 
 impl ImageIoOptions {
-    /// Reads `{"image_mode": "RGB", "rgba_background_color": [r, g, b]}`.
-    pub fn from_kwargs(image_kwargs: Option<&Value>) -> Result<Self, ImageError> {
-        let mut opts = ImageIoOptions::default();
-        let Some(value) = image_kwargs else {
-            return Ok(opts);
-        };
-        let bad = |key: &str, reason: &str| ImageError::InvalidOption {
-            key: key.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let Value::Object(map) = value else {
-            return Err(bad("", "must be an object"));
-        };
-        for (key, v) in map {
-            match key.as_str() {
-                "image_mode" => {
-                    let name = v.as_str().ok_or_else(|| bad(key, "must be a string"))?;
-                    opts.image_mode = ImageMode::parse(name)
-                        .ok_or_else(|| bad(key, "must be one of RGB, RGBA, L, LA"))?;
-                }
-                "rgba_background_color" => {
-                    let items = v
-                        .as_array()
-                        .filter(|a| a.len() == 3)
-                        .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
-                    for (slot, item) in opts.rgba_background_color.iter_mut().zip(items) {
-                        *slot = item
-                            .as_u64()
-                            .and_then(|n| u8::try_from(n).ok())
-                            .ok_or_else(|| bad(key, "must be a list of three integers 0-255"))?;
-                    }
-                }
-                _ => return Err(bad(key, "unknown option")),
-            }
+    /// How a request's images are read: its typed `media_io_kwargs.image` under the server's
+    /// pixel cap.
+    pub fn new(load: &ImageLoadOptions, max_pixels: u64) -> Self {
+        ImageIoOptions {
+            image_mode: load.image_mode,
+            rgba_background_color: load.rgba_background_color,
+            max_pixels,
         }
-        Ok(opts)
     }
 }
 
@@ -279,131 +228,15 @@ fn bicubic_resize(src: &RgbImage, width: u32, height: u32) -> Result<RgbImage, I
     Ok(dst)
 }
 
-/// How a CLIP/SigLIP-style processor sizes the image.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum ResizeTo {
-    /// Exactly `(height, width)`.
-    Exact { height: u32, width: u32 },
-    /// The shorter edge to this length, keeping the aspect ratio (HF's `shortest_edge`).
-    ShortestEdge(u32),
+/// What a model's image processor does with an image (its settings are the model's spec).
+pub trait ProcessImage {
+    /// The processor's tensor for one RGB image.
+    fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError>;
 }
 
-/// A CLIP/SigLIP-style processor: resize, optional center crop, rescale, normalise, CHW.
-#[derive(Debug, Clone, PartialEq)]
-pub struct ClipConfig {
-    pub resize: ResizeTo,
-    /// `(height, width)` of the center crop, when cropping.
-    pub crop_size: Option<(u32, u32)>,
-    pub rescale_factor: f32,
-    pub image_mean: [f32; 3],
-    pub image_std: [f32; 3],
-}
-
-impl ClipConfig {
-    /// CLIP at 448x448, no crop (the anchor benchmark's setting), 14-pixel patches.
-    pub fn clip_448() -> ClipConfig {
-        ClipConfig {
-            resize: ResizeTo::Exact {
-                height: 448,
-                width: 448,
-            },
-            crop_size: None,
-            rescale_factor: 1.0 / 255.0,
-            image_mean: CLIP_MEAN,
-            image_std: CLIP_STD,
-        }
-    }
-
-    /// SigLIP at `size`x`size` with 14-pixel patches.
-    pub fn siglip(size: u32) -> ClipConfig {
-        ClipConfig {
-            resize: ResizeTo::Exact {
-                height: size,
-                width: size,
-            },
-            crop_size: None,
-            rescale_factor: 1.0 / 255.0,
-            image_mean: SIGLIP_MEAN,
-            image_std: SIGLIP_STD,
-        }
-    }
-
-    /// Reads a Hugging Face `preprocessor_config.json` (`size`, `crop_size`,
-    /// `do_center_crop`, `rescale_factor`, `image_mean`, `image_std`).
-    pub fn from_preprocessor_config(cfg: &Value) -> Result<ClipConfig, ImageError> {
-        let bad = |key: &str, reason: &str| ImageError::InvalidConfig {
-            key: key.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let dim = |v: &Value, key: &str| -> Result<u32, ImageError> {
-            v.as_u64()
-                .and_then(|n| u32::try_from(n).ok())
-                .filter(|n| (1..=16384).contains(n))
-                .ok_or_else(|| bad(key, "must be an integer 1-16384"))
-        };
-        let hw = |v: &Value, key: &str| -> Result<(u32, u32), ImageError> {
-            match v {
-                Value::Number(_) => {
-                    let n = dim(v, key)?;
-                    Ok((n, n))
-                }
-                Value::Object(m) => match (m.get("height"), m.get("width")) {
-                    (Some(h), Some(w)) => Ok((dim(h, key)?, dim(w, key)?)),
-                    _ => Err(bad(key, "needs height and width")),
-                },
-                _ => Err(bad(key, "must be a number or {height, width}")),
-            }
-        };
-        let resize = match cfg.get("size") {
-            Some(Value::Object(m)) if m.contains_key("shortest_edge") => {
-                ResizeTo::ShortestEdge(dim(&m["shortest_edge"], "size.shortest_edge")?)
-            }
-            Some(v) => {
-                let (height, width) = hw(v, "size")?;
-                ResizeTo::Exact { height, width }
-            }
-            None => return Err(bad("size", "missing")),
-        };
-        let do_crop = cfg
-            .get("do_center_crop")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let crop_size = match (do_crop, cfg.get("crop_size")) {
-            (true, Some(v)) => Some(hw(v, "crop_size")?),
-            (true, None) => return Err(bad("crop_size", "missing while do_center_crop is true")),
-            (false, _) => None,
-        };
-        let triple = |key: &str, default: [f32; 3]| -> Result<[f32; 3], ImageError> {
-            match cfg.get(key) {
-                None => Ok(default),
-                Some(Value::Array(a)) if a.len() == 3 => {
-                    let mut out = [0f32; 3];
-                    for (o, v) in out.iter_mut().zip(a) {
-                        *o = v.as_f64().ok_or_else(|| bad(key, "must be numbers"))? as f32;
-                    }
-                    Ok(out)
-                }
-                Some(_) => Err(bad(key, "must be a list of three numbers")),
-            }
-        };
-        let image_std = triple("image_std", CLIP_STD)?;
-        if image_std.iter().any(|s| *s <= 0.0) {
-            return Err(bad("image_std", "must be positive"));
-        }
-        Ok(ClipConfig {
-            resize,
-            crop_size,
-            rescale_factor: cfg
-                .get("rescale_factor")
-                .and_then(Value::as_f64)
-                .map_or(1.0 / 255.0, |f| f as f32),
-            image_mean: triple("image_mean", CLIP_MEAN)?,
-            image_std,
-        })
-    }
-
+impl ProcessImage for ClipConfig {
     /// Resize (+ crop), rescale, normalise: a `[3, H, W]` tensor.
-    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+    fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
         let (w, h) = (image.width(), image.height());
         let (rh, rw) = match self.resize {
             ResizeTo::Exact { height, width } => (height, width),
@@ -455,136 +288,49 @@ impl ClipConfig {
     }
 }
 
-/// Qwen2-VL / Qwen2.5-VL's image processor.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Qwen2VlConfig {
-    pub patch_size: usize,
-    pub merge_size: usize,
-    pub temporal_patch_size: usize,
-    pub min_pixels: u64,
-    pub max_pixels: u64,
-    pub image_mean: [f32; 3],
-    pub image_std: [f32; 3],
+/// Qwen2-VL's patch processor: the pixel bounds a request may set, the reference smart resize,
+/// and images or video frames into flattened patches.
+pub trait PatchProcessor: Sized {
+    /// Applies the request's `min_pixels` / `max_pixels` (merged mm_processor_kwargs) over
+    /// the model's.
+    fn with_options(self, options: &ProcessorOptions) -> Result<Self, ImageError>;
+    /// The reference `smart_resize`: both sides multiples of patch*merge, the area within
+    /// `[min_pixels, max_pixels]`, the aspect ratio kept as closely as possible.
+    fn smart_resize(&self, height: u32, width: u32) -> Result<(u32, u32), ImageError>;
+    /// Video frames (or one image): every frame resized to the first frame's smart size;
+    /// the frame count padded to a multiple of `temporal_patch_size` by repeating the last.
+    fn process_frames(&self, frames: &[RgbImage]) -> Result<ProcessedImage, ImageError>;
 }
 
-impl Default for Qwen2VlConfig {
-    /// The reference processor's defaults.
-    fn default() -> Self {
-        Qwen2VlConfig {
-            patch_size: 14,
-            merge_size: 2,
-            temporal_patch_size: 2,
-            min_pixels: 56 * 56,
-            max_pixels: 28 * 28 * 1280,
-            image_mean: CLIP_MEAN,
-            image_std: CLIP_STD,
-        }
+impl From<media::spec::SpecError> for ImageError {
+    fn from(e: media::spec::SpecError) -> Self {
+        let (key, reason) = e.into_parts();
+        ImageError::InvalidConfig { key, reason }
     }
 }
 
-impl Qwen2VlConfig {
-    /// From a checkpoint's `preprocessor_config.json` (or `video_preprocessor_config.json`):
-    /// `patch_size`, `merge_size`, `temporal_patch_size`, `min_pixels` / `max_pixels` (or
-    /// `size`), `image_mean`, `image_std`; missing keys keep the reference's defaults.
-    pub fn from_preprocessor_config(cfg: &Value) -> Result<Self, ImageError> {
-        let map = cfg.as_object().ok_or_else(|| ImageError::InvalidConfig {
-            key: "preprocessor_config".to_owned(),
-            reason: "must be a JSON object".to_owned(),
-        })?;
-        let mut out = Qwen2VlConfig::default();
-        for (key, slot) in [
-            ("patch_size", &mut out.patch_size),
-            ("merge_size", &mut out.merge_size),
-            ("temporal_patch_size", &mut out.temporal_patch_size),
-        ] {
-            if let Some(v) = map.get(key).filter(|v| !v.is_null()) {
-                *slot = v
-                    .as_u64()
-                    .filter(|n| (1..=1024).contains(n))
-                    .ok_or_else(|| ImageError::InvalidConfig {
-                        key: key.to_owned(),
-                        reason: "must be an integer from 1 to 1024".to_owned(),
-                    })? as usize;
-            }
-        }
-        for (key, slot) in [
-            ("image_mean", &mut out.image_mean),
-            ("image_std", &mut out.image_std),
-        ] {
-            if let Some(v) = map.get(key).filter(|v| !v.is_null()) {
-                let values: Option<Vec<f32>> = v
-                    .as_array()
-                    .map(|a| a.iter().map(|x| x.as_f64().map(|f| f as f32)).collect())
-                    .unwrap_or(None);
-                match values.as_deref() {
-                    Some(&[a, b, c]) if key == "image_mean" || (a > 0.0 && b > 0.0 && c > 0.0) => {
-                        *slot = [a, b, c]
-                    }
-                    _ => {
-                        return Err(ImageError::InvalidConfig {
-                            key: key.to_owned(),
-                            reason: "must be three numbers (std positive)".to_owned(),
-                        })
-                    }
-                }
-            }
-        }
-        out.with_kwargs(Some(cfg))
+/// One image is a video of one frame.
+impl ProcessImage for Qwen2VlConfig {
+    fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+        self.process_frames(std::slice::from_ref(image))
     }
+}
 
-    /// Applies `min_pixels` / `max_pixels` (or HF's `size: {shortest_edge, longest_edge}`)
-    /// from merged mm_processor_kwargs.
-    pub fn with_kwargs(mut self, kwargs: Option<&Value>) -> Result<Self, ImageError> {
-        let Some(Value::Object(map)) = kwargs else {
-            return Ok(self);
-        };
-        let num = |v: &Value, key: &str| -> Result<u64, ImageError> {
-            v.as_u64()
-                .filter(|n| *n > 0)
-                .ok_or_else(|| ImageError::InvalidConfig {
-                    key: key.to_owned(),
-                    reason: "must be a positive integer".to_owned(),
-                })
-        };
-        if let Some(Value::Object(size)) = map.get("size") {
-            if let Some(v) = size.get("shortest_edge") {
-                self.min_pixels = num(v, "size.shortest_edge")?;
-            }
-            if let Some(v) = size.get("longest_edge") {
-                self.max_pixels = num(v, "size.longest_edge")?;
-            }
-        }
-        if let Some(v) = map.get("min_pixels") {
-            self.min_pixels = num(v, "min_pixels")?;
-        }
-        if let Some(v) = map.get("max_pixels") {
-            self.max_pixels = num(v, "max_pixels")?;
-        }
-        if self.min_pixels > self.max_pixels {
-            return Err(ImageError::InvalidConfig {
-                key: "min_pixels".to_owned(),
-                reason: format!(
-                    "{} is larger than max_pixels {}",
-                    self.min_pixels, self.max_pixels
-                ),
-            });
-        }
+impl PatchProcessor for Qwen2VlConfig {
+    fn with_options(mut self, options: &ProcessorOptions) -> Result<Self, ImageError> {
+        self.min_pixels = options.min_pixels.unwrap_or(self.min_pixels);
+        self.max_pixels = options.max_pixels.unwrap_or(self.max_pixels);
+        self.check_pixel_bounds()?;
         Ok(self)
     }
 
-    fn factor(&self) -> u64 {
-        (self.patch_size * self.merge_size) as u64
-    }
-
-    /// The reference `smart_resize`: both sides multiples of patch*merge, the area within
-    /// `[min_pixels, max_pixels]`, the aspect ratio kept as closely as possible.
-    pub fn smart_resize(&self, height: u32, width: u32) -> Result<(u32, u32), ImageError> {
+    fn smart_resize(&self, height: u32, width: u32) -> Result<(u32, u32), ImageError> {
         let bad = |reason: String| ImageError::BadSize {
             width,
             height,
             reason,
         };
-        let factor = self.factor();
+        let factor = (self.patch_size * self.merge_size) as u64;
         if factor == 0 {
             return Err(bad("the patch size is zero".to_owned()));
         }
@@ -618,14 +364,7 @@ impl Qwen2VlConfig {
         }
     }
 
-    /// One image: smart resize, normalise, and the flattened patches.
-    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
-        self.process_frames(std::slice::from_ref(image))
-    }
-
-    /// Video frames (or one image): every frame resized to the first frame's smart size;
-    /// the frame count padded to a multiple of `temporal_patch_size` by repeating the last.
-    pub fn process_frames(&self, frames: &[RgbImage]) -> Result<ProcessedImage, ImageError> {
+    fn process_frames(&self, frames: &[RgbImage]) -> Result<ProcessedImage, ImageError> {
         let first = frames.first().ok_or_else(|| ImageError::BadSize {
             width: 0,
             height: 0,
@@ -705,15 +444,8 @@ impl Qwen2VlConfig {
     }
 }
 
-/// The processors a model may use for images.
-#[derive(Debug, Clone, PartialEq)]
-pub enum ImageProcessor {
-    Clip(ClipConfig),
-    Qwen2Vl(Qwen2VlConfig),
-}
-
-impl ImageProcessor {
-    pub fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
+impl ProcessImage for ImageProcessor {
+    fn process(&self, image: &RgbImage) -> Result<ProcessedImage, ImageError> {
         match self {
             ImageProcessor::Clip(c) => c.process(image),
             ImageProcessor::Qwen2Vl(q) => q.process(image),
@@ -745,50 +477,29 @@ mod tests {
     }
 
     #[test]
-    fn kwargs_change_the_pixel_bounds() {
+    fn options_change_the_pixel_bounds() {
+        let options = |min: Option<u64>, max: Option<u64>| ProcessorOptions {
+            min_pixels: min,
+            max_pixels: max,
+            ..ProcessorOptions::default()
+        };
         let q = Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"max_pixels": 200704, "min_pixels": 3136}),
-            ))
+            .with_options(&options(Some(3136), Some(200_704)))
             .unwrap();
-        assert_eq!(q.max_pixels, 200_704);
+        assert_eq!((q.min_pixels, q.max_pixels), (3136, 200_704));
+        // Unset bounds keep the model's.
         let q = Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"size": {"shortest_edge": 100, "longest_edge": 5000}}),
-            ))
+            .with_options(&options(None, Some(5000)))
             .unwrap();
-        assert_eq!((q.min_pixels, q.max_pixels), (100, 5000));
-        assert!(Qwen2VlConfig::default()
-            .with_kwargs(Some(&serde_json::json!({"max_pixels": -1})))
-            .is_err());
-        assert!(Qwen2VlConfig::default()
-            .with_kwargs(Some(
-                &serde_json::json!({"min_pixels": 10000, "max_pixels": 100})
-            ))
-            .is_err());
-    }
-
-    #[test]
-    fn io_options_parse_and_refuse_unknown_keys() {
-        let o = ImageIoOptions::from_kwargs(Some(&serde_json::json!({
-            "image_mode": "L", "rgba_background_color": [0, 10, 20]
-        })))
-        .unwrap();
-        assert_eq!(o.image_mode, ImageMode::L);
-        assert_eq!(o.rgba_background_color, [0, 10, 20]);
-        for bad in [
-            serde_json::json!({"image_mode": "CMYK"}),
-            serde_json::json!({"rgba_background_color": [0, 300, 0]}),
-            serde_json::json!({"rgba_background_color": [0, 0]}),
-            serde_json::json!({"colour": 1}),
-        ] {
-            let err = ImageIoOptions::from_kwargs(Some(&bad)).unwrap_err();
-            assert!(
-                err.to_string()
-                    .starts_with("Invalid media_io_kwargs.image."),
-                "{err}"
-            );
-        }
+        assert_eq!((q.min_pixels, q.max_pixels), (56 * 56, 5000));
+        // A request's bound may cross the model's other one.
+        let err = Qwen2VlConfig::default()
+            .with_options(&options(None, Some(100)))
+            .unwrap_err();
+        assert!(
+            matches!(&err, ImageError::InvalidConfig { key, .. } if key == "min_pixels"),
+            "{err}"
+        );
     }
 
     #[test]

@@ -11,8 +11,9 @@
 //!    must fit in the request's [`TokenBudget`] (a 400 naming the item), and its decoded bytes,
 //!    reserved against the server's decoded-media budget (a 503 when it is taken);
 //! 4. each is decoded and processed on the bounded [`DecodePool`] (never on the reactor) with the
-//!    merged `media_io_kwargs` (how to load) and `mm_processor_kwargs` (how the model's processor
-//!    sizes it); untrusted video gets the tighter time budget and thread cap;
+//!    request's typed [`MediaOptions`] (from the merged `media_io_kwargs`: how to load; from
+//!    `mm_processor_kwargs`: how the model's processor sizes it); untrusted video gets the
+//!    tighter time budget and thread cap;
 //! 5. results carrying a `uuid` are cached under it.
 //!
 //! Each result has a content hash over the media's bytes and the options that shaped its tensor
@@ -23,87 +24,18 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use policies::{KwargsMap, MediaUrlPolicy, MergedKwargs};
-use serde_json::Value;
+use policies::{MediaOptions, MediaUrlPolicy};
 
-use crate::audio::{self, AudioIoOptions, WhisperFeatureConfig};
+use crate::audio::{self, AudioIoOptions, DEFAULT_MAX_DURATION_S};
 use crate::budget::{ByteBudget, Reservation};
 use crate::cache::{UuidCache, Weigh};
 use crate::error::PreprocessError;
 use crate::estimate::{self, Estimate};
 use crate::fetch::{FetchLimits, MediaFetcher, Payload};
-use crate::image::{self, ImageIoOptions, ImageProcessor, Qwen2VlConfig};
+use crate::image::{self, ImageIoOptions, ImageProcessor, PatchProcessor, ProcessImage};
 use crate::pool::{DecodePool, PoolConfig};
 use crate::video::{self, VideoIoOptions, VideoLimits};
 use crate::{ContentHash, Modality};
-
-/// How a model turns each modality into tensors; `None` where it takes no such input.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct ModelMediaSpec {
-    pub image: Option<ImageProcessor>,
-    /// Video frames go through a patch processor (Qwen2-VL style: temporal patches).
-    pub video: Option<Qwen2VlConfig>,
-    pub audio: Option<WhisperFeatureConfig>,
-}
-
-impl ModelMediaSpec {
-    /// What a checkpoint folder's processor files say: a Qwen2-VL image processor
-    /// (`preprocessor_config.json`, with `video_preprocessor_config.json` for video when
-    /// present), or a Whisper feature extractor for audio. A folder with neither takes no
-    /// media.
-    pub fn from_model_dir(dir: &std::path::Path) -> Result<Self, PreprocessError> {
-        let read = |name: &str| -> Result<Option<Value>, PreprocessError> {
-            let path = dir.join(name);
-            let Ok(text) = std::fs::read_to_string(&path) else {
-                return Ok(None);
-            };
-            serde_json::from_str(&text).map(Some).map_err(|e| {
-                PreprocessError::Config(format!("{}: invalid JSON: {e}", path.display()))
-            })
-        };
-        let mut spec = ModelMediaSpec::default();
-        let Some(pre) = read("preprocessor_config.json")? else {
-            return Ok(spec);
-        };
-        let kind =
-            |v: &Value, key: &str| v.get(key).and_then(Value::as_str).unwrap_or("").to_owned();
-        if kind(&pre, "image_processor_type").starts_with("Qwen2VLImageProcessor") {
-            let image = Qwen2VlConfig::from_preprocessor_config(&pre)
-                .map_err(|e| PreprocessError::Config(format!("preprocessor_config.json: {e}")))?;
-            let video = match read("video_preprocessor_config.json")? {
-                Some(v) => Qwen2VlConfig::from_preprocessor_config(&v).map_err(|e| {
-                    PreprocessError::Config(format!("video_preprocessor_config.json: {e}"))
-                })?,
-                None => image.clone(),
-            };
-            spec.image = Some(ImageProcessor::Qwen2Vl(image));
-            spec.video = Some(video);
-        }
-        if kind(&pre, "feature_extractor_type") == "WhisperFeatureExtractor" {
-            spec.audio = Some(
-                WhisperFeatureConfig::from_preprocessor_config(&pre).map_err(|e| {
-                    PreprocessError::Config(format!("preprocessor_config.json: {e}"))
-                })?,
-            );
-        }
-        Ok(spec)
-    }
-
-    /// The modalities this spec can process.
-    pub fn modalities(&self) -> Vec<Modality> {
-        let mut out = Vec::new();
-        if self.image.is_some() {
-            out.push(Modality::Image);
-        }
-        if self.audio.is_some() {
-            out.push(Modality::Audio);
-        }
-        if self.video.is_some() {
-            out.push(Modality::Video);
-        }
-        out
-    }
-}
 
 /// One media item of a request, as the message parser found it.
 #[derive(Debug, Clone, PartialEq)]
@@ -115,6 +47,7 @@ pub struct MediaRequestItem {
 }
 
 pub use crate::budget::TokenBudget;
+pub use media::spec::ModelMediaSpec;
 pub use media::{MediaTensor, ProcessedMedia};
 
 impl Weigh for ProcessedMedia {
@@ -182,24 +115,12 @@ impl std::fmt::Debug for MediaPipeline {
     }
 }
 
-/// The startup-only keys of a modality's kwargs are settings of the server, never of the loader.
-fn loader_kwargs(map: Option<&KwargsMap>) -> Option<Value> {
-    let map = map?;
-    let kept: KwargsMap = map
-        .iter()
-        .filter(|(k, _)| !policies::is_startup_only_key(k))
-        .map(|(k, v)| (k.clone(), v.clone()))
-        .collect();
-    (!kept.is_empty()).then_some(Value::Object(kept))
-}
-
 /// What a job needs to turn fetched bytes into a tensor (owned: it moves to the pool).
 struct Job {
     modality: Modality,
     payload: Payload,
     mime: Option<String>,
-    io: Option<Value>,
-    mm: Value,
+    options: MediaOptions,
     spec: ModelMediaSpec,
     max_image_pixels: u64,
     max_audio_duration_s: f64,
@@ -243,7 +164,7 @@ impl MediaPipeline {
     pub async fn process(
         &self,
         items: &[MediaRequestItem],
-        kwargs: &MergedKwargs,
+        options: &MediaOptions,
         trusted: bool,
         spec: &ModelMediaSpec,
         budget: TokenBudget,
@@ -262,7 +183,6 @@ impl MediaPipeline {
             *index += 1;
         }
         // (2) fetch the rest concurrently.
-        let mm = Value::Object(kwargs.mm_processor_kwargs().clone());
         let wanted: Vec<(usize, &str)> = items
             .iter()
             .enumerate()
@@ -282,8 +202,7 @@ impl MediaPipeline {
                 modality: items[i].modality,
                 payload: fetched.payload,
                 mime: fetched.mime,
-                io: loader_kwargs(kwargs.media_kwargs(items[i].modality.as_str())),
-                mm: mm.clone(),
+                options: options.clone(),
                 spec: spec.clone(),
                 max_image_pixels: self.config.max_image_pixels,
                 max_audio_duration_s: self.config.max_audio_duration_s,
@@ -433,7 +352,7 @@ fn estimate_job(job: &Job) -> Option<Estimate> {
         (Modality::Image, Payload::Bytes(bytes)) => estimate::image(
             bytes,
             job.spec.image.as_ref()?,
-            &job.mm,
+            job.options.processor().ok()?,
             job.max_image_pixels,
         ),
         (Modality::Audio, Payload::Bytes(bytes)) => {
@@ -441,12 +360,13 @@ fn estimate_job(job: &Job) -> Option<Estimate> {
         }
         (Modality::Video, payload) => {
             let q = job.spec.video.as_ref()?;
-            let opts = VideoIoOptions::from_kwargs(job.io.as_ref()).ok()?;
+            let mm = job.options.processor().ok()?;
+            let opts = VideoIoOptions::new(job.options.video().ok()?);
             match payload {
                 Payload::Bytes(bytes) => {
-                    estimate::container(bytes, q, &job.mm, &opts, &job.video_limits)
+                    estimate::container(bytes, q, mm, &opts, &job.video_limits)
                 }
-                Payload::JpegFrames(frames) => estimate::jpeg_frames(frames, q, &job.mm, &opts),
+                Payload::JpegFrames(frames) => estimate::jpeg_frames(frames, q, mm, &opts),
             }
         }
         _ => None,
@@ -461,14 +381,16 @@ fn payload_parts(payload: &Payload) -> Vec<&[u8]> {
     }
 }
 
-/// Hash of the media's bytes plus the options that shaped its tensor.
+/// Hash of the media's bytes plus the options that shaped its tensor: the processor's and
+/// those of its modality's loader.
 fn content_hash(job: &Job) -> ContentHash {
-    let options = serde_json::json!({
-        "modality": job.modality.as_str(),
-        "io": job.io,
-        "mm": job.mm,
-    })
-    .to_string();
+    let o = &job.options;
+    let load = match job.modality {
+        Modality::Image => format!("{:?}", o.image()),
+        Modality::Video => format!("{:?}", o.video()),
+        Modality::Audio => format!("{:?}", o.audio()),
+    };
+    let options = format!("{}|{load}|{:?}", job.modality, o.processor());
     let mut parts = vec![options.as_bytes()];
     parts.extend(payload_parts(&job.payload));
     ContentHash::of_parts(parts)
@@ -483,8 +405,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
     let tensor = match job.modality {
         Modality::Image => {
             let processor = job.spec.image.as_ref().ok_or_else(not_accepted)?;
-            let mut io = ImageIoOptions::from_kwargs(job.io.as_ref())?;
-            io.max_pixels = job.max_image_pixels;
+            let io = ImageIoOptions::new(job.options.image()?, job.max_image_pixels);
             let Payload::Bytes(bytes) = &job.payload else {
                 return Err(PreprocessError::WrongPayload {
                     modality: job.modality,
@@ -492,16 +413,17 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
             };
             let rgb = image::decode_image(bytes, &io)?.into_rgb();
             let processed = match processor {
-                ImageProcessor::Qwen2Vl(q) => {
-                    q.clone().with_kwargs(Some(&job.mm))?.process(&rgb)?
-                }
+                ImageProcessor::Qwen2Vl(q) => q
+                    .clone()
+                    .with_options(job.options.processor()?)?
+                    .process(&rgb)?,
                 other => other.process(&rgb)?,
             };
             MediaTensor::Image(processed)
         }
         Modality::Video => {
             let processor = job.spec.video.as_ref().ok_or_else(not_accepted)?;
-            let opts = VideoIoOptions::from_kwargs(job.io.as_ref())?;
+            let opts = VideoIoOptions::new(job.options.video()?);
             let decoded = match &job.payload {
                 Payload::Bytes(bytes) => video::decode_video(bytes, &opts, &job.video_limits)?,
                 Payload::JpegFrames(frames) => {
@@ -510,7 +432,7 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
             };
             let frames = processor
                 .clone()
-                .with_kwargs(Some(&job.mm))?
+                .with_options(job.options.processor()?)?
                 .process_frames(&decoded.frames)?;
             MediaTensor::Video {
                 frames,
@@ -519,8 +441,10 @@ fn run_job(job: Job) -> Result<ProcessedMedia, PreprocessError> {
         }
         Modality::Audio => {
             let cfg = job.spec.audio.as_ref().ok_or_else(not_accepted)?;
-            let mut io = AudioIoOptions::from_kwargs(job.io.as_ref())?;
-            io.max_duration_s = io.max_duration_s.min(job.max_audio_duration_s);
+            let io = AudioIoOptions::new(
+                job.options.audio()?,
+                DEFAULT_MAX_DURATION_S.min(job.max_audio_duration_s),
+            );
             let Payload::Bytes(bytes) = &job.payload else {
                 return Err(PreprocessError::WrongPayload {
                     modality: job.modality,

@@ -1,6 +1,6 @@
 //! Video: decoding under caps, and vLLM's uniform frame sampling.
 //!
-//! * [`VideoIoOptions::from_kwargs`] reads the `video` entry of
+//! * [`VideoIoOptions::new`] takes the typed `video` entry of
 //!   `media_io_kwargs` (`num_frames`, `fps`, `max_duration`).
 //! * [`sample_indices`] chooses the frames to keep, as vLLM's OpenCV loader
 //!   does (`np.linspace(0, total - 1, n, dtype=int)`).
@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use bytes::Bytes;
 use image::codecs::jpeg::JpegDecoder;
 use image::{DynamicImage, ImageDecoder, RgbImage};
-use serde_json::Value;
+use policies::VideoLoadOptions;
 
 #[cfg(feature = "video")]
 mod decode;
@@ -38,8 +38,6 @@ pub const JPEG_LIST_FPS: f64 = 1.0;
 /// Errors of video decoding and sampling; each is a 400 naming the problem.
 #[derive(Debug, thiserror::Error, Clone, PartialEq)]
 pub enum VideoError {
-    #[error("Invalid media_io_kwargs.video.{key}: {reason}")]
-    InvalidOption { key: String, reason: String },
     #[error("The video is empty.")]
     Empty,
     #[error("The video is {width}x{height}, over the limit of {max_width}x{max_height}.")]
@@ -86,7 +84,7 @@ pub enum VideoError {
 #[derive(Debug, Clone, PartialEq)]
 pub struct VideoIoOptions {
     /// Frames to keep, sampled uniformly. [`VideoIoOptions::ALL_FRAMES`]
-    /// (what `-1` in the kwargs becomes) or `0` keeps every frame considered
+    /// or `0` keeps every frame considered
     /// (still under [`VideoLimits::max_frames`]).
     pub num_frames: usize,
     /// Target sampling rate in frames per second; fewer frames are kept when
@@ -107,54 +105,16 @@ impl Default for VideoIoOptions {
 }
 
 impl VideoIoOptions {
-    /// `num_frames: -1` in the kwargs: every frame.
+    /// Every frame (for callers; a request's `num_frames` is a positive count).
     pub const ALL_FRAMES: usize = usize::MAX;
 
-    /// Reads `{"num_frames": 32, "fps": 2.0, "max_duration": 60}` (each
-    /// optional; `null` means the default). Unknown keys are refused.
-    pub fn from_kwargs(video_kwargs: Option<&Value>) -> Result<Self, VideoError> {
-        let mut opts = VideoIoOptions::default();
-        let Some(value) = video_kwargs else {
-            return Ok(opts);
-        };
-        let bad = |key: &str, reason: &str| VideoError::InvalidOption {
-            key: key.to_owned(),
-            reason: reason.to_owned(),
-        };
-        let Value::Object(map) = value else {
-            return Err(bad("", "must be an object"));
-        };
-        for (key, v) in map {
-            match key.as_str() {
-                "num_frames" => {
-                    if v.is_null() {
-                        continue;
-                    }
-                    opts.num_frames = match v.as_i64() {
-                        Some(-1) => VideoIoOptions::ALL_FRAMES,
-                        Some(n) if n > 0 => usize::try_from(n)
-                            .map_err(|_| bad(key, "must be a positive integer or -1"))?,
-                        _ => return Err(bad(key, "must be a positive integer or -1")),
-                    };
-                }
-                "fps" => opts.fps = positive_number(v).map_err(|r| bad(key, r))?,
-                "max_duration" => {
-                    opts.max_duration_s = positive_number(v).map_err(|r| bad(key, r))?
-                }
-                _ => return Err(bad(key, "unknown option")),
-            }
+    /// How a request's video is sampled: its typed `media_io_kwargs.video`.
+    pub fn new(load: &VideoLoadOptions) -> Self {
+        VideoIoOptions {
+            num_frames: load.num_frames.map_or(DEFAULT_NUM_FRAMES, |n| n as usize),
+            fps: load.fps,
+            max_duration_s: load.max_duration_s,
         }
-        Ok(opts)
-    }
-}
-
-fn positive_number(v: &Value) -> Result<Option<f64>, &'static str> {
-    if v.is_null() {
-        return Ok(None);
-    }
-    match v.as_f64() {
-        Some(x) if x.is_finite() && x > 0.0 => Ok(Some(x)),
-        _ => Err("must be a positive number"),
     }
 }
 
@@ -504,7 +464,6 @@ impl Deadline {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     fn opts(num_frames: usize, fps: Option<f64>, max_duration_s: Option<f64>) -> VideoIoOptions {
         VideoIoOptions {
@@ -585,43 +544,17 @@ mod tests {
     }
 
     #[test]
-    fn kwargs_parse() {
+    fn request_options_set_the_sampling() {
         assert_eq!(
-            VideoIoOptions::from_kwargs(None).unwrap(),
+            VideoIoOptions::new(&VideoLoadOptions::default()),
             VideoIoOptions::default()
         );
-        let o = VideoIoOptions::from_kwargs(Some(
-            &json!({"num_frames": 8, "fps": 2, "max_duration": 1.5}),
-        ))
-        .unwrap();
+        let o = VideoIoOptions::new(&VideoLoadOptions {
+            num_frames: Some(8),
+            fps: Some(2.0),
+            max_duration_s: Some(1.5),
+        });
         assert_eq!(o, opts(8, Some(2.0), Some(1.5)));
-        let o = VideoIoOptions::from_kwargs(Some(&json!({"num_frames": -1}))).unwrap();
-        assert_eq!(o.num_frames, VideoIoOptions::ALL_FRAMES);
-    }
-
-    #[test]
-    fn kwargs_errors_name_the_key() {
-        for (kwargs, key) in [
-            (json!({"num_frames": 0}), "num_frames"),
-            (json!({"num_frames": -2}), "num_frames"),
-            (json!({"num_frames": 2.5}), "num_frames"),
-            (json!({"num_frames": "8"}), "num_frames"),
-            (json!({"fps": 0}), "fps"),
-            (json!({"fps": -1.0}), "fps"),
-            (json!({"max_duration": "long"}), "max_duration"),
-            (json!({"frames": 3}), "frames"),
-        ] {
-            let err = VideoIoOptions::from_kwargs(Some(&kwargs)).unwrap_err();
-            match &err {
-                VideoError::InvalidOption { key: k, .. } => assert_eq!(k, key),
-                other => panic!("unexpected {other:?}"),
-            }
-            assert!(err
-                .to_string()
-                .starts_with(&format!("Invalid media_io_kwargs.video.{key}: ")));
-        }
-        let err = VideoIoOptions::from_kwargs(Some(&json!([1]))).unwrap_err();
-        assert!(matches!(err, VideoError::InvalidOption { .. }));
     }
 
     #[test]

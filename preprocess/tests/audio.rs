@@ -9,7 +9,7 @@
 use std::path::PathBuf;
 
 use preprocess::audio::{
-    audio_to_features, decode_audio, resample, AudioError, AudioIoOptions, DecodedAudio,
+    audio_to_features, decode_audio, resample, AudioError, AudioIoOptions, DecodedAudio, LogMel,
     WhisperFeatureConfig, WHISPER_SAMPLE_RATE,
 };
 use serde_json::Value;
@@ -270,8 +270,11 @@ fn mime_hint_is_only_a_hint() {
 
 #[test]
 fn target_sample_rate_resamples_the_decoded_audio() {
-    let opts = AudioIoOptions::from_kwargs(Some(&serde_json::json!({"sample_rate": 16000})));
-    let d = decode_audio(&media("tone_440hz_44k1_stereo.mp3"), None, &opts.unwrap()).unwrap();
+    let opts = AudioIoOptions {
+        target_sample_rate: Some(16_000),
+        ..AudioIoOptions::default()
+    };
+    let d = decode_audio(&media("tone_440hz_44k1_stereo.mp3"), None, &opts).unwrap();
     assert_eq!(
         (d.sample_rate, d.samples.len(), d.source_channels),
         (16_000, 16_000, 2)

@@ -10,7 +10,7 @@ use std::io::Cursor;
 use base64::Engine as _;
 use bytes::Bytes;
 use image::{DynamicImage, ImageFormat, RgbImage};
-use policies::{MediaUrlPolicy, MergedKwargs};
+use policies::{MediaOptions, MediaUrlPolicy, VideoLoadOptions};
 use preprocess::audio::WhisperFeatureConfig;
 use preprocess::error::ErrorKind;
 use preprocess::estimate;
@@ -21,7 +21,6 @@ use preprocess::pipeline::{
 };
 use preprocess::video::VideoIoOptions;
 use preprocess::{Modality, PreprocessError};
-use serde_json::json;
 
 fn encode(img: RgbImage, format: ImageFormat) -> Vec<u8> {
     let mut out = Cursor::new(Vec::new());
@@ -60,7 +59,7 @@ fn processed_tokens(p: &ProcessedMedia) -> usize {
 async fn process_one(
     p: &MediaPipeline,
     item: MediaRequestItem,
-    kw: &MergedKwargs,
+    kw: &MediaOptions,
     budget: TokenBudget,
 ) -> Result<usize, PreprocessError> {
     let out = p.process(&[item], kw, true, &spec(), budget).await?;
@@ -86,11 +85,15 @@ async fn image_estimate_equals_the_processed_count() {
         let bytes = png(w, h);
         for mm in kwargs {
             let kw = merged(mm, None);
-            let mm_value = serde_json::Value::Object(kw.mm_processor_kwargs().clone());
-            let estimated = estimate::image(&bytes, &processor, &mm_value, DEFAULT_MAX_PIXELS)
-                .unwrap()
-                .tokens
-                .unwrap();
+            let estimated = estimate::image(
+                &bytes,
+                &processor,
+                kw.processor().unwrap(),
+                DEFAULT_MAX_PIXELS,
+            )
+            .unwrap()
+            .tokens
+            .unwrap();
             let url = data_url("image/png", &bytes);
             let processed =
                 process_one(&p, item(Modality::Image, url), &kw, TokenBudget::UNLIMITED)
@@ -150,13 +153,16 @@ async fn audio_estimate_equals_the_processed_count() {
 async fn video_estimate_equals_the_processed_count() {
     let p = pipeline(PipelineConfig::default());
     let q = Qwen2VlConfig::default();
-    let mm = json!({});
+    let mm = policies::ProcessorOptions::default();
     let frame = encode(RgbImage::new(64, 48), ImageFormat::Jpeg);
     let frames: Vec<Bytes> = (0..7).map(|_| Bytes::from(frame.clone())).collect();
     for num_frames in [2, 4, 32] {
         let media = format!(r#"{{"video": {{"num_frames": {num_frames}}}}}"#);
         let kw = merged(None, Some(&media));
-        let opts = VideoIoOptions::from_kwargs(Some(&json!({"num_frames": num_frames}))).unwrap();
+        let opts = VideoIoOptions::new(&VideoLoadOptions {
+            num_frames: Some(num_frames),
+            ..VideoLoadOptions::default()
+        });
         let estimated = estimate::jpeg_frames(&frames, &q, &mm, &opts)
             .unwrap()
             .tokens

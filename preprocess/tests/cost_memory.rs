@@ -55,7 +55,13 @@ async fn a_6000x6000_png_over_the_budget_is_refused_before_decoding() {
 
     let before = peak_rss();
     let err = p
-        .process(&items, &kw, true, &spec, TokenBudget { available: 32_000 })
+        .process(
+            &items,
+            kw.media_options(),
+            true,
+            &spec,
+            TokenBudget { available: 32_000 },
+        )
         .await
         .unwrap_err();
     let grown = peak_rss().saturating_sub(before);

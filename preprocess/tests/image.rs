@@ -10,7 +10,8 @@ use std::io::Cursor;
 use image::codecs::gif::GifEncoder;
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage, Rgba, RgbaImage};
 use preprocess::image::{
-    decode_image, ClipConfig, ImageError, ImageIoOptions, ImageMode, Qwen2VlConfig,
+    decode_image, ClipConfig, ImageError, ImageIoOptions, ImageMode, PatchProcessor, ProcessImage,
+    Qwen2VlConfig,
 };
 
 /// A deterministic picture: gradients and a checker, so resizes have something to do.
@@ -301,7 +302,10 @@ fn processors_produce_model_shapes() {
     assert_eq!(out.pixel_values.shape, vec![4920, 1176]);
     // max_pixels from mm_processor_kwargs changes the patch count.
     let fewer = Qwen2VlConfig::default()
-        .with_kwargs(Some(&serde_json::json!({"max_pixels": 200_704})))
+        .with_options(&policies::ProcessorOptions {
+            max_pixels: Some(200_704),
+            ..policies::ProcessorOptions::default()
+        })
         .unwrap()
         .process(&rgb)
         .unwrap();

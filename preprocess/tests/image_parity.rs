@@ -13,7 +13,9 @@
 
 use base64::Engine as _;
 use image::{Rgb, RgbImage};
-use preprocess::image::{ClipConfig, Qwen2VlConfig, ResizeTo, CLIP_MEAN, CLIP_STD};
+use preprocess::image::{
+    ClipConfig, PatchProcessor, ProcessImage, Qwen2VlConfig, ResizeTo, CLIP_MEAN, CLIP_STD,
+};
 use serde_json::Value;
 
 fn picture(w: u32, h: u32) -> RgbImage {

@@ -8,7 +8,7 @@ use common::{data_url, media_file, merged, png};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use policies::{MediaUrlPolicy, MergedKwargs};
+use policies::{MediaOptions, MediaUrlPolicy};
 use preprocess::audio::WhisperFeatureConfig;
 use preprocess::error::ErrorKind;
 use preprocess::image::{ClipConfig, ImageProcessor, Qwen2VlConfig};
@@ -218,7 +218,7 @@ async fn uuid_parts_are_cached_and_a_miss_is_found_before_any_fetch() {
 async fn image_error(
     p: &MediaPipeline,
     url: String,
-    kw: &MergedKwargs,
+    kw: &MediaOptions,
     spec: &ModelMediaSpec,
 ) -> PreprocessError {
     p.process(

@@ -24,22 +24,32 @@ struct MediaJob {
 pub(super) struct MediaWorker {
     jobs: SyncSender<MediaJob>,
     modalities: Vec<media::Modality>,
+    spec: Arc<media::spec::ModelMediaSpec>,
 }
 
 impl MediaWorker {
     /// Starts the worker thread for `model`'s encoders with room for `queue` waiting requests.
     pub(super) fn start(model: &str, encoders: MediaEncoders, queue: usize) -> Result<Self> {
         let modalities = encoders.modalities();
+        let spec = encoders.spec().clone();
         let (jobs, rx) = mpsc::sync_channel(queue.max(1));
         std::thread::Builder::new()
             .name(format!("media-{model}"))
             .spawn(move || run(&encoders, &rx))
             .map_err(|e| EngineError::Internal(format!("cannot start the media worker: {e}")))?;
-        Ok(MediaWorker { jobs, modalities })
+        Ok(MediaWorker {
+            jobs,
+            modalities,
+            spec,
+        })
     }
 
     pub(super) fn modalities(&self) -> Vec<media::Modality> {
         self.modalities.clone()
+    }
+
+    pub(super) fn spec(&self) -> &media::spec::ModelMediaSpec {
+        &self.spec
     }
 
     /// Expands `ids`' placeholders for `items` and encodes them on the worker.

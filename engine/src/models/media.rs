@@ -6,6 +6,9 @@
 
 use std::path::Path;
 
+use std::sync::Arc;
+
+use media::spec::ModelMediaSpec;
 use media::{MediaTensor, Modality, ProcessedMedia};
 use serde_json::Value;
 
@@ -81,11 +84,13 @@ impl<'a> MediaInput<'a> {
     }
 }
 
-/// A checkpoint's media encoders and placeholder tokens.
+/// A checkpoint's media encoders and placeholder tokens, with the processor spec that shapes
+/// their inputs.
 #[derive(Debug)]
 pub struct MediaEncoders {
     vision: Option<(VisionTower, u32, u32)>,
     audio: Option<(AudioTower, u32)>,
+    spec: Arc<ModelMediaSpec>,
 }
 
 fn token_id(config: &Value, keys: &[&str]) -> Result<u32> {
@@ -96,39 +101,52 @@ fn token_id(config: &Value, keys: &[&str]) -> Result<u32> {
 }
 
 impl MediaEncoders {
-    /// The encoders of a checkpoint folder's architecture, if it has any.
+    /// The encoders of a checkpoint folder's architecture, if it has any, with the folder's
+    /// processor spec.
     pub fn load(dir: &Path, config: &Value, weights: &SafetensorsWeights) -> Result<Option<Self>> {
         let arch = config
             .get("architectures")
             .and_then(|a| a.get(0))
             .and_then(Value::as_str)
             .unwrap_or("");
-        let encoders = match arch {
+        let (vision, audio) = match arch {
             "Qwen2VLForConditionalGeneration" => {
                 let vcfg =
                     VisionConfig::from_json(config.get("vision_config").ok_or_else(|| {
                         EngineError::load("config.json", "`vision_config` is missing")
                     })?)?;
-                MediaEncoders {
-                    vision: Some((
-                        VisionTower::load(&vcfg, weights)?,
-                        token_id(config, &["image_token_id"])?,
-                        token_id(config, &["video_token_id"])?,
-                    )),
-                    audio: None,
-                }
+                let vision = (
+                    VisionTower::load(&vcfg, weights)?,
+                    token_id(config, &["image_token_id"])?,
+                    token_id(config, &["video_token_id"])?,
+                );
+                (Some(vision), None)
             }
-            "Qwen2AudioForConditionalGeneration" => MediaEncoders {
-                vision: None,
-                audio: Some((
+            "Qwen2AudioForConditionalGeneration" => {
+                let audio = (
                     AudioTower::load(&AudioConfig::from_json(config)?, weights)?,
                     token_id(config, &["audio_token_index", "audio_token_id"])?,
-                )),
-            },
+                );
+                (None, Some(audio))
+            }
             _ => return Ok(None),
+        };
+        // The processor files are read with the encoders, so what media the model takes and
+        // how they are shaped have one source: the loaded model.
+        let spec = ModelMediaSpec::from_model_dir(dir)
+            .map_err(|e| EngineError::load(dir.display().to_string(), e.to_string()))?;
+        let encoders = MediaEncoders {
+            vision,
+            audio,
+            spec: Arc::new(spec),
         };
         tracing::info!(dir = %dir.display(), modalities = ?encoders.modalities(), "loaded media encoders");
         Ok(Some(encoders))
+    }
+
+    /// How the checkpoint's processor turns each modality into the tensors these encoders take.
+    pub fn spec(&self) -> &Arc<ModelMediaSpec> {
+        &self.spec
     }
 
     /// The input modalities besides text.

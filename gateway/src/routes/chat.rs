@@ -406,8 +406,7 @@ async fn fetch_media(
     available: usize,
 ) -> ApiResult<Vec<Arc<media::ProcessedMedia>>> {
     use preprocess::pipeline::MediaRequestItem;
-    let (Some(pipeline), Some(spec)) = (&state.media, state.media_specs.get(&model.card().name))
-    else {
+    let (Some(pipeline), Some(spec)) = (&state.media, model.media_spec()) else {
         return Err(ApiError::bad_request(
             format!("The model `{}` accepts text input only.", model.card().name),
             Some("messages"),
@@ -424,7 +423,7 @@ async fn fetch_media(
         .collect();
     let budget = preprocess::budget::TokenBudget { available };
     Ok(pipeline
-        .process(&items, merged, trusted, spec, budget)
+        .process(&items, merged.media_options(), trusted, spec, budget)
         .await?)
 }
 

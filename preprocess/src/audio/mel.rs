@@ -17,165 +17,31 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 use realfft::num_complex::Complex;
 use realfft::{RealFftPlanner, RealToComplex};
-use serde_json::Value;
 
-use super::{check_rate, AudioError};
+use super::AudioError;
 
-/// Most values a feature tensor may hold (64 MiB of f32).
-const MAX_FEATURE_VALUES: usize = 1 << 24;
-/// Largest FFT size accepted from a preprocessor config.
-const MAX_N_FFT: usize = 8192;
-/// Largest mel bin count accepted.
-const MAX_N_MELS: usize = 512;
-/// Longest window accepted, in seconds.
-const MAX_CHUNK_LENGTH_S: usize = 600;
 /// Distinct configurations whose plans are kept.
 const PLAN_CACHE_SIZE: usize = 8;
 
-/// The feature extractor's settings (Hugging Face `WhisperFeatureExtractor`).
-#[derive(Debug, Clone, PartialEq)]
-pub struct WhisperFeatureConfig {
-    /// Mel bins: 80 (Whisper up to large-v2) or 128 (large-v3).
-    pub n_mels: usize,
-    pub sample_rate: u32,
-    pub n_fft: usize,
-    pub hop_length: usize,
-    /// The window every input is padded or trimmed to, in seconds.
-    pub chunk_length_s: usize,
-}
-
+pub use media::spec::WhisperFeatureConfig;
 pub use media::AudioFeatures;
 
-impl WhisperFeatureConfig {
-    /// Whisper's settings with `n_mels` bins: 16 kHz, `n_fft` 400, hop 160, 30 s.
-    pub fn whisper(n_mels: usize) -> Self {
-        WhisperFeatureConfig {
-            n_mels,
-            sample_rate: super::WHISPER_SAMPLE_RATE,
-            n_fft: 400,
-            hop_length: 160,
-            chunk_length_s: 30,
-        }
-    }
-
-    /// Reads a `preprocessor_config.json` of a `WhisperFeatureExtractor`:
-    /// `feature_size`, `sampling_rate`, `n_fft`, `hop_length`, `chunk_length`
-    /// (missing keys take Whisper's defaults; other keys are ignored).
-    pub fn from_preprocessor_config(cfg: &Value) -> Result<Self, AudioError> {
-        let map = cfg.as_object().ok_or_else(|| AudioError::InvalidConfig {
-            key: "preprocessor_config".to_owned(),
-            reason: "must be a JSON object".to_owned(),
-        })?;
-        let mut out = WhisperFeatureConfig::whisper(80);
-        let int = |key: &str| -> Result<Option<usize>, AudioError> {
-            match map.get(key) {
-                None | Some(Value::Null) => Ok(None),
-                Some(v) => v
-                    .as_u64()
-                    .and_then(|n| usize::try_from(n).ok())
-                    .filter(|n| *n > 0)
-                    .map(Some)
-                    .ok_or_else(|| AudioError::InvalidConfig {
-                        key: key.to_owned(),
-                        reason: "must be a positive integer".to_owned(),
-                    }),
-            }
-        };
-        if let Some(n) = int("feature_size")? {
-            out.n_mels = n;
-        }
-        if let Some(n) = int("sampling_rate")? {
-            out.sample_rate = check_rate(n as u64).map_err(|e| AudioError::InvalidConfig {
-                key: "sampling_rate".to_owned(),
-                reason: e.to_string(),
-            })?;
-        }
-        if let Some(n) = int("n_fft")? {
-            out.n_fft = n;
-        }
-        if let Some(n) = int("hop_length")? {
-            out.hop_length = n;
-        }
-        if let Some(n) = int("chunk_length")? {
-            out.chunk_length_s = n;
-        }
-        out.check()?;
-        Ok(out)
-    }
-
-    /// Samples in the window (480000 for Whisper).
-    pub fn n_samples(&self) -> usize {
-        self.chunk_length_s
-            .saturating_mul(self.sample_rate as usize)
-    }
-
-    /// Frames in the output (3000 for Whisper): the centred STFT's frame count
-    /// less the dropped last one.
-    pub fn n_frames(&self) -> usize {
-        let padded = self.n_samples() + 2 * (self.n_fft / 2);
-        padded.saturating_sub(self.n_fft) / self.hop_length.max(1)
-    }
-
-    /// Frames covering real audio for a clip of `samples` at [`Self::sample_rate`]: the
-    /// window's share of it, `ceil(len / hop)`, at most [`Self::n_frames`].
-    pub fn valid_frames(&self, samples: usize) -> usize {
-        samples
-            .min(self.n_samples())
-            .div_ceil(self.hop_length.max(1))
-            .min(self.n_frames())
-    }
-
-    fn check(&self) -> Result<(), AudioError> {
-        let bad = |key: &str, reason: String| {
-            Err(AudioError::InvalidConfig {
-                key: key.to_owned(),
-                reason,
-            })
-        };
-        if !(1..=MAX_N_MELS).contains(&self.n_mels) {
-            return bad("feature_size", format!("must be from 1 to {MAX_N_MELS}"));
-        }
-        if let Err(e) = check_rate(u64::from(self.sample_rate)) {
-            return bad("sampling_rate", e.to_string());
-        }
-        if !(2..=MAX_N_FFT).contains(&self.n_fft) {
-            return bad("n_fft", format!("must be from 2 to {MAX_N_FFT}"));
-        }
-        if !(1..=MAX_CHUNK_LENGTH_S).contains(&self.chunk_length_s) {
-            return bad(
-                "chunk_length",
-                format!("must be from 1 to {MAX_CHUNK_LENGTH_S} s"),
-            );
-        }
-        if self.hop_length == 0 || self.hop_length > self.n_samples() {
-            return bad(
-                "hop_length",
-                "must be at least 1 and at most the window's sample count".to_owned(),
-            );
-        }
-        // Reflect padding needs more samples than it mirrors.
-        if self.n_fft / 2 >= self.n_samples() {
-            return bad("n_fft", "is longer than the window".to_owned());
-        }
-        let values = self.n_mels.saturating_mul(self.n_frames());
-        if self.n_frames() == 0 || values > MAX_FEATURE_VALUES {
-            return bad(
-                "hop_length",
-                format!("gives {values} feature values (allowed: 1 to {MAX_FEATURE_VALUES})"),
-            );
-        }
-        Ok(())
-    }
-
+/// The feature extractor's computations over its settings (the model's spec).
+pub trait LogMel {
     /// The mel filterbank, `[n_mels, n_fft / 2 + 1]` row-major, as
     /// `librosa.filters.mel(sr, n_fft, n_mels, htk=False, norm="slaney")`.
-    pub fn mel_filters(&self) -> Result<Vec<f32>, AudioError> {
+    fn mel_filters(&self) -> Result<Vec<f32>, AudioError>;
+    /// The log-mel features of mono `samples` at the settings' sample rate.
+    fn log_mel(&self, samples: &[f32]) -> Result<AudioFeatures, AudioError>;
+}
+
+impl LogMel for WhisperFeatureConfig {
+    fn mel_filters(&self) -> Result<Vec<f32>, AudioError> {
         self.check()?;
         Ok(slaney_filterbank(self.sample_rate, self.n_fft, self.n_mels))
     }
 
-    /// The log-mel features of mono `samples` at `self.sample_rate`.
-    pub fn log_mel(&self, samples: &[f32]) -> Result<AudioFeatures, AudioError> {
+    fn log_mel(&self, samples: &[f32]) -> Result<AudioFeatures, AudioError> {
         let plan = plan_for(self)?;
         Ok(plan.run(samples))
     }
@@ -398,7 +264,6 @@ fn norm_sqr(c: Complex<f32>) -> f32 {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use serde_json::json;
 
     #[test]
     fn whisper_shapes() {
@@ -433,43 +298,6 @@ mod tests {
         let trimmed = cfg.log_mel(&x[..480_000]).unwrap();
         assert_eq!(long, trimmed);
         assert_eq!(long.valid_frames, 3000);
-    }
-
-    #[test]
-    fn config_from_preprocessor_json() {
-        let cfg = WhisperFeatureConfig::from_preprocessor_config(&json!({
-            "feature_extractor_type": "WhisperFeatureExtractor",
-            "feature_size": 128, "sampling_rate": 16000, "n_fft": 400,
-            "hop_length": 160, "chunk_length": 30, "padding_value": 0.0
-        }))
-        .unwrap();
-        assert_eq!(cfg, WhisperFeatureConfig::whisper(128));
-        assert_eq!(
-            WhisperFeatureConfig::from_preprocessor_config(&json!({})).unwrap(),
-            WhisperFeatureConfig::whisper(80)
-        );
-        for (key, bad) in [
-            ("feature_size", json!(0)),
-            ("feature_size", json!(100_000)),
-            ("sampling_rate", json!(12)),
-            ("n_fft", json!("400")),
-            ("hop_length", json!(-1)),
-            ("chunk_length", json!(100_000)),
-        ] {
-            let err =
-                WhisperFeatureConfig::from_preprocessor_config(&json!({ key: bad })).unwrap_err();
-            assert!(
-                matches!(&err, AudioError::InvalidConfig { key: k, .. } if k == key),
-                "{key}: {err}"
-            );
-        }
-        // hop 1 at 384 kHz for 600 s would be a 100-billion-value tensor.
-        let err = WhisperFeatureConfig::from_preprocessor_config(
-            &json!({"hop_length": 1, "sampling_rate": 384000, "chunk_length": 600}),
-        )
-        .unwrap_err();
-        assert!(matches!(err, AudioError::InvalidConfig { .. }));
-        assert!(WhisperFeatureConfig::from_preprocessor_config(&json!([])).is_err());
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::io::Cursor;
 
 use base64::Engine as _;
 use image::{DynamicImage, ImageFormat, Rgb, RgbImage};
-use policies::{DeploymentDefaults, MergedKwargs};
+use policies::{DeploymentDefaults, MediaOptions};
 
 /// A gradient PNG of `w x h`.
 pub fn png(w: u32, h: u32) -> Vec<u8> {
@@ -34,8 +34,11 @@ pub fn media_file(name: &str) -> Vec<u8> {
     .unwrap()
 }
 
-/// Kwargs as a deployment with these defaults and a request with none merge them.
-pub fn merged(mm: Option<&str>, media: Option<&str>) -> MergedKwargs {
+/// The options of a deployment with these defaults and a request with no kwargs.
+pub fn merged(mm: Option<&str>, media: Option<&str>) -> MediaOptions {
     let defaults = DeploymentDefaults::from_json(mm, media).unwrap();
-    policies::merge(&defaults, None, None, false).unwrap()
+    policies::merge(&defaults, None, None, false)
+        .unwrap()
+        .media_options()
+        .clone()
 }
