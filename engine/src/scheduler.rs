@@ -27,120 +27,27 @@
 
 use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, TryRecvError};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Instant;
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
-use tokio::sync::mpsc::UnboundedSender;
 
-use crate::api::{Finish, FinishReason, PromptLogprob, SamplingParams, StepLogprobs, StopReason};
-use crate::block_manager::{
-    extend_block_hashes, BlockHash, BlockId, BlockManager, BlockStats, HashContext,
-};
-use crate::constraint::GuideFactory;
+use crate::api::{Finish, FinishReason, StopReason};
+use crate::block_manager::{extend_block_hashes, BlockManager};
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{CausalLm, KvBudget, SampleRequest, SeqChunk};
+use crate::model::{CausalLm, SampleRequest, SeqChunk};
 use crate::sampling::SequenceSampler;
-use crate::share::{Move, SlotBook};
 
-/// Limits the scheduler works within.
-#[derive(Debug, Clone)]
-pub struct SchedulerConfig {
-    pub max_num_seqs: usize,
-    pub max_num_active_seqs: usize,
-    pub max_num_batched_tokens: usize,
-    pub block_size: usize,
-    /// What the model's KV cache may take; the model turns it into a block count.
-    pub kv_budget: KvBudget,
-    pub max_model_len: usize,
-    pub enable_prefix_caching: bool,
-    /// Threads for the model's parallel work (`None`: rayon's global pool).
-    pub threads: Option<usize>,
-}
+mod protocol;
+mod sequence;
+mod slots;
 
-/// What the engine sends back for one sequence.
-#[derive(Debug)]
-pub enum SeqEvent {
-    /// A generated token; `finish` is set on the last one.
-    Token {
-        id: u32,
-        logprobs: Option<StepLogprobs>,
-        /// On the first token of a sequence that asked for them: the prompt's logprobs.
-        prompt_logprobs: Option<Vec<Option<PromptLogprob>>>,
-        /// Prompt tokens that were served from the prefix cache.
-        cached_tokens: usize,
-        finish: Option<Finish>,
-    },
-    /// The sequence ended without producing a further token.
-    Finished(Finish),
-    /// The sequence failed.
-    Failed(EngineError),
-}
-
-/// A sequence handed to the engine.
-#[derive(Debug)]
-pub struct Submission {
-    pub seq_id: u64,
-    /// The request the sequence is a choice of (the unit of the fair share).
-    pub group: u64,
-    pub request_id: String,
-    pub prompt_ids: Vec<u32>,
-    pub params: SamplingParams,
-    pub hash_ctx: HashContext,
-    pub media: Option<std::sync::Arc<crate::api::PromptMedia>>,
-    /// The request's compiled token rules ([`crate::constraint::prepare`]).
-    pub rules: Option<Box<crate::constraint::TokenRules>>,
-    pub events: UnboundedSender<SeqEvent>,
-    pub arrived: Instant,
-}
-
-/// Messages to the engine thread.
-#[derive(Debug)]
-pub enum Command {
-    Submit(Box<Submission>),
-    Cancel(u64),
-    Shutdown,
-}
-
-/// A snapshot of the engine's state, refreshed every step (for tests and health).
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct EngineStats {
-    pub steps: u64,
-    pub running: usize,
-    pub waiting: usize,
-    pub blocks: BlockStats,
-    /// Prompt tokens looked up in the prefix cache, and of those, found.
-    pub prefix_cache_queries: u64,
-    pub prefix_cache_hits: u64,
-    pub preemptions: u64,
-    /// Tokens computed by the model (prefill and decode) over the engine's life.
-    pub computed_tokens: u64,
-}
-
-/// State shared between the engine thread and its handle.
-#[derive(Debug, Default)]
-pub struct Shared {
-    pub alive: AtomicBool,
-    /// Sequences submitted and not yet finished, per request (the `max_num_seqs` bound).
-    pub slots: SlotBook,
-    pub stats: Mutex<EngineStats>,
-    /// The model's grammar compiler, built by the handle on the first constrained request (an
-    /// error is kept: it would fail the same way again).
-    pub guides: std::sync::OnceLock<std::result::Result<Arc<GuideFactory>, String>>,
-}
-
-impl Shared {
-    pub fn stats(&self) -> EngineStats {
-        match self.stats.lock() {
-            Ok(s) => s.clone(),
-            Err(p) => p.into_inner().clone(),
-        }
-    }
-}
+pub use protocol::{Command, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission};
+use sequence::{Sequence, PROMPT_LOGPROB_ROWS};
 
 /// Marks the engine dead when its thread ends, however it ends.
 struct AliveGuard(Arc<Shared>);
@@ -151,87 +58,6 @@ impl Drop for AliveGuard {
         if std::thread::panicking() {
             tracing::error!("engine thread panicked; the model is unhealthy");
         }
-    }
-}
-
-struct Sequence {
-    id: u64,
-    group: u64,
-    request_id: String,
-    /// Prompt followed by the generated tokens.
-    tokens: Vec<u32>,
-    prompt_len: usize,
-    max_tokens: usize,
-    /// Tokens whose K/V are in the cache.
-    computed: usize,
-    table: Vec<BlockId>,
-    hashes: Vec<BlockHash>,
-    /// Leading blocks already registered in the prefix cache.
-    registered: usize,
-    hash_ctx: HashContext,
-    media: Option<std::sync::Arc<crate::api::PromptMedia>>,
-    sampler: SequenceSampler,
-    events: UnboundedSender<SeqEvent>,
-    admitted_once: bool,
-    cached_tokens: usize,
-    arrived: Instant,
-    last_token_at: Option<Instant>,
-    /// Prompt logprobs asked for and not yet sent: the entries so far (the first is the
-    /// prompt's first token, which has none) and the alternatives each reports.
-    prompt_lp: Option<(Vec<Option<PromptLogprob>>, usize)>,
-}
-
-/// Prompt tokens a sequence with prompt logprobs runs per step: each needs a row of logits
-/// (vocabulary-sized), so its prefill goes in chunks of this size to bound that memory.
-const PROMPT_LOGPROB_ROWS: usize = 512;
-
-impl Sequence {
-    fn generated(&self) -> usize {
-        self.tokens.len() - self.prompt_len
-    }
-
-    /// Whether prompt logprob entries are still to be computed.
-    fn wants_prompt_rows(&self) -> bool {
-        self.prompt_lp
-            .as_ref()
-            .is_some_and(|(e, _)| e.len() < self.prompt_len)
-    }
-
-    /// Whether the chunk of `n` tokens from `computed` covers missing prompt logprob entries
-    /// (the logits at position `p` give entry `p + 1`).
-    fn chunk_wants_rows(&self, n: usize) -> bool {
-        self.prompt_lp
-            .as_ref()
-            .is_some_and(|(e, _)| e.len() < self.prompt_len && self.computed + n >= e.len())
-    }
-
-    /// Record the entries that the logits of the `n` tokens from `computed` give.
-    fn add_prompt_rows(&mut self, rows: &[f32], n: usize, vocab: usize) -> Result<()> {
-        let Some((entries, k)) = self.prompt_lp.as_mut() else {
-            return Ok(());
-        };
-        if rows.len() != n * vocab {
-            return Err(EngineError::Internal(format!(
-                "the model returned {} logits for {n} prompt rows",
-                rows.len()
-            )));
-        }
-        for (j, row) in rows.chunks_exact(vocab).enumerate() {
-            let idx = self.computed + j + 1;
-            if idx >= self.prompt_len {
-                break;
-            }
-            if idx < entries.len() {
-                // Already computed before a preemption.
-                continue;
-            }
-            entries.push(Some(crate::sampling::prompt_logprob(
-                row,
-                self.tokens[idx],
-                *k,
-            )?));
-        }
-        Ok(())
     }
 }
 
@@ -464,105 +290,6 @@ impl Engine {
                 let _ = seq.events.send(SeqEvent::Failed(err));
             }
         }
-    }
-
-    /// Remove sequences whose client has gone.
-    fn drop_closed(&mut self) {
-        let mut i = 0;
-        while i < self.running.len() {
-            if self.running[i].events.is_closed() {
-                let seq = self.running.remove(i);
-                self.exit(seq, Exit::Cancelled);
-            } else {
-                i += 1;
-            }
-        }
-        for parked in [false, true] {
-            let mut j = 0;
-            loop {
-                let queue = if parked {
-                    &mut self.parked
-                } else {
-                    &mut self.waiting
-                };
-                let Some(seq) = queue.get(j) else { break };
-                if seq.events.is_closed() {
-                    if let Some(seq) = queue.remove(j) {
-                        self.exit(seq, Exit::Cancelled);
-                    }
-                } else {
-                    j += 1;
-                }
-            }
-        }
-    }
-
-    fn is_idle(&self) -> bool {
-        self.running.is_empty() && self.waiting.is_empty() && self.parked.is_empty()
-    }
-
-    /// Take a running sequence out of the batch, freeing its blocks; it is recomputed when it
-    /// runs again.
-    fn evict(&mut self, idx: usize) -> Sequence {
-        let mut seq = self.running.remove(idx);
-        self.blocks.free_table(&seq.table);
-        seq.table.clear();
-        seq.computed = 0;
-        seq.registered = 0;
-        self.stats.preemptions += 1;
-        self.metrics.preempted();
-        seq
-    }
-
-    /// Move sequences between the slot holders and the parked until the split between
-    /// requests is fair ([`crate::share::rebalance`]).
-    fn rebalance(&mut self) {
-        loop {
-            let holders: Vec<u64> = self
-                .running
-                .iter()
-                .chain(self.waiting.iter())
-                .map(|s| s.group)
-                .collect();
-            let parked: Vec<u64> = self.parked.iter().map(|s| s.group).collect();
-            let Some(mv) = crate::share::rebalance(&holders, &parked, self.cfg.max_num_seqs) else {
-                return;
-            };
-            let (give_up, take) = match mv {
-                Move::Park(g) => (Some(g), None),
-                Move::Unpark(i) => (None, Some(i)),
-                Move::Swap(g, i) => (Some(g), Some(i)),
-            };
-            // Take first: parking pushes to the back of `parked`, which leaves `i` in place.
-            if let Some(seq) = take.and_then(|i| self.parked.remove(i)) {
-                self.waiting.push_back(seq);
-            }
-            if let Some(g) = give_up {
-                // The youngest holder of the group: a waiting one costs nothing to park.
-                let seq = if let Some(i) = self.waiting.iter().rposition(|s| s.group == g) {
-                    self.waiting.remove(i)
-                } else {
-                    self.running
-                        .iter()
-                        .rposition(|s| s.group == g)
-                        .map(|i| self.evict(i))
-                };
-                match seq {
-                    Some(seq) => {
-                        tracing::debug!(request_id = %seq.request_id, "sequence parked for the fair share");
-                        self.parked.push_back(seq);
-                    }
-                    None => return,
-                }
-            }
-        }
-    }
-
-    /// Free a running sequence's blocks and put it back at the front of the queue.
-    fn preempt(&mut self, idx: usize) {
-        let seq = self.evict(idx);
-        tracing::debug!(request_id = %seq.request_id, "sequence preempted for recompute");
-        self.waiting.push_front(seq);
     }
 
     /// Grow `seq`'s block table to cover `upto` tokens; false when blocks ran out.
