@@ -727,3 +727,79 @@ async fn prompt_logprobs_minus_one_is_the_whole_vocabulary() {
         .sum();
     assert!((total - 1.0).abs() < 1e-3, "{total}");
 }
+
+/// `echo` with `logprobs`: the prompt's tokens lead the logprobs (the first without one), with
+/// the prompt logprobs' values, then the generated tokens, whole and streamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_with_logprobs_covers_the_prompt() {
+    let app = server(&[]);
+    let prompt: Vec<u32> = vec![5, 17, 300, 42, 9];
+    let body = json!({"model": MODEL, "prompt": prompt, "max_tokens": 3, "echo": true,
+                      "logprobs": 2, "ignore_eos": true, "temperature": 0});
+    let (status, reply) = call(&app, "POST", "/v1/completions", Some(body.clone())).await;
+    assert_eq!(status, 200, "{reply}");
+    let choice = &reply["choices"][0];
+    let lp = &choice["logprobs"];
+    let tokens = lp["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), prompt.len() + 3, "{lp}");
+    let token_lps = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(token_lps[0], Value::Null);
+    assert_eq!(lp["top_logprobs"][0], Value::Null);
+    // The prompt positions carry the same values as vLLM's `prompt_logprobs`.
+    let entries = &choice["prompt_logprobs"];
+    for (i, id) in prompt.iter().enumerate().skip(1) {
+        let want = entries[i][id.to_string()]["logprob"].as_f64().unwrap();
+        let got = token_lps[i].as_f64().unwrap();
+        assert!((want - got).abs() < 1e-6, "position {i}: {got} vs {want}");
+        let top = lp["top_logprobs"][i].as_object().unwrap();
+        assert!((2..=3).contains(&top.len()), "{top:?}");
+    }
+    for v in &token_lps[1..] {
+        assert!(v.as_f64().unwrap() <= 0.0);
+    }
+    // Offsets rise through the prompt into the reply, which starts after the echoed text.
+    let offsets: Vec<u64> = lp["text_offset"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_u64().unwrap())
+        .collect();
+    assert!(offsets.windows(2).all(|w| w[0] <= w[1]), "{offsets:?}");
+    assert_eq!(offsets[0], 0);
+    let text = choice["text"].as_str().unwrap();
+    let reply_start = offsets[prompt.len()] as usize;
+    assert!(reply_start <= text.len());
+
+    // Streamed: the same tokens over the chunks, the prompt's in the first.
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let req = Request::builder()
+        .method("POST")
+        .uri("/v1/completions")
+        .header("content-type", "application/json")
+        .body(Body::from(streamed.to_string()))
+        .unwrap();
+    let resp = app.clone().oneshot(req).await.unwrap();
+    assert_eq!(resp.status().as_u16(), 200);
+    let sse =
+        String::from_utf8_lossy(&resp.into_body().collect().await.unwrap().to_bytes()).into_owned();
+    let chunks: Vec<Value> = sse
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .map(|d| serde_json::from_str(d).unwrap())
+        .collect();
+    let all: Vec<Value> = chunks
+        .iter()
+        .flat_map(|c| {
+            c["choices"][0]["logprobs"]["tokens"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(&all, tokens, "{sse}");
+    let first = &chunks[0]["choices"][0]["logprobs"];
+    assert_eq!(first["token_logprobs"][0], Value::Null, "{sse}");
+    assert!(first["tokens"].as_array().unwrap().len() > prompt.len());
+}

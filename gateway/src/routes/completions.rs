@@ -109,6 +109,26 @@ pub async fn handler(
     let req = policed.req;
     let prompt_logprobs =
         generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
+    let echo = req.echo.unwrap_or(false);
+    // With `echo`, `logprobs` covers the prompt's tokens too (as vLLM): the engine computes
+    // the prompt's logprobs with at least as many alternatives.
+    let echo_logprobs = match (echo, logprobs) {
+        (true, Some(k)) => {
+            let device = &model.card().device;
+            if device != "cpu" {
+                return Err(ApiError::bad_request(
+                    format!("`echo` with `logprobs` needs the prompt's logprobs, which a model on {device} does not compute."),
+                    Some("echo"),
+                ));
+            }
+            Some(k)
+        }
+        _ => None,
+    };
+    let prompt_logprobs = match (prompt_logprobs, echo_logprobs) {
+        (Some(p), Some(k)) => Some(p.max(k)),
+        (p, k) => p.or(k),
+    };
     let Some(prompt) = &req.prompt else {
         return Err(ApiError::bad_request(
             "`prompt` must be provided.",
@@ -131,7 +151,11 @@ pub async fn handler(
     generate::check_constraint(&model, &req.sampling).await?;
 
     let id = format!("cmpl-{rid}");
-    let echo = req.echo.unwrap_or(false);
+    let echo_ids: Vec<Vec<u32>> = if echo_logprobs.is_some() {
+        prompts.iter().map(|p| p.ids().to_vec()).collect()
+    } else {
+        Vec::new()
+    };
     let echo_texts: Vec<String> = if echo {
         prompts
             .iter()
@@ -163,7 +187,10 @@ pub async fn handler(
             id,
             served,
             choices,
-            echo_texts,
+            Echo {
+                texts: echo_texts,
+                ids: echo_ids,
+            },
             prompt_tokens,
             req.sampling.include_usage(),
             logprobs.is_some(),
@@ -177,9 +204,20 @@ pub async fn handler(
             let mut text = echo_texts.get(c.prompt_idx).cloned().unwrap_or_default();
             let offset = text.len();
             text.push_str(&c.text);
+            let mut lp = logprobs.map(|_| CompletionLogprobs::default());
+            if let (Some(lp), Some(ids), Some(entries)) = (
+                lp.as_mut(),
+                echo_ids.get(c.prompt_idx),
+                c.prompt_logprobs.as_deref(),
+            ) {
+                echoed_logprobs(&model, ids, entries, lp);
+            }
+            if let Some(lp) = lp.as_mut() {
+                append_logprobs(&model, &c.logprobs, offset, lp);
+            }
             CompletionChoice {
                 index: c.index,
-                logprobs: logprobs.map(|_| completion_logprobs(&model, &c.logprobs, offset)),
+                logprobs: lp,
                 finish_reason: Some(generate::finish_reason(&c.finish)),
                 stop_reason: generate::stop_reason(&c.finish),
                 prompt_logprobs: c
@@ -201,12 +239,46 @@ pub async fn handler(
     .into_response())
 }
 
-fn completion_logprobs(
+/// The echoed prompt's tokens at the head of `out` (offsets from 0): the first has no
+/// logprob, as in vLLM; each other lists itself and its alternatives.
+fn echoed_logprobs(
+    model: &ModelHandle,
+    ids: &[u32],
+    entries: &[Option<engine::api::PromptLogprob>],
+    out: &mut CompletionLogprobs,
+) {
+    let mut offset = 0;
+    for (i, &id) in ids.iter().enumerate() {
+        let token = token_text(model, id);
+        out.text_offset.push(offset);
+        offset += token.len();
+        match entries.get(i).and_then(Option::as_ref) {
+            Some(e) => {
+                out.token_logprobs.push(Some(e.logprob.max(-9999.0)));
+                let mut top = Map::new();
+                top.insert(token.clone(), Value::from(e.logprob.max(-9999.0)));
+                for t in &e.top {
+                    top.entry(token_text(model, t.id))
+                        .or_insert_with(|| Value::from(t.logprob.max(-9999.0)));
+                }
+                out.top_logprobs.push(Some(top));
+            }
+            None => {
+                out.token_logprobs.push(None);
+                out.top_logprobs.push(None);
+            }
+        }
+        out.tokens.push(token);
+    }
+}
+
+/// Generated steps appended to `out`, their offsets counted from `start_offset`.
+fn append_logprobs(
     model: &ModelHandle,
     steps: &[StepLogprobs],
     start_offset: usize,
-) -> CompletionLogprobs {
-    let mut out = CompletionLogprobs::default();
+    out: &mut CompletionLogprobs,
+) {
     let mut offset = start_offset;
     for s in steps {
         let token = token_text(model, s.token_id);
@@ -220,7 +292,13 @@ fn completion_logprobs(
         out.top_logprobs.push(Some(top));
         out.tokens.push(token);
     }
-    out
+}
+
+/// What a stream echoes before each prompt's first choice delta: the prompt's text and, with
+/// `logprobs`, its ids (whose logprobs come with the first delta).
+struct Echo {
+    texts: Vec<String>,
+    ids: Vec<Vec<u32>>,
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -229,19 +307,19 @@ fn stream_response(
     id: String,
     served: String,
     choices: Vec<generate::Choice>,
-    echo_texts: Vec<String>,
+    echo: Echo,
     prompt_tokens: usize,
     include_usage: bool,
     want_logprobs: bool,
 ) -> Response {
     let created = now_secs();
     let n = choices.len();
-    let per_prompt = if echo_texts.is_empty() {
+    let per_prompt = if echo.texts.is_empty() {
         1
     } else {
-        n / echo_texts.len().max(1)
+        n / echo.texts.len().max(1)
     };
-    let mut echoed = vec![echo_texts.is_empty(); n];
+    let mut echoed = vec![echo.texts.is_empty(); n];
     let mut remaining = n;
     let mut completion_tokens = 0usize;
     let mut failed = false;
@@ -294,17 +372,27 @@ fn stream_response(
                 Ok(_) if failed => {}
                 Ok(d) => {
                     let mut text = String::new();
+                    let mut lp = want_logprobs.then(CompletionLogprobs::default);
                     if !echoed[index] {
                         echoed[index] = true;
-                        text.push_str(&echo_texts[index / per_prompt.max(1)]);
+                        let p = index / per_prompt.max(1);
+                        text.push_str(&echo.texts[p]);
+                        if let (Some(lp), Some(ids), Some(entries)) =
+                            (lp.as_mut(), echo.ids.get(p), d.prompt_logprobs.as_deref())
+                        {
+                            echoed_logprobs(&model, ids, entries, lp);
+                        }
                     }
+                    let offset = text.len();
                     text.push_str(&d.text);
                     if let Some(f) = &d.finish {
                         completion_tokens += f.completion_tokens;
                         remaining -= 1;
                     }
                     if !text.is_empty() || d.finish.is_some() || !d.token_ids.is_empty() {
-                        let lp = want_logprobs.then(|| completion_logprobs(&model, &d.logprobs, 0));
+                        if let Some(lp) = lp.as_mut() {
+                            append_logprobs(&model, &d.logprobs, offset, lp);
+                        }
                         out.push(sse::event(&chunk_json(index, text, lp, d.finish.as_ref())));
                     }
                     if remaining == 0 {
