@@ -57,6 +57,13 @@ impl Engine {
     /// requests is fair ([`crate::share::rebalance`]).
     pub(super) fn rebalance(&mut self) {
         loop {
+            // The common step: nothing parked and the slots not over-full, so nothing to move
+            // (and nothing to count).
+            if self.parked.is_empty()
+                && self.running.len() + self.waiting.len() <= self.cfg.max_num_seqs
+            {
+                return;
+            }
             let holders: Vec<u64> = self
                 .running
                 .iter()
