@@ -36,21 +36,47 @@ struct f16 {
 DEV float to_f32(float v) { return v; }
 DEV float to_f32(bf16 v) { return __uint_as_float(((unsigned)v.bits) << 16); }
 
-#if defined(__CUDACC__)
+// f16 conversions in plain integer arithmetic: the same code runs on the GPU and in the
+// emulator, so the tests check what the device executes (an inline-PTX `cvt` would run on the
+// device alone). Both are exact, and round to nearest even as the host's `half` crate does.
 DEV float to_f32(f16 v) {
-  float r;
-  asm("cvt.f32.f16 %0, %1;" : "=f"(r) : "h"(v.bits));
-  return r;
+  const unsigned h = v.bits;
+  const unsigned sign = (h & 0x8000u) << 16;
+  const unsigned exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+  if (exp == 0x1fu) {
+    // Infinity, or a NaN made quiet with its payload kept.
+    return __uint_as_float(sign | 0x7f800000u | (mant << 13) | (mant ? 0x400000u : 0u));
+  }
+  if (exp == 0u) {
+    // Zero or a subnormal: mant units of 2^-24, which an f32 holds exactly.
+    const float m = (float)mant * 5.9604644775390625e-8f;
+    return sign ? -m : m;
+  }
+  return __uint_as_float(sign | ((exp + 112u) << 23) | (mant << 13));
 }
+
 DEV f16 f16_from(float v) {
-  f16 r;
-  asm("cvt.rn.f16.f32 %0, %1;" : "=h"(r.bits) : "f"(v));
-  return r;
+  const unsigned x = __float_as_uint(v);
+  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
+  const unsigned a = x & 0x7fffffffu;
+  if (a > 0x7f800000u) return f16{(unsigned short)(sign | 0x7e00u)};  // NaN stays a quiet NaN
+  if (a >= 0x477ff000u) return f16{(unsigned short)(sign | 0x7c00u)};  // rounds past 65504
+  if (a < 0x38800000u) {
+    // An f16 subnormal (or zero): units of 2^-24, the significand shifted right and rounded.
+    if (a < 0x33000000u) return f16{sign};  // under half the smallest subnormal
+    const unsigned shift = 126u - (a >> 23);
+    const unsigned mant = (a & 0x7fffffu) | 0x800000u;
+    unsigned h = mant >> shift;
+    const unsigned rem = mant & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (h & 1u))) ++h;
+    return f16{(unsigned short)(sign | h)};
+  }
+  // Normal: rebias the exponent, keep 10 mantissa bits, round (a carry may reach infinity).
+  unsigned h = (a - 0x38000000u) >> 13;
+  const unsigned rem = a & 0x1fffu;
+  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
+  return f16{(unsigned short)(sign | h)};
 }
-#else
-DEV float to_f32(f16 v) { return emu::half_to_float(v.bits); }
-DEV f16 f16_from(float v) { return f16{emu::float_to_half(v)}; }
-#endif
 
 // Round to nearest even, as the host's conversions do; NaN stays a (quiet) NaN.
 DEV bf16 bf16_from(float v) {

@@ -163,56 +163,6 @@ uint64_t lane_exchange(uint64_t bits, unsigned src) {
   return r;
 }
 
-float half_to_float(unsigned short h) {
-  const unsigned sign = (unsigned)(h & 0x8000u) << 16;
-  unsigned exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
-  unsigned bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (mant << 13);
-  } else if (exp == 0) {
-    if (mant == 0) {
-      bits = sign;
-    } else {
-      int e = -1;
-      do {
-        ++e;
-        mant <<= 1;
-      } while (!(mant & 0x400u));
-      bits = sign | ((unsigned)(127 - 15 - e) << 23) | ((mant & 0x3ffu) << 13);
-    }
-  } else {
-    bits = sign | ((exp + 127 - 15) << 23) | (mant << 13);
-  }
-  float f;
-  memcpy(&f, &bits, 4);
-  return f;
-}
-
-unsigned short float_to_half(float f) {
-  unsigned x;
-  memcpy(&x, &f, 4);
-  const unsigned short sign = (unsigned short)((x >> 16) & 0x8000u);
-  const unsigned absx = x & 0x7fffffffu;
-  if (absx > 0x7f800000u) return sign | 0x7e00u;
-  if (absx >= 0x47800000u) return sign | 0x7c00u;  // overflows to infinity
-  if (absx < 0x38800000u) {                         // subnormal or zero in f16
-    if (absx < 0x33000000u) return sign;
-    // f16 subnormals count units of 2^-24: the value's 24-bit significand shifted right.
-    const unsigned e = absx >> 23;
-    const unsigned mant = (absx & 0x7fffffu) | 0x800000u;
-    const unsigned shift = 126 - e;
-    unsigned h = mant >> shift;
-    const unsigned rem = mant & ((1u << shift) - 1u);
-    const unsigned half = 1u << (shift - 1);
-    if (rem > half || (rem == half && (h & 1u))) ++h;
-    return sign | (unsigned short)h;
-  }
-  unsigned h = ((absx - 0x38000000u) >> 13);
-  const unsigned rem = absx & 0x1fffu;
-  if (rem > 0x1000u || (rem == 0x1000u && (h & 1u))) ++h;
-  return sign | (unsigned short)h;
-}
-
 void register_kernel(const char* name, void* fn, Invoker invoker, unsigned nargs,
                      const unsigned* sizes) {
   m().table()[name] = Entry{fn, invoker, nargs, sizes};

@@ -33,9 +33,6 @@ void* dyn_smem();
 // Publish `bits` for this lane, wait for the warp, and return what lane `src` published.
 uint64_t lane_exchange(uint64_t bits, unsigned src);
 
-float half_to_float(unsigned short h);
-unsigned short float_to_half(float f);
-
 using Invoker = void (*)(void* fn, void** args);
 
 template <typename... A, std::size_t... I>
