@@ -1,16 +1,17 @@
 //! Which device runs the decoders: the operator's request (`--device`, `--dtype`), and its
 //! resolution at start-up into the CPU or an opened CUDA device.
 //!
-//! `auto` takes CUDA device 0 when the driver, a device, NVRTC and cuBLAS are all there, and
-//! otherwise the CPU, with one log line saying what was missing. An explicit `cuda[:N]` that
-//! cannot be served is a start-up error naming what is missing. Nothing above the engine sees
+//! `auto` takes CUDA device 0 when every step of opening it succeeds (probe, context, NVRTC,
+//! module load, cuBLAS), and otherwise the CPU, with one log line saying which step failed and
+//! why. An explicit `cuda[:N]` that cannot be served is a start-up error naming the step. Nothing above the engine sees
 //! which device a model runs on except through [`crate::api::ModelCard::device`] and the
 //! metrics.
 
 use std::fmt;
 use std::str::FromStr;
 
-use kernels::gpu::{Availability, Gpu, GpuDType};
+use kernels::gpu::bringup::{self, CudaOpener, Opener, Step};
+use kernels::gpu::{Gpu, GpuDType};
 
 use crate::error::{EngineError, Result};
 
@@ -127,31 +128,68 @@ impl Device {
     }
 }
 
-/// Resolve `--device`: probe, and open the CUDA device when one serves (which compiles or
-/// loads the kernels). `auto` falls back to the CPU with one log line saying why.
+/// Resolve `--device` on the CUDA driver's devices (see [`resolve_with`]).
 pub fn resolve(request: DeviceRequest) -> Result<Device> {
-    match request {
-        DeviceRequest::Cpu => Ok(Device::Cpu),
-        DeviceRequest::Auto => match kernels::gpu::probe(0) {
-            Availability::Ready(_) => open(0),
-            Availability::Missing(why) => {
-                tracing::info!("--device auto: serving on the CPU ({why})");
-                Ok(Device::Cpu)
+    resolve_with(request, &CudaOpener)
+}
+
+/// Resolve `--device`: open the device step by step through `opener` (probe, context, NVRTC,
+/// module load, cuBLAS). `auto` serves on the CPU, with one log line saying why, whatever step
+/// fails; an explicit `cuda[:N]` fails naming the step.
+pub fn resolve_with(request: DeviceRequest, opener: &dyn Opener) -> Result<Device> {
+    let ordinal = match request {
+        DeviceRequest::Cpu => return Ok(Device::Cpu),
+        DeviceRequest::Auto => 0,
+        DeviceRequest::Cuda(n) => n,
+    };
+    match bringup::open(opener, ordinal) {
+        Ok(gpu) => {
+            log_opened(&gpu);
+            Ok(Device::Gpu(gpu))
+        }
+        Err(e) if request == DeviceRequest::Auto => {
+            if e.step == Step::Probe {
+                // No usable GPU here at all: the usual case on a CPU machine.
+                tracing::info!("--device auto: serving on the CPU ({})", one_line(&e.error));
+            } else {
+                tracing::warn!(
+                    "--device auto: serving on the CPU: CUDA device {ordinal} {}",
+                    one_line(&e)
+                );
             }
-        },
-        DeviceRequest::Cuda(n) => match kernels::gpu::probe(n) {
-            Availability::Ready(_) => open(n),
-            Availability::Missing(why) => Err(EngineError::BackendUnavailable(format!(
-                "--device cuda:{n}: {why}"
-            ))),
-        },
+            Ok(Device::Cpu)
+        }
+        Err(e) => Err(EngineError::BackendUnavailable(if e.step == Step::Probe {
+            format!("--device {request}: {}", one_line(&e.error))
+        } else {
+            format!("--device {request}: CUDA device {ordinal} {}", one_line(&e))
+        })),
     }
 }
 
-fn open(ordinal: usize) -> Result<Device> {
-    let gpu = Gpu::cuda(ordinal).map_err(|e| {
-        EngineError::BackendUnavailable(format!("cannot open CUDA device {ordinal}: {e}"))
-    })?;
+/// An error's text on one line (NVRTC's log spans many), cut to a length a log line and a
+/// start-up error can carry.
+pub(crate) fn one_line(e: &dyn fmt::Display) -> String {
+    const MAX: usize = 600;
+    let text = e.to_string();
+    let mut line = text
+        .split('\n')
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" | ");
+    if line.len() > MAX {
+        let mut cut = MAX;
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push_str(" ...");
+    }
+    line
+}
+
+fn log_opened(gpu: &Gpu) {
     let info = gpu.info();
     tracing::info!(
         device = %info.label(),
@@ -161,7 +199,6 @@ fn open(ordinal: usize) -> Result<Device> {
         driver = %format!("{}.{}", info.driver_version / 1000, (info.driver_version % 1000) / 10),
         "CUDA device opened"
     );
-    Ok(Device::Gpu(gpu))
 }
 
 #[cfg(test)]
@@ -199,7 +236,7 @@ mod tests {
     #[test]
     fn without_a_gpu_auto_is_the_cpu_and_cuda_is_an_error_naming_why() {
         // This machine may have a GPU; only the no-GPU answers are asserted.
-        if let Availability::Missing(why) = kernels::gpu::probe(0) {
+        if let kernels::gpu::Availability::Missing(why) = kernels::gpu::probe(0) {
             assert!(matches!(resolve(DeviceRequest::Auto), Ok(Device::Cpu)));
             match resolve(DeviceRequest::Cuda(0)) {
                 Err(EngineError::BackendUnavailable(msg)) => {
@@ -210,5 +247,56 @@ mod tests {
             }
         }
         assert!(matches!(resolve(DeviceRequest::Cpu), Ok(Device::Cpu)));
+    }
+
+    /// Every device step's failure, injected through the opener: `auto` is the CPU with one
+    /// log line naming the step, `cuda` an error naming it; with no fault the emulator opens.
+    #[test]
+    fn a_failing_device_step_is_the_cpu_under_auto_and_an_error_under_cuda() {
+        use kernels::gpu::inject::FaultyOpener;
+        use kernels::gpu::EmuOpener;
+
+        assert!(matches!(
+            resolve_with(DeviceRequest::Auto, &EmuOpener),
+            Ok(Device::Gpu(_))
+        ));
+        for step in Step::ALL.into_iter().filter(|s| s.is_device_step()) {
+            let opener = FaultyOpener::new(EmuOpener, step);
+            let (device, logs) =
+                crate::test_log::capture(|| resolve_with(DeviceRequest::Auto, &opener));
+            assert!(matches!(device, Ok(Device::Cpu)), "{step}: {device:?}");
+            let lines: Vec<&str> = logs
+                .lines()
+                .filter(|l| l.contains("serving on the CPU"))
+                .collect();
+            assert_eq!(lines.len(), 1, "{step}: one line saying why: {logs}");
+            assert!(
+                lines[0].contains(&format!("injected fault in the {step} step")),
+                "{}",
+                lines[0]
+            );
+            if step != Step::Probe {
+                assert!(lines[0].contains(&format!("{step} failed")), "{}", lines[0]);
+            }
+            match resolve_with(DeviceRequest::Cuda(0), &opener) {
+                Err(EngineError::BackendUnavailable(msg)) => {
+                    assert!(msg.starts_with("--device cuda:0: "), "{msg}");
+                    assert!(msg.contains(&format!("the {step} step")), "{msg}");
+                }
+                other => panic!("{step}: expected BackendUnavailable, got {other:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn an_error_is_one_bounded_line() {
+        let log = format!("rc 6\n  kernel.cu(3): error: x\n\n{}", "y".repeat(2000));
+        let line = one_line(&log);
+        assert!(!line.contains('\n'));
+        assert!(
+            line.starts_with("rc 6 | kernel.cu(3): error: x | yyy"),
+            "{line}"
+        );
+        assert!(line.len() < 700);
     }
 }

@@ -28,6 +28,7 @@ mod embed;
 mod front_door;
 mod load;
 mod media_worker;
+mod place;
 mod start;
 mod stream;
 
@@ -190,10 +191,44 @@ impl Drop for DecoderBackend {
     }
 }
 
+/// The most sequences in one step (`--max-num-active-seqs`, at most `--max-num-seqs`), once
+/// the scheduler's limits are checked.
+fn active_seqs(config: &EngineConfig) -> Result<usize> {
+    let active = config.max_num_active_seqs.unwrap_or(config.max_num_seqs);
+    if active > config.max_num_seqs {
+        return Err(EngineError::invalid(
+            format!(
+                "max_num_active_seqs ({active}) must not exceed max_num_seqs ({})",
+                config.max_num_seqs
+            ),
+            Some("max_num_active_seqs"),
+        ));
+    }
+    if config.block_size == 0 {
+        return Err(EngineError::invalid(
+            "block_size must be at least 1",
+            Some("block_size"),
+        ));
+    }
+    Ok(active)
+}
+
 impl EngineHandle {
     /// Resolve the device, load every model (decoders onto the device) and start the engine
     /// threads. Errors name the file or the device that failed.
     pub fn start(models: &[ModelSpec], config: &EngineConfig) -> Result<Self> {
+        Self::start_with(models, config, &kernels::gpu::CudaOpener)
+    }
+
+    /// [`EngineHandle::start`] with GPUs opened through `opener` (tests open the emulator, or
+    /// a fault injector around it). Every step of bringing a decoder up on the GPU is named:
+    /// under `--device auto` a failed step serves the model on the CPU with one log line
+    /// saying why; under `--device cuda` it fails the start naming the step.
+    pub fn start_with(
+        models: &[ModelSpec],
+        config: &EngineConfig,
+        opener: &dyn kernels::gpu::Opener,
+    ) -> Result<Self> {
         // Only decoders run on a GPU: with none, `auto` opens no device (no context, no kernel
         // compile); an explicit `cuda` is still checked, so a wrong flag does not pass unseen.
         // The device is settled before anything loads, so a bad flag fails at once.
@@ -204,7 +239,7 @@ impl EngineHandle {
             )
         });
         let device = if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) {
-            crate::device::resolve(config.device)?
+            crate::device::resolve_with(config.device, opener)?
         } else {
             Device::Cpu
         };
@@ -214,27 +249,47 @@ impl EngineHandle {
                 config.dtype
             )));
         }
+        let active = active_seqs(config)?;
         let mut loaded = Vec::with_capacity(models.len());
+        let mut kv_ready = Vec::with_capacity(models.len());
         let device_label = device.label();
         for spec in models {
             tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
-            loaded.push((spec.clone(), load(spec, config, &device_label)?));
-        }
-        if let Device::Gpu(gpu) = &device {
-            for (spec, model) in &mut loaded {
-                if let LoadedModel::Decoder(d) = model {
+            let model = load(spec, config, &device_label)?;
+            let kv = match (&device, model) {
+                (Device::Gpu(gpu), LoadedModel::Decoder(mut d)) => {
                     d.model.set_activation_mode(config.activation_mode);
-                    d.model = d.model.to_gpu(gpu, config.dtype).map_err(|e| match e {
-                        EngineError::BackendUnavailable(why) => EngineError::load(
-                            spec.path.clone(),
-                            format!("cannot run on {}: {why}", gpu.info().label()),
-                        ),
-                        other => other,
-                    })?;
+                    let kv = match place::place_on_gpu(d.model.as_mut(), gpu, config, active) {
+                        Ok(placed) => {
+                            d.model = placed.model;
+                            Some(placed.kv_blocks)
+                        }
+                        Err(e) if config.device == DeviceRequest::Auto => {
+                            tracing::warn!(
+                                "--device auto: serving {} on the CPU: {} {e}",
+                                spec.served_name,
+                                gpu.info().label()
+                            );
+                            None
+                        }
+                        Err(e) => {
+                            return Err(EngineError::load(
+                                spec.path.clone(),
+                                format!("--device {}: {} {e}", config.device, gpu.info().label()),
+                            ))
+                        }
+                    };
+                    loaded.push((spec.clone(), LoadedModel::Decoder(d)));
+                    kv
                 }
-            }
+                (_, model) => {
+                    loaded.push((spec.clone(), model));
+                    None
+                }
+            };
+            kv_ready.push(kv);
         }
-        Self::from_loaded(loaded, config)
+        Self::start_loaded(loaded, kv_ready, config)
     }
 
     /// Start serving models that are already loaded (tests, or a caller with its own loader).
@@ -242,24 +297,19 @@ impl EngineHandle {
         models: Vec<(ModelSpec, LoadedModel)>,
         config: &EngineConfig,
     ) -> Result<Self> {
-        let active = config.max_num_active_seqs.unwrap_or(config.max_num_seqs);
-        if active > config.max_num_seqs {
-            return Err(EngineError::invalid(
-                format!(
-                    "max_num_active_seqs ({active}) must not exceed max_num_seqs ({})",
-                    config.max_num_seqs
-                ),
-                Some("max_num_active_seqs"),
-            ));
-        }
-        if config.block_size == 0 {
-            return Err(EngineError::invalid(
-                "block_size must be at least 1",
-                Some("block_size"),
-            ));
-        }
+        let none = vec![None; models.len()];
+        Self::start_loaded(models, none, config)
+    }
+
+    /// Start the models; `kv_ready[i]` is the block count of a cache model `i` already holds.
+    fn start_loaded(
+        models: Vec<(ModelSpec, LoadedModel)>,
+        kv_ready: Vec<Option<usize>>,
+        config: &EngineConfig,
+    ) -> Result<Self> {
+        let active = active_seqs(config)?;
         let mut handles: Vec<ModelHandle> = Vec::with_capacity(models.len());
-        for (spec, model) in models {
+        for ((spec, model), kv) in models.into_iter().zip(kv_ready) {
             if handles
                 .iter()
                 .any(|h| h.inner.card.name == spec.served_name)
@@ -270,7 +320,7 @@ impl EngineHandle {
                 ));
             }
             let handle = match model {
-                LoadedModel::Decoder(d) => start_decoder(&spec, d, config, active)?,
+                LoadedModel::Decoder(d) => start_decoder(&spec, d, config, active, kv)?,
                 LoadedModel::Encoder {
                     encoder,
                     chat_template,

@@ -37,6 +37,8 @@ pub mod models;
 pub mod sampling;
 pub mod scheduler;
 pub mod share;
+#[cfg(test)]
+mod test_log;
 pub mod tokenizer;
 pub mod weight_cache;
 

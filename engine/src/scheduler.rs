@@ -103,7 +103,10 @@ impl Engine {
                 None,
             ));
         }
-        let num_blocks = model.allocate_kv(cfg.block_size, &cfg.kv_budget)?;
+        let num_blocks = match cfg.kv_allocated {
+            Some(blocks) => blocks,
+            None => model.allocate_kv(cfg.block_size, &cfg.kv_budget)?,
+        };
         if num_blocks * cfg.block_size < cfg.max_model_len {
             return Err(EngineError::invalid(
                 format!(

@@ -36,11 +36,25 @@ fn compile_template(
     }
 }
 
+/// What a decoder's KV cache may take under `config`, with `active` sequences in a step.
+pub(super) fn kv_budget(config: &EngineConfig, active: usize) -> KvBudget {
+    KvBudget {
+        tokens: config.kv_cache_tokens,
+        gpu_memory_utilization: config.gpu_memory_utilization,
+        max_batched_tokens: config.max_num_batched_tokens,
+        max_seqs: active,
+        dtype: config.kv_cache_dtype,
+    }
+}
+
+/// Start a decoder's engine thread. `kv_allocated`: the blocks of the cache its GPU bring-up
+/// already allocated (`None`: allocate it now).
 pub(super) fn start_decoder(
     spec: &ModelSpec,
     mut d: LoadedDecoder,
     config: &EngineConfig,
     active: usize,
+    kv_allocated: Option<usize>,
 ) -> Result<ModelHandle> {
     d.model.set_activation_mode(config.activation_mode);
     let info = d.model.info().clone();
@@ -51,13 +65,8 @@ pub(super) fn start_decoder(
         max_num_active_seqs: active,
         max_num_batched_tokens: config.max_num_batched_tokens,
         block_size: config.block_size,
-        kv_budget: KvBudget {
-            tokens: config.kv_cache_tokens,
-            gpu_memory_utilization: config.gpu_memory_utilization,
-            max_batched_tokens: config.max_num_batched_tokens,
-            max_seqs: active,
-            dtype: config.kv_cache_dtype,
-        },
+        kv_budget: kv_budget(config, active),
+        kv_allocated,
         max_model_len,
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,

@@ -23,6 +23,9 @@ pub struct SchedulerConfig {
     pub block_size: usize,
     /// What the model's KV cache may take; the model turns it into a block count.
     pub kv_budget: KvBudget,
+    /// The block count of a cache the model already holds (a GPU model's, allocated by its
+    /// bring-up in blocks of `block_size`); `None`: the engine allocates it from `kv_budget`.
+    pub kv_allocated: Option<usize>,
     pub max_model_len: usize,
     pub enable_prefix_caching: bool,
     /// Threads for the model's parallel work (`None`: rayon's global pool).

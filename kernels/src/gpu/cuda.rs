@@ -8,14 +8,15 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use cudarc::cublas::result as blas;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{result, sys};
 
-use super::sources::SOURCES;
+use super::bringup::Opening;
+use super::sources::{Source, SOURCES};
 use super::{
     nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuDType, GpuError, Launch, Result,
     UPLOAD_CHUNK,
@@ -56,54 +57,92 @@ struct Staging {
 unsafe impl Send for CudaBackend {}
 unsafe impl Sync for CudaBackend {}
 
-impl CudaBackend {
-    pub(crate) fn open(ordinal: usize) -> Result<Self> {
-        let info = match probe::probe(ordinal) {
-            probe::Availability::Ready(info) => info,
-            probe::Availability::Missing(why) => return Err(GpuError::Unavailable(why)),
-        };
-        let dev = result::device::get(ordinal as i32).map_err(driver("cuDeviceGet"))?;
-        // SAFETY: `dev` is valid; the primary context is retained for the backend's life and
-        // released in Drop.
-        let ctx = unsafe { result::primary_ctx::retain(dev) }
-            .map_err(driver("cuDevicePrimaryCtxRetain"))?;
-        // SAFETY: `ctx` was just retained.
-        unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))?;
-        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map_err(driver("cuStreamCreate"))?;
-        let handle = blas::create_handle().map_err(|e| GpuError::Blas {
-            call: "cublasCreate",
-            message: format!("{e:?}"),
-        })?;
-        // SAFETY: both handles are valid.
-        unsafe { blas::set_stream(handle, stream as blas_sys::cudaStream_t) }.map_err(|e| {
-            GpuError::Blas {
-                call: "cublasSetStream",
-                message: format!("{e:?}"),
-            }
-        })?;
-        let mut backend = CudaBackend {
-            info,
-            ctx,
-            stream,
-            blas: Mutex::new(handle),
-            functions: HashMap::new(),
+/// A CUDA device being opened (see [`super::bringup`]): what each step has made so far. An
+/// opening dropped before [`Opening::finish`] releases it in reverse order, so a failed step
+/// leaves no context, stream, module or cuBLAS handle behind.
+pub(crate) struct CudaOpening {
+    ordinal: usize,
+    info: Option<DeviceInfo>,
+    /// The retained primary context.
+    ctx: Option<sys::CUcontext>,
+    stream: Option<sys::CUstream>,
+    /// Machine code of each source, between the compile and module-load steps.
+    images: Vec<(&'static Source, Vec<u8>)>,
+    from_cache: usize,
+    modules: Vec<sys::CUmodule>,
+    functions: HashMap<&'static str, sys::CUfunction>,
+    blas: Option<blas_sys::cublasHandle_t>,
+    started: Instant,
+}
+
+impl CudaOpening {
+    pub(crate) fn new(ordinal: usize) -> Self {
+        CudaOpening {
+            ordinal,
+            info: None,
+            ctx: None,
+            stream: None,
+            images: Vec::new(),
+            from_cache: 0,
             modules: Vec::new(),
-            sync_each_launch: std::env::var("GATEWAY_CUDA_SYNC").is_ok_and(|v| v == "1"),
-            raised: Mutex::new(HashMap::new()),
-            staging: Mutex::new(None),
-        };
-        backend.load_kernels()?;
-        Ok(backend)
+            functions: HashMap::new(),
+            blas: None,
+            started: Instant::now(),
+        }
     }
 
-    fn load_kernels(&mut self) -> Result<()> {
-        let arch = self.info.arch();
-        let t0 = Instant::now();
-        let mut cached = 0;
+    fn info(&self) -> Result<&DeviceInfo> {
+        self.info
+            .as_ref()
+            .ok_or_else(|| GpuError::Invalid("the device was not probed".into()))
+    }
+
+    fn bind(&self) -> Result<()> {
+        let ctx = self
+            .ctx
+            .ok_or_else(|| GpuError::Invalid("the device has no context yet".into()))?;
+        // SAFETY: the context is retained until this opening (or its backend) releases it.
+        unsafe { result::ctx::set_current(ctx) }.map_err(driver("cuCtxSetCurrent"))
+    }
+}
+
+impl Opening for CudaOpening {
+    fn probe(&mut self) -> Result<()> {
+        match probe::probe(self.ordinal) {
+            probe::Availability::Ready(info) => {
+                self.info = Some(info);
+                Ok(())
+            }
+            probe::Availability::Missing(why) => Err(GpuError::Unavailable(why)),
+        }
+    }
+
+    fn context(&mut self) -> Result<()> {
+        let dev = result::device::get(self.ordinal as i32).map_err(driver("cuDeviceGet"))?;
+        // SAFETY: `dev` is valid; the primary context is retained until Drop releases it.
+        let ctx = unsafe { result::primary_ctx::retain(dev) }
+            .map_err(driver("cuDevicePrimaryCtxRetain"))?;
+        self.ctx = Some(ctx);
+        self.bind()?;
+        let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+            .map_err(driver("cuStreamCreate"))?;
+        self.stream = Some(stream);
+        Ok(())
+    }
+
+    fn compile(&mut self) -> Result<()> {
+        let arch = self.info()?.arch();
         for src in SOURCES {
             let (image, hit) = nvrtc::compile_cached(src, &arch)?;
-            cached += usize::from(hit);
+            self.from_cache += usize::from(hit);
+            self.images.push((src, image));
+        }
+        Ok(())
+    }
+
+    fn load_modules(&mut self) -> Result<()> {
+        self.bind()?;
+        for (src, image) in std::mem::take(&mut self.images) {
             // SAFETY: `image` is a cubin for this device's architecture; the driver copies it.
             let module = unsafe { result::module::load_data(image.as_ptr().cast()) }
                 .map_err(driver("cuModuleLoadData"))?;
@@ -116,18 +155,89 @@ impl CudaBackend {
                 self.functions.insert(name, f);
             }
         }
+        let info = self.info()?;
         tracing::info!(
-            device = %self.info.label(),
-            arch,
+            device = %info.label(),
+            arch = %info.arch(),
             sources = SOURCES.len(),
-            from_cache = cached,
+            from_cache = self.from_cache,
             kernels = self.functions.len(),
-            elapsed_ms = t0.elapsed().as_millis() as u64,
+            elapsed_ms = self.started.elapsed().as_millis() as u64,
             "CUDA kernels ready"
         );
         Ok(())
     }
 
+    fn blas(&mut self) -> Result<()> {
+        self.bind()?;
+        let stream = self
+            .stream
+            .ok_or_else(|| GpuError::Invalid("the device has no stream yet".into()))?;
+        let handle = blas::create_handle().map_err(|e| GpuError::Blas {
+            call: "cublasCreate",
+            message: format!("{e:?}"),
+        })?;
+        self.blas = Some(handle);
+        // SAFETY: both handles are valid.
+        unsafe { blas::set_stream(handle, stream as blas_sys::cudaStream_t) }.map_err(|e| {
+            GpuError::Blas {
+                call: "cublasSetStream",
+                message: format!("{e:?}"),
+            }
+        })
+    }
+
+    fn finish(mut self: Box<Self>) -> Result<Arc<dyn Backend>> {
+        let missing = || GpuError::Invalid("a CUDA device was finished before every step".into());
+        let (Some(info), Some(ctx), Some(stream), Some(handle)) =
+            (self.info.clone(), self.ctx, self.stream, self.blas)
+        else {
+            return Err(missing());
+        };
+        // The backend owns the handles from here: the opening's Drop must not release them.
+        self.ctx = None;
+        self.stream = None;
+        self.blas = None;
+        Ok(Arc::new(CudaBackend {
+            info,
+            ctx,
+            stream,
+            blas: Mutex::new(handle),
+            functions: std::mem::take(&mut self.functions),
+            modules: std::mem::take(&mut self.modules),
+            sync_each_launch: std::env::var("GATEWAY_CUDA_SYNC").is_ok_and(|v| v == "1"),
+            raised: Mutex::new(HashMap::new()),
+            staging: Mutex::new(None),
+        }))
+    }
+}
+
+impl Drop for CudaOpening {
+    fn drop(&mut self) {
+        let Some(ctx) = self.ctx else {
+            return;
+        };
+        // SAFETY: each handle was made by one of this opening's steps and is released once,
+        // newest first, with its context current.
+        unsafe {
+            let _ = result::ctx::set_current(ctx);
+            if let Some(handle) = self.blas.take() {
+                let _ = blas::destroy_handle(handle);
+            }
+            for m in self.modules.drain(..) {
+                let _ = result::module::unload(m);
+            }
+            if let Some(stream) = self.stream.take() {
+                let _ = result::stream::destroy(stream);
+            }
+            if let Ok(dev) = result::device::get(self.ordinal as i32) {
+                let _ = result::primary_ctx::release(dev);
+            }
+        }
+    }
+}
+
+impl CudaBackend {
     fn bind(&self) -> Result<()> {
         // SAFETY: the context is retained for the backend's life.
         unsafe { result::ctx::set_current(self.ctx) }.map_err(driver("cuCtxSetCurrent"))

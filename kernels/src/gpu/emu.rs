@@ -14,6 +14,8 @@ use std::sync::Mutex;
 
 use rayon::prelude::*;
 
+use super::bringup::{Opener, Opening};
+use super::sources::SOURCES;
 use super::{
     Arg, Backend, BackendKind, DeviceInfo, DevicePtr, Gemm, GpuDType, GpuError, Launch, Result,
 };
@@ -45,6 +47,59 @@ pub fn emulated_kernels() -> Vec<String> {
                 (!p.is_null()).then(|| CStr::from_ptr(p).to_string_lossy().into_owned())
             })
             .collect()
+    }
+}
+
+/// Opens the emulator as the engine opens a CUDA device, step by step. Its compile step checks
+/// that every kernel of every source is emulated, as NVRTC would find each entry point.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EmuOpener;
+
+impl Opener for EmuOpener {
+    fn begin(&self, _ordinal: usize) -> Box<dyn Opening> {
+        Box::new(EmuOpening)
+    }
+}
+
+struct EmuOpening;
+
+impl Opening for EmuOpening {
+    fn probe(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn context(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn compile(&mut self) -> Result<()> {
+        let emulated = emulated_kernels();
+        for src in SOURCES {
+            if let Some(k) = src
+                .kernels()
+                .into_iter()
+                .find(|k| !emulated.iter().any(|e| e == k))
+            {
+                return Err(GpuError::Compile {
+                    file: src.file.into(),
+                    arch: "emulator".into(),
+                    log: format!("kernel {k} has no emulated twin"),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    fn load_modules(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn blas(&mut self) -> Result<()> {
+        Ok(())
+    }
+
+    fn finish(self: Box<Self>) -> Result<std::sync::Arc<dyn Backend>> {
+        Ok(std::sync::Arc::new(EmuBackend::new()))
     }
 }
 

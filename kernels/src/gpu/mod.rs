@@ -14,6 +14,7 @@
 //! it when dropped. All work goes to one in-order stream per backend, so launches, copies and
 //! GEMMs run in the order they are issued.
 
+pub mod bringup;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "emu")]
@@ -30,7 +31,11 @@ use std::sync::Arc;
 pub use probe::{probe, Availability, NOT_BUILT};
 
 #[cfg(feature = "emu")]
-pub use emu::emulated_kernels;
+pub use emu::{emulated_kernels, EmuOpener};
+#[cfg(feature = "fault-inject")]
+pub mod inject;
+
+pub use bringup::{CudaOpener, Opener, Step, StepError};
 
 /// A device address. In the emulator it is a host address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -302,6 +307,12 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()>;
     /// (free, total) bytes of device memory.
     fn memory(&self) -> Result<(usize, usize)>;
+    /// The engine is about to do `step` of putting a model on this device (`None`: bring-up
+    /// is over): what it allocates and copies until the next call serves that step. Backends
+    /// may log it; the tests' fault injector fails the step's work.
+    fn enter(&self, step: Option<Step>) {
+        tracing::debug!(device = %self.info().label(), step = ?step, "bring-up step");
+    }
 }
 
 /// A shared handle on a backend.
@@ -324,18 +335,11 @@ impl Gpu {
     }
 
     /// Open CUDA device `ordinal`: probe it, create its context, stream and cuBLAS handle, and
-    /// compile (or load from the disk cache) every kernel for its architecture.
-    #[cfg(feature = "cuda")]
+    /// compile (or load from the disk cache) every kernel for its architecture. Without the
+    /// `cuda` feature the probe says the build has none. [`bringup::open`] also says which
+    /// step failed.
     pub fn cuda(ordinal: usize) -> Result<Self> {
-        Ok(Gpu {
-            backend: Arc::new(cuda::CudaBackend::open(ordinal)?),
-        })
-    }
-
-    /// Without the `cuda` feature there is no CUDA backend: the same call reports it.
-    #[cfg(not(feature = "cuda"))]
-    pub fn cuda(_ordinal: usize) -> Result<Self> {
-        Err(GpuError::Unavailable(NOT_BUILT.into()))
+        bringup::open(&CudaOpener, ordinal).map_err(|e| e.error)
     }
 
     /// The CPU emulator of the kernels (tests only: it is slow and single-threaded).
@@ -422,6 +426,11 @@ impl Gpu {
 
     pub fn memory(&self) -> Result<(usize, usize)> {
         self.backend.memory()
+    }
+
+    /// See [`Backend::enter`].
+    pub fn enter(&self, step: Option<Step>) {
+        self.backend.enter(step)
     }
 }
 
