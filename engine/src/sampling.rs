@@ -1,20 +1,9 @@
 //! Turning one step's logits into the next token, with vLLM's semantics.
 //!
-//! Order of operations (as vLLM's v1 sampler):
-//! 1. logprobs, when requested, come from the raw model distribution (`log_softmax` of the
-//!    logits before any penalty or sampling transform: vLLM's default `raw_logprobs` mode);
-//! 2. `min_tokens`: EOS (unless `ignore_eos`) and `stop_token_ids` are masked until that many
-//!    tokens were generated;
-//! 3. the request's token rules ([`crate::constraint`]): `allowed_token_ids`, `bad_words`, then
-//!    `logit_bias` (vLLM applies them with `min_tokens`, before the penalties);
-//! 4. penalties: repetition (HF semantics, over prompt and output tokens: a positive logit is
-//!    divided by the penalty, a negative one multiplied), then frequency and presence (over output
-//!    tokens: `logit -= frequency * count + presence * (count > 0)`);
-//! 5. the structured-output grammar's mask. A mask commutes with every transform here, so its
-//!    place only matters for logprobs, which stay raw (vLLM masks before its sampler, so its
-//!    logprobs of a constrained request are renormalised over the allowed tokens);
-//! 6. greedy (temperature below 1e-5) takes the arg-max; otherwise temperature, min_p, top_k,
-//!    top_p, then a draw from the remaining distribution.
+//! The semantics (the order of operations, masks, penalties, filters, logprobs) are written
+//! once, in [`kernels::sampling`]; this is the per-sequence state around them: the request's
+//! parameters, its seeded RNG, the penalty bookkeeping, and the token rules and grammar
+//! ([`crate::constraint`]), which run at steps 3 and 5 of that order.
 //!
 //! A seeded request draws from its own `StdRng` (one draw per sampled token), so the same seed
 //! gives the same tokens whatever else runs in the batch; unseeded requests share the engine's
@@ -25,14 +14,13 @@ use std::collections::{HashMap, HashSet};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-use kernels::gpu::ops::{SampleParams, SampleRow, SampledRow};
+use kernels::gpu::ops::{SampleRow, SampledRow};
+use kernels::sampling::{self as semantics, SampleParams};
+pub use kernels::sampling::{argmax, top_k_indices, GREEDY_EPS};
 
 use crate::api::{PromptLogprob, SamplingParams, StepLogprobs, TokenLogprob};
 use crate::constraint::TokenRules;
 use crate::error::{EngineError, Result};
-
-/// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
-pub const GREEDY_EPS: f32 = 1e-5;
 
 /// The outcome of sampling one token.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,61 +43,13 @@ pub struct SequenceSampler {
     rules: Option<Box<TokenRules>>,
 }
 
-fn total_cmp_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-/// `log_softmax` normaliser (max and log-sum-exp) in f64; `None` when no logit is finite.
-fn log_normaliser(logits: &[f32]) -> Option<(f64, f64)> {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return None;
-    }
-    let max = max as f64;
-    let sum: f64 = logits
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (v as f64 - max).exp())
-        .sum();
-    Some((max, sum.ln()))
-}
-
-/// Indices of the `k` largest values, best first (ties broken by lower id).
-pub fn top_k_indices(values: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut pairs: Vec<(u32, f32)> = values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i as u32, if v.is_nan() { f32::NEG_INFINITY } else { v }))
-        .collect();
-    let k = k.min(pairs.len());
-    if k == 0 {
-        return Vec::new();
-    }
-    if k < pairs.len() {
-        pairs.select_nth_unstable_by(k - 1, total_cmp_desc);
-        pairs.truncate(k);
-    }
-    pairs.sort_unstable_by(total_cmp_desc);
-    pairs
-}
-
 /// A prompt token's entry from the logits of the position before it: its raw logprob, its
 /// rank (vLLM's: 1 + the tokens at least as likely, itself excluded) and the top `k`
 /// alternatives, all from the same `log_softmax` as the sampled tokens' logprobs.
 pub fn prompt_logprob(logits: &[f32], token: u32, k: usize) -> Result<PromptLogprob> {
-    let (max, lse) = log_normaliser(logits)
+    let norm = semantics::log_normaliser(logits)
         .ok_or_else(|| EngineError::Internal("the model produced no finite logit".into()))?;
-    let logprob_of = |v: f32| {
-        if v.is_nan() {
-            f32::NEG_INFINITY
-        } else {
-            (v as f64 - max - lse) as f32
-        }
-    };
+    let logprob_of = |v: f32| semantics::logprob(v, norm);
     let own = logits
         .get(token as usize)
         .copied()
@@ -132,21 +72,6 @@ pub fn prompt_logprob(logits: &[f32], token: u32, k: usize) -> Result<PromptLogp
         rank,
         top,
     })
-}
-
-/// Index of the largest value (first on ties), ignoring NaN; `None` if nothing is finite.
-pub fn argmax(values: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in values.iter().enumerate() {
-        if v.is_nan() || v == f32::NEG_INFINITY {
-            continue;
-        }
-        match best {
-            Some((_, b)) if v <= b => {}
-            _ => best = Some((i, v)),
-        }
-    }
-    best.map(|(i, _)| i as u32)
 }
 
 impl SequenceSampler {
@@ -234,21 +159,15 @@ impl SequenceSampler {
         };
 
         if self.generated < self.params.min_tokens {
-            let stop_ids = self
-                .params
-                .stop_token_ids
-                .iter()
-                .chain(eos_ids.iter().filter(|_| !self.params.ignore_eos));
-            for &id in stop_ids {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l = f32::NEG_INFINITY;
-                }
-            }
+            semantics::mask(logits, self.min_tokens_masked(eos_ids));
         }
         if let Some(r) = &self.rules {
             r.apply_rules(logits);
         }
-        self.apply_penalties(logits);
+        let params = self.sample_params();
+        if semantics::has_penalties(&params) {
+            semantics::apply_penalties(logits, &params, &self.penalty_entries());
+        }
         if let Some(r) = self.rules.as_mut() {
             r.apply_grammar(logits, eos_ids)?;
         }
@@ -256,11 +175,11 @@ impl SequenceSampler {
         let token = if self.is_greedy() {
             argmax(logits)
         } else {
-            let rng: &mut StdRng = match self.rng.as_mut() {
-                Some(r) => r,
-                None => global,
+            let u = match self.rng.as_mut() {
+                Some(r) => r.random::<f64>(),
+                None => global.random::<f64>(),
             };
-            sample_random(logits, &self.params, rng)
+            semantics::draw(logits, &params, u)
         };
         let token = token.ok_or_else(|| match self.rules {
             Some(_) => EngineError::invalid(
@@ -283,36 +202,14 @@ impl SequenceSampler {
     /// [`SequenceSampler::sample`] would draw it, so a seeded request gets the same stream on
     /// either device.
     pub fn device_row(&mut self, eos_ids: &[u32], global: &mut StdRng) -> SampleRow {
-        let p = &self.params;
-        let params = SampleParams {
-            temperature: p.temperature,
-            top_k: p.top_k,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            frequency_penalty: p.frequency_penalty,
-            presence_penalty: p.presence_penalty,
-            logprobs: p.logprobs,
+        let params = self.sample_params();
+        let penalties = if semantics::has_penalties(&params) {
+            self.penalty_entries()
+        } else {
+            Vec::new()
         };
-        let repetition = p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0;
-        let mut penalties = Vec::new();
-        if repetition || p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            penalties.extend(self.output_counts.iter().map(|(&id, &c)| (id, c)));
-        }
-        if repetition {
-            penalties.extend(
-                self.prompt_set
-                    .iter()
-                    .filter(|id| !self.output_counts.contains_key(id))
-                    .map(|&id| (id, 0)),
-            );
-        }
-        let masked = if self.generated < p.min_tokens {
-            p.stop_token_ids
-                .iter()
-                .chain(eos_ids.iter().filter(|_| !p.ignore_eos))
-                .copied()
-                .collect()
+        let masked = if self.generated < self.params.min_tokens {
+            self.min_tokens_masked(eos_ids).collect()
         } else {
             Vec::new()
         };
@@ -330,6 +227,41 @@ impl SequenceSampler {
             masked,
             uniform,
         }
+    }
+
+    /// The request's parameters as the sampling semantics take them.
+    fn sample_params(&self) -> SampleParams {
+        let p = &self.params;
+        SampleParams {
+            temperature: p.temperature,
+            top_k: p.top_k,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            frequency_penalty: p.frequency_penalty,
+            presence_penalty: p.presence_penalty,
+            logprobs: p.logprobs,
+        }
+    }
+
+    /// `(token, output count)` for every distinct token the penalties look at: the output's,
+    /// and the prompt's others (count 0) when a repetition penalty is set.
+    fn penalty_entries(&self) -> Vec<(u32, u32)> {
+        let mut entries: Vec<(u32, u32)> =
+            self.output_counts.iter().map(|(&id, &c)| (id, c)).collect();
+        entries.extend(
+            self.prompt_set
+                .iter()
+                .filter(|id| !self.output_counts.contains_key(id))
+                .map(|&id| (id, 0)),
+        );
+        entries
+    }
+
+    /// The ids `min_tokens` masks: the stop ids, and EOS unless `ignore_eos`.
+    fn min_tokens_masked<'a>(&'a self, eos_ids: &'a [u32]) -> impl Iterator<Item = u32> + 'a {
+        let eos = eos_ids.iter().filter(|_| !self.params.ignore_eos);
+        self.params.stop_token_ids.iter().chain(eos).copied()
     }
 
     /// A device sampler's outcome as [`SequenceSampler::sample`] reports it.
@@ -352,12 +284,11 @@ impl SequenceSampler {
     /// The raw distribution's logprob of every token (lazily: only the chosen one is read later)
     /// and its top `k` entries.
     fn raw_logprobs(&self, logits: &[f32], k: usize) -> Result<(RawLogprobs, Vec<TokenLogprob>)> {
-        let (max, lse) = log_normaliser(logits)
+        let norm = semantics::log_normaliser(logits)
             .ok_or_else(|| EngineError::Internal("the model produced no finite logit".into()))?;
         let raw = RawLogprobs {
             logits: logits.to_vec(),
-            max,
-            lse,
+            norm,
         };
         let top = top_k_indices(logits, k)
             .into_iter()
@@ -368,126 +299,21 @@ impl SequenceSampler {
             .collect();
         Ok((raw, top))
     }
-
-    fn apply_penalties(&self, logits: &mut [f32]) {
-        let p = &self.params;
-        if p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0 {
-            let rp = p.repetition_penalty;
-            let seen = self.prompt_set.iter().chain(self.output_counts.keys());
-            let mut done = HashSet::new();
-            for &id in seen {
-                if !done.insert(id) {
-                    continue;
-                }
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l = if *l > 0.0 { *l / rp } else { *l * rp };
-                }
-            }
-        }
-        if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-            for (&id, &count) in &self.output_counts {
-                if let Some(l) = logits.get_mut(id as usize) {
-                    *l -= p.frequency_penalty * count as f32 + p.presence_penalty;
-                }
-            }
-        }
-    }
 }
 
 /// The raw logits with their `log_softmax` normaliser.
 #[derive(Debug)]
 struct RawLogprobs {
     logits: Vec<f32>,
-    max: f64,
-    lse: f64,
+    norm: (f64, f64),
 }
 
 impl RawLogprobs {
     fn get(&self, i: usize) -> Option<f32> {
-        self.logits.get(i).map(|&v| {
-            if v.is_nan() {
-                f32::NEG_INFINITY
-            } else {
-                (v as f64 - self.max - self.lse) as f32
-            }
-        })
+        self.logits
+            .get(i)
+            .map(|&v| semantics::logprob(v, self.norm))
     }
-}
-
-/// Temperature, min_p, top_k, top_p, then one draw. `None` if nothing is finite.
-fn sample_random(logits: &mut [f32], p: &SamplingParams, rng: &mut StdRng) -> Option<u32> {
-    let inv_t = 1.0 / p.temperature;
-    let mut max = f32::NEG_INFINITY;
-    for l in logits.iter_mut() {
-        if l.is_nan() {
-            *l = f32::NEG_INFINITY;
-        }
-        *l *= inv_t;
-        max = max.max(*l);
-    }
-    if !max.is_finite() {
-        return None;
-    }
-    // min_p: keep tokens whose probability is at least min_p times the top one's.
-    let floor = if p.min_p > 0.0 {
-        max + p.min_p.ln()
-    } else {
-        f32::NEG_INFINITY
-    };
-    let vocab = logits.len();
-    let top_k = if p.top_k > 0 {
-        (p.top_k as usize).min(vocab)
-    } else {
-        vocab
-    };
-    let mut cands: Vec<(u32, f32)> = if top_k < vocab {
-        top_k_indices(logits, top_k)
-    } else {
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect()
-    };
-    cands.retain(|&(_, l)| l > f32::NEG_INFINITY && l >= floor);
-    if cands.is_empty() {
-        return None;
-    }
-    let mut weights: Vec<f64> = cands
-        .iter()
-        .map(|&(_, l)| ((l - max) as f64).exp())
-        .collect();
-    let mut total: f64 = weights.iter().sum();
-    if p.top_p < 1.0 {
-        if top_k >= vocab {
-            // Sort by probability (candidates from top_k_indices already are).
-            let mut order: Vec<usize> = (0..cands.len()).collect();
-            order.sort_unstable_by(|&a, &b| total_cmp_desc(&cands[a], &cands[b]));
-            cands = order.iter().map(|&i| cands[i]).collect();
-            weights = order.iter().map(|&i| weights[i]).collect();
-        }
-        let limit = p.top_p as f64 * total;
-        let mut acc = 0.0;
-        let mut keep = 0;
-        for w in &weights {
-            keep += 1;
-            acc += w;
-            if acc >= limit {
-                break;
-            }
-        }
-        cands.truncate(keep);
-        weights.truncate(keep);
-        total = acc;
-    }
-    let mut u = rng.random::<f64>() * total;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return Some(cands[i].0);
-        }
-        u -= w;
-    }
-    cands.last().map(|c| c.0)
 }
 
 #[cfg(test)]

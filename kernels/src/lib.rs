@@ -12,6 +12,8 @@
 //!   Q4_1 and Q8_0 weights (AVX2, AVX-VNNI or AVX-512 VNNI). Faster for decode; the
 //!   activations carry quantisation error.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
+//! - [`sampling`]: the sampler's semantics, once: the CPU sampler runs it and the GPU sampling
+//!   kernel is tested against it.
 //! - The encoder's f32 compute: [`PackedB`] / [`gemm_packed`], [`add_layer_norm`],
 //!   [`Activation`], [`softmax_rows`], [`fused_attention`].
 //!
@@ -24,6 +26,7 @@
 mod cpu;
 mod dtype;
 pub mod gpu;
+pub mod sampling;
 
 pub use cpu::ops;
 pub use cpu::{

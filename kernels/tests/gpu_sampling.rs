@@ -1,5 +1,5 @@
-//! `sampling.cu` against a CPU reference that follows `engine/src/sampling.rs` step by step
-//! (this crate cannot depend on the engine, so its semantics are copied here).
+//! `sampling.cu` against the sampler's semantics as [`kernels::sampling`] writes them (the
+//! functions the engine's CPU sampler runs).
 //!
 //! Tokens must match exactly, except where the reference's draw target (or top_p limit) lies
 //! within 1e-9 (relative) of a boundary between two candidates: the kernel sums the same f64
@@ -17,6 +17,7 @@ use kernels::gpu::ops::{
     SampleFailure, SampleParams, SampleRow, SampledRow, Sampler, GREEDY_EPS, MAX_LOGPROBS,
 };
 use kernels::gpu::Gpu;
+use kernels::sampling::{self as semantics, argmax, top_k_indices, Probe};
 use util::*;
 
 checks!(
@@ -31,71 +32,11 @@ checks!(
 // ---------------------------------------------------------------------------------------------
 // The CPU reference (engine/src/sampling.rs).
 
-fn total_cmp_desc(a: &(u32, f32), b: &(u32, f32)) -> std::cmp::Ordering {
-    b.1.total_cmp(&a.1).then(a.0.cmp(&b.0))
-}
-
-fn log_normaliser(logits: &[f32]) -> Option<(f64, f64)> {
-    let max = logits
-        .iter()
-        .copied()
-        .filter(|v| !v.is_nan())
-        .fold(f32::NEG_INFINITY, f32::max);
-    if !max.is_finite() {
-        return None;
-    }
-    let max = max as f64;
-    let sum: f64 = logits
-        .iter()
-        .filter(|v| !v.is_nan())
-        .map(|&v| (v as f64 - max).exp())
-        .sum();
-    Some((max, sum.ln()))
-}
-
-fn top_k_indices(values: &[f32], k: usize) -> Vec<(u32, f32)> {
-    let mut pairs: Vec<(u32, f32)> = values
-        .iter()
-        .enumerate()
-        .map(|(i, &v)| (i as u32, if v.is_nan() { f32::NEG_INFINITY } else { v }))
-        .collect();
-    pairs.sort_unstable_by(total_cmp_desc);
-    pairs.truncate(k.min(values.len()));
-    pairs
-}
-
-fn argmax(values: &[f32]) -> Option<u32> {
-    let mut best: Option<(usize, f32)> = None;
-    for (i, &v) in values.iter().enumerate() {
-        if v.is_nan() || v == f32::NEG_INFINITY {
-            continue;
-        }
-        match best {
-            Some((_, b)) if v <= b => {}
-            _ => best = Some((i, v)),
-        }
-    }
-    best.map(|(i, _)| i as u32)
-}
-
-fn raw_logprob(logits: &[f32], max: f64, lse: f64, id: u32) -> f32 {
-    let v = logits[id as usize];
-    if v.is_nan() {
-        f32::NEG_INFINITY
-    } else {
-        (v as f64 - max - lse) as f32
-    }
-}
-
 fn raw_logprob_of(raw: &[f32], id: u32) -> f32 {
-    let (max, lse) = log_normaliser(raw).expect("a finite logit");
-    raw_logprob(raw, max, lse, id)
-}
-
-/// Within rounding of the kernel's differently ordered f64 sums.
-fn near(a: f64, b: f64) -> bool {
-    let scale = a.abs().max(b.abs());
-    scale > 0.0 && (a - b).abs() <= 1e-9 * scale
+    semantics::logprob(
+        raw[id as usize],
+        semantics::log_normaliser(raw).expect("a finite logit"),
+    )
 }
 
 /// The path a row took, for the coverage counts.
@@ -117,108 +58,6 @@ struct Expected {
     paths: Vec<Path>,
 }
 
-/// `sample_random` with the host's uniform: the token, whether a boundary is within rounding
-/// of the target or limit, and the paths taken.
-fn sample_random(
-    logits: &mut [f32],
-    p: &SampleParams,
-    u: f64,
-    nudge: (f64, f64),
-) -> (Option<u32>, bool, Vec<Path>) {
-    let mut paths = Vec::new();
-    let inv_t = 1.0 / p.temperature;
-    let mut max = f32::NEG_INFINITY;
-    for l in logits.iter_mut() {
-        if l.is_nan() {
-            *l = f32::NEG_INFINITY;
-        }
-        *l *= inv_t;
-        max = max.max(*l);
-    }
-    if !max.is_finite() {
-        return (None, false, paths);
-    }
-    let floor = if p.min_p > 0.0 {
-        max + p.min_p.ln()
-    } else {
-        f32::NEG_INFINITY
-    };
-    let vocab = logits.len();
-    let top_k = if p.top_k > 0 {
-        (p.top_k as usize).min(vocab)
-    } else {
-        vocab
-    };
-    let mut cands: Vec<(u32, f32)> = if top_k < vocab {
-        top_k_indices(logits, top_k)
-    } else {
-        logits
-            .iter()
-            .enumerate()
-            .map(|(i, &l)| (i as u32, l))
-            .collect()
-    };
-    cands.retain(|&(_, l)| l > f32::NEG_INFINITY && l >= floor);
-    if cands.is_empty() {
-        return (None, false, paths);
-    }
-    let mut weights: Vec<f64> = cands
-        .iter()
-        .map(|&(_, l)| ((l - max) as f64).exp())
-        .collect();
-    let mut total: f64 = weights.iter().sum();
-    let mut ambiguous = false;
-    if p.top_p < 1.0 {
-        if top_k >= vocab {
-            let mut order: Vec<usize> = (0..cands.len()).collect();
-            order.sort_unstable_by(|&a, &b| total_cmp_desc(&cands[a], &cands[b]));
-            cands = order.iter().map(|&i| cands[i]).collect();
-            weights = order.iter().map(|&i| weights[i]).collect();
-        }
-        let limit = p.top_p as f64 * total * nudge.0;
-        let mut acc = 0.0;
-        let mut keep = 0;
-        for w in &weights {
-            keep += 1;
-            acc += w;
-            if acc >= limit {
-                break;
-            }
-        }
-        // Any prefix sum near the limit could end the kept prefix there instead.
-        let mut run = 0.0;
-        for w in &weights {
-            run += w;
-            ambiguous |= near(run, limit);
-        }
-        if keep < cands.len() {
-            paths.push(Path::TopPCut);
-        }
-        cands.truncate(keep);
-        weights.truncate(keep);
-        total = acc;
-    }
-    paths.push(if top_k < vocab || p.top_p < 1.0 {
-        Path::Sorted
-    } else {
-        Path::IdOrder
-    });
-    let target = u * total * nudge.1;
-    let mut run = 0.0;
-    for w in &weights {
-        run += w;
-        ambiguous |= near(run, target);
-    }
-    let mut u = target;
-    for (i, w) in weights.iter().enumerate() {
-        if u < *w {
-            return (Some(cands[i].0), ambiguous, paths);
-        }
-        u -= w;
-    }
-    (cands.last().map(|c| c.0), ambiguous, paths)
-}
-
 /// `SequenceSampler::sample` for one row, its state given as the row's penalty entries and
 /// masked ids.
 fn reference(raw: &[f32], row: &SampleRow) -> Expected {
@@ -231,63 +70,60 @@ fn reference(raw: &[f32], row: &SampleRow) -> Expected {
     };
     let vocab = raw.len();
     let logprobs = match p.logprobs {
-        Some(k) => match log_normaliser(raw) {
+        Some(k) => match semantics::log_normaliser(raw) {
             None => return fail(SampleFailure::NoFiniteLogit),
-            Some((max, lse)) => {
+            Some(norm) => {
                 let top: Vec<(u32, f32)> = top_k_indices(raw, k)
                     .into_iter()
-                    .map(|(id, _)| (id, raw_logprob(raw, max, lse, id)))
+                    .map(|(id, _)| (id, semantics::logprob(raw[id as usize], norm)))
                     .collect();
-                Some((max, lse, top))
+                Some((norm, top))
             }
         },
         None => None,
     };
     let mut logits = raw.to_vec();
-    for &id in &row.masked {
-        if let Some(l) = logits.get_mut(id as usize) {
-            *l = f32::NEG_INFINITY;
-        }
-    }
-    if p.repetition_penalty != 1.0 && p.repetition_penalty > 0.0 {
-        let rp = p.repetition_penalty;
-        for &(id, _) in &row.penalties {
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l = if *l > 0.0 { *l / rp } else { *l * rp };
-            }
-        }
-    }
-    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
-        for &(id, count) in &row.penalties {
-            if count == 0 {
-                continue;
-            }
-            if let Some(l) = logits.get_mut(id as usize) {
-                *l -= p.frequency_penalty * count as f32 + p.presence_penalty;
-            }
-        }
-    }
+    semantics::mask(&mut logits, row.masked.iter().copied());
+    semantics::apply_penalties(&mut logits, p, &row.penalties);
     let mut accept = Vec::new();
     let (token, ambiguous, paths) = if p.temperature < GREEDY_EPS {
         (argmax(&logits), false, vec![Path::Greedy])
     } else {
-        let r = sample_random(&mut logits.clone(), p, row.uniform, (1.0, 1.0));
-        if r.1 {
+        let probe = Probe {
+            check_boundaries: true,
+            ..Probe::default()
+        };
+        let d = semantics::draw_probed(&mut logits.clone(), p, row.uniform, probe);
+        if d.near_boundary {
             // The tokens a target or limit moved by the margin would give.
             for a in [1.0 - 1e-9, 1.0, 1.0 + 1e-9] {
                 for b in [1.0 - 1e-9, 1.0, 1.0 + 1e-9] {
-                    let t = sample_random(&mut logits.clone(), p, row.uniform, (a, b)).0;
-                    accept.extend(t);
+                    let moved = Probe {
+                        top_p_scale: a,
+                        target_scale: b,
+                        check_boundaries: false,
+                    };
+                    let t = semantics::draw_probed(&mut logits.clone(), p, row.uniform, moved);
+                    accept.extend(t.token);
                 }
             }
         }
-        r
+        let mut paths = Vec::new();
+        if d.top_p_cut {
+            paths.push(Path::TopPCut);
+        }
+        paths.push(if d.sorted {
+            Path::Sorted
+        } else {
+            Path::IdOrder
+        });
+        (d.token, d.near_boundary, paths)
     };
     let Some(token) = token else {
         return fail(SampleFailure::NothingToSample { vocab });
     };
     let (logprob, top) = match logprobs {
-        Some((max, lse, top)) => (Some(raw_logprob(raw, max, lse, token)), top),
+        Some((norm, top)) => (Some(semantics::logprob(raw[token as usize], norm)), top),
         None => (None, Vec::new()),
     };
     Expected {

@@ -1,5 +1,5 @@
-//! `sampling.cu`: the next token of each row of logits, chosen on the device with the CPU
-//! sampler's semantics (`engine/src/sampling.rs`, vLLM's order of operations), so that only a
+//! `sampling.cu`: the next token of each row of logits, chosen on the device with the semantics
+//! that [`crate::sampling`] writes down (vLLM's order of operations), so that only a
 //! few words per row come back to the host.
 //!
 //! [`Sampler`] is the engine's entry point: it packs a batch of [`SampleRow`]s into one upload,
@@ -13,12 +13,10 @@
 
 use super::{grid_x, int};
 use crate::gpu::{Arg, DevicePtr, Gpu, GpuBuffer, GpuError, Launch, Result};
+pub use crate::sampling::{SampleParams, GREEDY_EPS};
 
 /// The most top logprobs a row may ask for (the kernel's fixed output width).
 pub const MAX_LOGPROBS: usize = 20;
-
-/// Below this temperature sampling is greedy (vLLM's `_SAMPLING_EPS`).
-pub const GREEDY_EPS: f32 = 1e-5;
 
 /// Threads per row: enough to spread a 256k vocabulary at 256 elements a thread.
 const THREADS: u32 = 1024;
@@ -35,46 +33,6 @@ const OUT_WORDS: usize = 3 + 2 * MAX_LOGPROBS;
 const STATUS_OK: i32 = 0;
 const STATUS_NO_FINITE_LOGIT: i32 = 1;
 const STATUS_NOTHING_TO_SAMPLE: i32 = 2;
-
-/// A row's sampling parameters, as the engine's `SamplingParams` holds them.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct SampleParams {
-    /// Greedy below [`GREEDY_EPS`].
-    pub temperature: f32,
-    /// Off when ≤ 0 or ≥ the vocabulary size.
-    pub top_k: i32,
-    /// Off when ≥ 1.
-    pub top_p: f32,
-    /// Off when ≤ 0.
-    pub min_p: f32,
-    /// Off when 1 (or ≤ 0).
-    pub repetition_penalty: f32,
-    pub frequency_penalty: f32,
-    pub presence_penalty: f32,
-    /// How many top logprobs to return (at most [`MAX_LOGPROBS`]); `None`: no logprobs at all.
-    pub logprobs: Option<usize>,
-}
-
-impl Default for SampleParams {
-    fn default() -> Self {
-        SampleParams {
-            temperature: 1.0,
-            top_k: 0,
-            top_p: 1.0,
-            min_p: 0.0,
-            repetition_penalty: 1.0,
-            frequency_penalty: 0.0,
-            presence_penalty: 0.0,
-            logprobs: None,
-        }
-    }
-}
-
-impl SampleParams {
-    pub fn is_greedy(&self) -> bool {
-        self.temperature < GREEDY_EPS
-    }
-}
 
 /// One row to sample: row `i` of a batch reads row `i` of the logits.
 #[derive(Debug, Clone, Default, PartialEq)]
