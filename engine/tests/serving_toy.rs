@@ -900,6 +900,11 @@ async fn one_request_cannot_take_every_slot() {
     }
     // The newcomer finished while every choice of the big request was still in the engine:
     // it took slots from the big request, which gave two up (preempted, recomputed later).
+    // The engine drops a finished sequence after sending its last token, so wait for that.
+    wait_for(&m, "the small request dropped", |s| {
+        s.running + s.waiting <= 4
+    })
+    .await;
     let stats = m.engine_stats().unwrap();
     assert_eq!(stats.running + stats.waiting, 4, "{stats:?}");
     assert!(stats.preemptions >= 2, "{stats:?}");
