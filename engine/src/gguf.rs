@@ -643,6 +643,16 @@ pub fn decoder_from_gguf(gguf: GgufFile) -> Result<LoadedDecoder> {
     })
 }
 
+/// The GGUF file of a folder given as a model (the first `.gguf` in it).
+pub(crate) fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
+    let entries = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::load(dir.display().to_string(), e.to_string()))?;
+    entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
+        .ok_or_else(|| EngineError::load(dir.display().to_string(), "no .gguf file in the folder"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -37,7 +37,6 @@ pub use front_door::{
     off_reactor, Choice, Prompt, PromptOptions, PromptSource, Started, SubmitOptions,
 };
 use load::load;
-pub(crate) use load::single_gguf;
 use media_worker::MediaWorker;
 use start::{start_decoder, start_encoder};
 pub use stream::GenerationStream;

@@ -87,7 +87,9 @@ pub async fn run(args: PreloadArgs) -> Result<(), StartupError> {
 async fn health(State(daemon): State<Arc<Daemon>>) -> StatusCode {
     match daemon.status() {
         Status::Ready => StatusCode::OK,
-        Status::Loading | Status::Exited(_) => StatusCode::SERVICE_UNAVAILABLE,
+        Status::Loading | Status::Reloading(_) | Status::Exited(_) => {
+            StatusCode::SERVICE_UNAVAILABLE
+        }
     }
 }
 

@@ -63,7 +63,7 @@ fn load_from_disk(path: &str, p: &Path, kind: CheckpointKind) -> Result<LoadedMo
     match kind {
         crate::hf::CheckpointKind::Gguf => {
             let file = if p.is_dir() {
-                single_gguf(p)?
+                crate::gguf::single_gguf(p)?
             } else {
                 p.to_path_buf()
             };
@@ -82,13 +82,4 @@ fn load_from_disk(path: &str, p: &Path, kind: CheckpointKind) -> Result<LoadedMo
             "not a recognised model: expected a .gguf file or an HF folder with config.json",
         )),
     }
-}
-
-pub(crate) fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
-    let entries = std::fs::read_dir(dir)
-        .map_err(|e| EngineError::load(dir.display().to_string(), e.to_string()))?;
-    entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .find(|p| p.extension().is_some_and(|x| x == "gguf"))
-        .ok_or_else(|| EngineError::load(dir.display().to_string(), "no .gguf file in the folder"))
 }

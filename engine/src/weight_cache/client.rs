@@ -132,6 +132,11 @@ fn attach_once(
                 "the daemon cannot serve: {reason}"
             )))
         }
+        Reply::Reloading { reason } => {
+            return Err(AttachError::Unavailable(format!(
+                "the daemon is loading the checkpoint again, which changed on disk since it was held: {reason}"
+            )))
+        }
         Reply::Mismatch { fields } => return Err(AttachError::Mismatch(fields)),
     };
     let diffs = identity.diff(want);

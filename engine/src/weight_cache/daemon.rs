@@ -18,6 +18,9 @@ use super::protocol::{self, check_peer, Reply, Request};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Status {
     Loading,
+    /// The checkpoint's files changed since they were held (the reason says how): the daemon
+    /// is loading them again and hands nothing out meanwhile.
+    Reloading(String),
     Ready,
     /// A part stopped (the load failed, the socket went away, or shutdown began).
     Exited(String),
@@ -25,6 +28,9 @@ pub enum Status {
 
 struct Shared {
     held: RwLock<Option<Arc<Held>>>,
+    /// Set when the held files changed on disk, until a reload succeeds.
+    stale: Mutex<Option<String>>,
+    reloading: AtomicBool,
     exited: Mutex<Option<String>>,
     stopping: AtomicBool,
     attached: AtomicUsize,
@@ -69,6 +75,8 @@ impl Daemon {
         let inode = std::fs::metadata(&socket)?.ino();
         let shared = Arc::new(Shared {
             held: RwLock::new(None),
+            stale: Mutex::new(None),
+            reloading: AtomicBool::new(false),
             exited: Mutex::new(None),
             stopping: AtomicBool::new(false),
             attached: AtomicUsize::new(0),
@@ -82,7 +90,7 @@ impl Daemon {
         let watch_path = socket.clone();
         std::thread::Builder::new()
             .name("weight-cache-watch".into())
-            .spawn(move || watch_socket(&watch_path, inode, &watch_shared))?;
+            .spawn(move || watch(&watch_path, inode, &watch_shared))?;
         tracing::info!(socket = %socket.display(), model = served_name, "weight cache listening");
         Ok(Daemon {
             shared,
@@ -109,6 +117,9 @@ impl Daemon {
     pub fn status(&self) -> Status {
         if let Some(why) = self.shared.exited.lock().ok().and_then(|e| e.clone()) {
             return Status::Exited(why);
+        }
+        if let Some(why) = self.shared.stale.lock().ok().and_then(|e| e.clone()) {
+            return Status::Reloading(why);
         }
         match self.shared.held.read() {
             Ok(h) if h.is_some() => Status::Ready,
@@ -178,20 +189,79 @@ fn accept_loop(listener: UnixListener, shared: Arc<Shared>) {
     }
 }
 
-/// A socket file removed (a temp cleaner, an operator) leaves the daemon unreachable while it
-/// looks alive: that is a part that exited, and health says so.
-fn watch_socket(path: &Path, inode: u64, shared: &Shared) {
+/// Every 200 ms: a socket file removed (a temp cleaner, an operator) leaves the daemon
+/// unreachable while it looks alive, which is a part that exited, and health says so; every
+/// second, the held files are checked against the disk, so health turns 503 as soon as a
+/// change is seen, not only when an engine asks.
+fn watch(path: &Path, inode: u64, shared: &Arc<Shared>) {
+    let mut tick = 0u32;
     while !shared.stopping.load(Ordering::SeqCst) {
         if !std::fs::metadata(path).is_ok_and(|m| m.ino() == inode) {
             tracing::error!(socket = %path.display(), "the socket file is gone: engines can no longer reach this cache");
             shared.exit(format!("socket {} removed", path.display()));
             return;
         }
+        tick = tick.wrapping_add(1);
+        if tick.is_multiple_of(5) {
+            revalidate(shared);
+        }
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
-fn serve_engine(conn: UnixStream, shared: &Shared) {
+/// Whether the held weights are still the checkpoint's files as they are on disk. When they
+/// are not, a reload starts (one at a time, on its own thread) and this says no until it has
+/// replaced them; a failed reload is tried again at the next check.
+fn revalidate(shared: &Arc<Shared>) -> bool {
+    let Some(held) = shared.held.read().ok().and_then(|h| h.clone()) else {
+        return false;
+    };
+    let Some(why) = held.changed_on_disk() else {
+        return true;
+    };
+    if let Ok(mut stale) = shared.stale.lock() {
+        stale.get_or_insert_with(|| why.clone());
+    }
+    if shared.reloading.swap(true, Ordering::SeqCst) {
+        return false;
+    }
+    tracing::warn!("the checkpoint changed on disk since it was held ({why}): loading it again; engines are told to wait or load from disk");
+    let s = shared.clone();
+    let spawned = std::thread::Builder::new()
+        .name("weight-cache-reload".into())
+        .spawn(move || {
+            let started = Instant::now();
+            match held.reload() {
+                Ok(new) => {
+                    tracing::info!(
+                        identity = %new.identity,
+                        elapsed_ms = started.elapsed().as_millis() as u64,
+                        "weights reloaded from the changed checkpoint"
+                    );
+                    if let Ok(mut h) = s.held.write() {
+                        *h = Some(Arc::new(new));
+                    }
+                    if let Ok(mut stale) = s.stale.lock() {
+                        *stale = None;
+                    }
+                }
+                Err(e) => {
+                    tracing::error!("reloading the changed checkpoint failed (tried again at the next check): {e}");
+                    if let Ok(mut stale) = s.stale.lock() {
+                        *stale = Some(format!("{why}; the reload failed: {e}"));
+                    }
+                }
+            }
+            s.reloading.store(false, Ordering::SeqCst);
+        });
+    if let Err(e) = spawned {
+        tracing::error!("cannot start the reload: {e}");
+        shared.reloading.store(false, Ordering::SeqCst);
+    }
+    false
+}
+
+fn serve_engine(conn: UnixStream, shared: &Arc<Shared>) {
     let peer = match rustix::net::sockopt::socket_peercred(&conn) {
         Ok(p) => p,
         Err(e) => {
@@ -214,6 +284,16 @@ fn serve_engine(conn: UnixStream, shared: &Shared) {
             tracing::debug!(peer_pid, ?other, "unexpected first request");
             return;
         }
+        Err(e) if e.kind() == io::ErrorKind::InvalidData => {
+            // Say why, rather than close: an engine would read a silent close as a refusal.
+            tracing::warn!(
+                peer_pid,
+                "an engine sent a request this daemon cannot read: {e}"
+            );
+            let reason = format!("the daemon cannot read the engine's request: {e}");
+            let _ = protocol::send(&conn, &Reply::Unavailable { reason }, &[]);
+            return;
+        }
         Err(e) => {
             tracing::debug!(peer_pid, "no request: {e}");
             return;
@@ -229,6 +309,22 @@ fn serve_engine(conn: UnixStream, shared: &Shared) {
         (None, None) => return reply_only(Reply::Loading),
         (None, Some(h)) => h,
     };
+    // Nothing is handed out before the held files are checked against the disk.
+    if !revalidate(shared) {
+        let reason = shared
+            .stale
+            .lock()
+            .ok()
+            .and_then(|s| s.clone())
+            .unwrap_or_else(|| "the checkpoint changed on disk".into());
+        return reply_only(Reply::Reloading { reason });
+    }
+    let held = shared
+        .held
+        .read()
+        .ok()
+        .and_then(|h| h.clone())
+        .unwrap_or(held);
     let diffs = held.identity.diff(&identity);
     if !diffs.is_empty() {
         tracing::info!(

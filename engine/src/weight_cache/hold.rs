@@ -11,22 +11,51 @@ use std::time::Instant;
 use memmap2::Mmap;
 use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 
-use super::identity::{CacheIdentity, Role};
+use super::identity::{describe_diffs, stamp_diffs, CacheIdentity, FileStamp, Role};
 use super::protocol::PartInfo;
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::{CheckpointKind, SafetensorsWeights};
 
-/// Weights held for engines: the identity and one sealed memfd per part.
+/// Weights held for engines: the identity, one sealed memfd per part, and where they came from
+/// (to check the files again and reload them).
 pub struct Held {
     pub identity: CacheIdentity,
     pub(super) parts: Vec<(PartInfo, OwnedFd)>,
+    origin: Origin,
+}
+
+/// The checkpoint and processing behind held weights.
+#[derive(Debug, Clone)]
+struct Origin {
+    path: PathBuf,
+    dtype: DTypeRequest,
+    device: String,
 }
 
 impl Held {
     pub fn bytes(&self) -> u64 {
         self.parts.iter().map(|(p, _)| p.len).sum()
+    }
+
+    /// How the checkpoint's files differ now from the ones these weights were copied from (a
+    /// rewrite, a replacement, a `touch`, a file gone), in words; `None` when they are the same
+    /// files, unchanged. Costs a `stat` per file.
+    pub fn changed_on_disk(&self) -> Option<String> {
+        let now = Cacheable::of(&self.origin.path).and_then(|c| c.stamps());
+        match now {
+            Err(e) => Some(e.to_string()),
+            Ok(now) => {
+                let diffs = stamp_diffs(&self.identity.files, &now);
+                (!diffs.is_empty()).then(|| describe_diffs(&diffs))
+            }
+        }
+    }
+
+    /// The same checkpoint held again from its files as they are now.
+    pub fn reload(&self) -> Result<Held> {
+        hold_checkpoint(&self.origin.path, self.origin.dtype, &self.origin.device)
     }
 
     /// The same memory under another identity (tests of the mismatch path).
@@ -52,7 +81,7 @@ impl Cacheable {
         let name = path.display().to_string();
         match crate::hf::detect(path) {
             CheckpointKind::Gguf if path.is_dir() => {
-                crate::handle::single_gguf(path).map(Cacheable::Gguf)
+                crate::gguf::single_gguf(path).map(Cacheable::Gguf)
             }
             CheckpointKind::Gguf => Ok(Cacheable::Gguf(path.to_path_buf())),
             CheckpointKind::Decoder => Ok(Cacheable::Safetensors(path.to_path_buf())),
@@ -67,14 +96,26 @@ impl Cacheable {
         }
     }
 
-    /// The identity an engine loading this checkpoint for `dtype` on `device` asks for.
+    /// The identity an engine loading this checkpoint for `dtype` on `device` asks for, with
+    /// each file's stamp as it is now.
     pub fn identity(&self, dtype: DTypeRequest, device: &str, role: Role) -> Result<CacheIdentity> {
-        match self {
+        let files = self.stamps()?;
+        let mut id = match self {
             Cacheable::Gguf(file) => {
                 CacheIdentity::of_gguf(&GgufFile::open(file)?, dtype, device, role)
             }
             Cacheable::Safetensors(dir) => CacheIdentity::of_safetensors(dir, dtype, device, role),
-        }
+        }?;
+        id.files = files;
+        Ok(id)
+    }
+
+    /// Each weight file's stamp now.
+    pub fn stamps(&self) -> Result<Vec<FileStamp>> {
+        self.files()?
+            .iter()
+            .map(|(name, path)| FileStamp::of(name, path))
+            .collect()
     }
 
     /// The decoder built from the parts' maps, in the order [`hold_checkpoint`] holds them:
@@ -135,22 +176,52 @@ pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result
     let name = path.display().to_string();
     let started = Instant::now();
     let what = Cacheable::of(path)?;
-    let identity = what.identity(dtype, device, Role::Target)?;
-    let mut parts = Vec::new();
-    let mut maps = Vec::new();
-    for (part, file) in what.files()? {
-        let (fd, map) = sealed_copy(&file)?;
-        parts.push((
-            PartInfo {
-                name: part.clone(),
-                len: map.len() as u64,
-            },
-            fd,
-        ));
-        maps.push((part, Arc::new(map)));
-    }
+    // The files are stamped before the identity is read and again after their bytes are
+    // copied: equal stamps mean the held bytes are the stamped files' (a write between the two
+    // would have moved ctime). A checkpoint still being written is tried again, then refused.
+    let mut attempt = 0;
+    let (identity, parts, maps) = loop {
+        attempt += 1;
+        let identity = what.identity(dtype, device, Role::Target)?;
+        let mut parts = Vec::new();
+        let mut maps = Vec::new();
+        for (part, file) in what.files()? {
+            let (fd, map) = sealed_copy(&file)?;
+            parts.push((
+                PartInfo {
+                    name: part.clone(),
+                    len: map.len() as u64,
+                },
+                fd,
+            ));
+            maps.push((part, Arc::new(map)));
+        }
+        let after = what.stamps()?;
+        let diffs = stamp_diffs(&identity.files, &after);
+        if diffs.is_empty() {
+            break (identity, parts, maps);
+        }
+        if attempt == COPY_ATTEMPTS {
+            return Err(EngineError::load(
+                &name,
+                format!(
+                    "the checkpoint kept changing while it was copied ({COPY_ATTEMPTS} tries; last: {})",
+                    describe_diffs(&diffs)
+                ),
+            ));
+        }
+        tracing::warn!(model = %name, "the checkpoint changed while it was copied ({}); copying again", describe_diffs(&diffs));
+    };
     drop(what.decoder(maps)?);
-    let held = Held { identity, parts };
+    let held = Held {
+        identity,
+        parts,
+        origin: Origin {
+            path: path.to_path_buf(),
+            dtype,
+            device: device.to_string(),
+        },
+    };
     tracing::info!(
         model = %name,
         parts = held.parts.len(),
@@ -161,6 +232,9 @@ pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result
     );
     Ok(held)
 }
+
+/// How often a checkpoint that changes under the copy is copied before it is refused.
+const COPY_ATTEMPTS: usize = 3;
 
 /// `path`'s bytes in a new sealed memfd, and a read-only map of it.
 fn sealed_copy(path: &Path) -> Result<(OwnedFd, Mmap)> {

@@ -50,6 +50,139 @@ pub struct CacheIdentity {
     pub device: String,
     pub role: Role,
     pub program_version: String,
+    /// Each weight file as `stat` sees it when the identity is taken: headers say what a file
+    /// claims to be, these say whether it is still the file whose bytes were read.
+    #[serde(default)]
+    pub files: Vec<FileStamp>,
+}
+
+/// One weight file's identity on disk: which file it is (device and inode), its size, and when
+/// its bytes or inode last changed (mtime and ctime in ns). Any write, truncation or
+/// replacement changes one of them; an operator can set mtime back, but not ctime. Where the
+/// file is a Hugging Face cache blob, its name is a digest of the content, kept as `content`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FileStamp {
+    /// The part's name (the file name in its checkpoint).
+    pub name: String,
+    pub dev: u64,
+    pub ino: u64,
+    pub size: u64,
+    pub mtime_ns: i64,
+    pub ctime_ns: i64,
+    /// `sha256:<hex>` (an LFS blob) or `git-sha1:<hex>` when the path links into an HF cache's
+    /// `blobs/`.
+    #[serde(default)]
+    pub content: Option<String>,
+}
+
+impl FileStamp {
+    /// `path`'s stamp now (links followed), as part `name`.
+    pub fn of(name: &str, path: &Path) -> Result<FileStamp> {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::metadata(path).map_err(|e| {
+            EngineError::load(path.display().to_string(), format!("cannot stat: {e}"))
+        })?;
+        // i64 nanoseconds reach the year 2262; the wire format (JSON) has no 128-bit integers.
+        let ns = |s: i64, n: i64| s.saturating_mul(1_000_000_000).saturating_add(n);
+        Ok(FileStamp {
+            name: name.to_string(),
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: ns(m.mtime(), m.mtime_nsec()),
+            ctime_ns: ns(m.ctime(), m.ctime_nsec()),
+            content: hub_blob_digest(path),
+        })
+    }
+
+    /// What differs from `was` (the same part as loaded, or elsewhere), in words; `None` when
+    /// nothing does.
+    pub fn change(&self, was: &FileStamp) -> Option<String> {
+        let mut what = Vec::new();
+        if (self.dev, self.ino) != (was.dev, was.ino) {
+            what.push(format!(
+                "another file: dev:ino {}:{} (was {}:{})",
+                self.dev, self.ino, was.dev, was.ino
+            ));
+        }
+        if self.size != was.size {
+            what.push(format!("size {} (was {})", self.size, was.size));
+        }
+        if self.mtime_ns != was.mtime_ns {
+            what.push(format!(
+                "modified: mtime {} ns (was {})",
+                self.mtime_ns, was.mtime_ns
+            ));
+        }
+        if self.ctime_ns != was.ctime_ns {
+            what.push(format!(
+                "changed: ctime {} ns (was {})",
+                self.ctime_ns, was.ctime_ns
+            ));
+        }
+        if self.content != was.content {
+            let show = |c: &Option<String>| c.clone().unwrap_or_else(|| "unknown".into());
+            what.push(format!(
+                "content {} (was {})",
+                show(&self.content),
+                show(&was.content)
+            ));
+        }
+        (!what.is_empty()).then(|| what.join(", "))
+    }
+}
+
+/// The content digest a Hugging Face cache gives a file for free: snapshot files link to
+/// `blobs/<digest>`, the sha256 of an LFS file's bytes (or a small file's git blob sha1).
+fn hub_blob_digest(path: &Path) -> Option<String> {
+    let target = std::fs::read_link(path).ok()?;
+    let resolved = path.parent()?.join(&target);
+    if resolved.parent()?.file_name()? != "blobs" {
+        return None;
+    }
+    let name = resolved.file_name()?.to_str()?;
+    if !name.bytes().all(|b| b.is_ascii_hexdigit()) {
+        return None;
+    }
+    match name.len() {
+        64 => Some(format!("sha256:{name}")),
+        40 => Some(format!("git-sha1:{name}")),
+        _ => None,
+    }
+}
+
+/// The stamps' differences, part by part: a part on one side only, or one that changed.
+pub fn stamp_diffs(daemon: &[FileStamp], engine: &[FileStamp]) -> Vec<FieldDiff> {
+    let mut out = Vec::new();
+    for d in daemon {
+        match engine.iter().find(|e| e.name == d.name) {
+            None => out.push(FieldDiff {
+                field: format!("file {}", d.name),
+                daemon: "held".into(),
+                engine: "not in the checkpoint".into(),
+            }),
+            Some(e) => {
+                if let Some(change) = e.change(d) {
+                    out.push(FieldDiff {
+                        field: format!("file {}", d.name),
+                        daemon: "as loaded".into(),
+                        engine: change,
+                    });
+                }
+            }
+        }
+    }
+    for e in engine
+        .iter()
+        .filter(|e| !daemon.iter().any(|d| d.name == e.name))
+    {
+        out.push(FieldDiff {
+            field: format!("file {}", e.name),
+            daemon: "not held".into(),
+            engine: "in the checkpoint".into(),
+        });
+    }
+    out
 }
 
 /// One field that differs between the daemon's identity and the engine's.
@@ -169,6 +302,7 @@ impl CacheIdentity {
             device: device.to_string(),
             role,
             program_version: PROGRAM_VERSION.to_string(),
+            files: Vec::new(),
         }
     }
 
@@ -206,6 +340,7 @@ impl CacheIdentity {
                 engine: engine.role.as_str().into(),
             });
         }
+        out.extend(stamp_diffs(&self.files, &engine.files));
         out
     }
 }
@@ -277,6 +412,7 @@ mod tests {
             device: "cpu".into(),
             role: Role::Target,
             program_version: "1.0.0".into(),
+            files: Vec::new(),
         }
     }
 
@@ -298,7 +434,7 @@ mod tests {
     }
 
     #[test]
-    fn a_safetensors_identity_covers_headers_and_sizes_not_data() {
+    fn the_safetensors_digest_covers_headers_and_sizes_not_data() {
         let one = r#"{"a":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}}"#;
         let of = |dir: &Path| {
             CacheIdentity::of_safetensors(dir, DTypeRequest::Auto, "cpu", Role::Target).unwrap()
@@ -307,8 +443,8 @@ mod tests {
         assert_eq!(base.architecture, "LlamaForCausalLM");
         assert_eq!(base.quantization, "BF16:1");
         assert!(base.checkpoint_digest.starts_with("sha256:"));
-        // Other values under the same header: the same checkpoint as far as the cache can tell
-        // without reading the data (as for GGUF).
+        // Other values under the same header: the same digest, which never reads the data; the
+        // file stamps that `hold::Cacheable::identity` adds are what tell the files apart.
         assert_eq!(of(&folder("data", one, &[9, 9, 9, 9])), base);
         let two = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
         let d = base.diff(&of(&folder("dtype", two, &[0, 0, 0, 0])));
@@ -345,5 +481,51 @@ mod tests {
             text.contains("dtype (daemon: auto, engine: bfloat16)"),
             "{text}"
         );
+    }
+
+    #[test]
+    fn a_hub_cache_file_carries_its_blob_digest_and_stamps_name_what_changed() {
+        let dir = std::env::temp_dir().join(format!("wc-stamp-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let blobs = dir.join("blobs");
+        let snap = dir.join("snapshots/abc");
+        std::fs::create_dir_all(&blobs).unwrap();
+        std::fs::create_dir_all(&snap).unwrap();
+        let digest = "ab".repeat(32);
+        std::fs::write(blobs.join(&digest), b"weights").unwrap();
+        std::os::unix::fs::symlink(
+            format!("../../blobs/{digest}"),
+            snap.join("model.safetensors"),
+        )
+        .unwrap();
+        let linked = FileStamp::of("model.safetensors", &snap.join("model.safetensors")).unwrap();
+        assert_eq!(linked.content, Some(format!("sha256:{digest}")));
+        assert_eq!(linked.size, 7);
+        let plain = FileStamp::of("model.safetensors", &blobs.join(&digest)).unwrap();
+        assert_eq!(plain.content, None);
+        assert_eq!((plain.dev, plain.ino), (linked.dev, linked.ino));
+
+        let mut later = plain.clone();
+        later.size = 9;
+        later.ctime_ns += 1;
+        let said = later.change(&plain).unwrap();
+        assert!(
+            said.contains("size 9 (was 7)") && said.contains("ctime"),
+            "{said}"
+        );
+        assert!(plain.change(&plain).is_none());
+        let diffs = stamp_diffs(
+            std::slice::from_ref(&plain),
+            &[
+                later,
+                FileStamp {
+                    name: "extra".into(),
+                    ..plain.clone()
+                },
+            ],
+        );
+        let fields: Vec<&str> = diffs.iter().map(|d| d.field.as_str()).collect();
+        assert_eq!(fields, ["file model.safetensors", "file extra"]);
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -51,6 +51,8 @@ pub struct PartInfo {
 pub enum Reply {
     /// The daemon is up but its weights are not ready yet.
     Loading,
+    /// The checkpoint's files changed since the daemon loaded them: it is loading them again.
+    Reloading { reason: String },
     /// The daemon holds other weights: every differing field.
     Mismatch { fields: Vec<FieldDiff> },
     /// The weights, one memfd per part attached to this frame.
