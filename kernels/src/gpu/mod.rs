@@ -14,6 +14,7 @@
 //! it when dropped. All work goes to one in-order stream per backend, so launches, copies and
 //! GEMMs run in the order they are issued.
 
+pub mod blas_map;
 pub mod bringup;
 #[cfg(feature = "cuda")]
 mod cuda;
