@@ -100,3 +100,23 @@ fn refuses_pointers_outside_allocations() {
     );
     assert!(msg.contains("not inside one device allocation"), "{msg}");
 }
+
+#[test]
+fn refuses_a_block_over_the_kernels_launch_bound() {
+    let gpu = Gpu::emulator();
+    let out = gpu.alloc(128 * 4).unwrap();
+    // The self-test kernels are in no source, so `Gpu::launch` has no bound for them: the
+    // emulator's own check answers, from the bound the kernel was compiled with (64).
+    match gpu.launch(
+        "emu_selftest_early_exit",
+        Launch::new([1, 1, 1], 128),
+        &[(&out).into()],
+    ) {
+        Err(GpuError::Launch { message, .. }) => assert!(
+            message.contains("emu_selftest_early_exit")
+                && message.contains("__launch_bounds__ of 64"),
+            "{message}"
+        ),
+        other => panic!("expected a launch error, got {other:?}"),
+    }
+}
