@@ -97,8 +97,14 @@ bool run_block(Machine& s, unsigned n, std::string& err) {
     makecontext(&f.ctx, fiber_main, 0);
   }
   const unsigned warps = n / 32;
+  // Between two barriers the threads run one after another: forward in even blocks, backward
+  // in odd ones. A kernel that reads shared memory another thread wrote without a barrier
+  // between then reads the new value in one kind of block and the old in the other, so its
+  // blocks disagree and a test against a reference fails, whichever way round the race goes.
+  const bool backward = (s.bid.x + s.bid.y + s.bid.z) & 1u;
   for (;;) {
-    for (unsigned t = 0; t < n; ++t) {
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned t = backward ? n - 1 - i : i;
       if (s.fibers[t].state != RUN) continue;
       s.cur = t;
       s.tid = Dim3{t, 0, 0};

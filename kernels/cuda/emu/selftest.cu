@@ -30,7 +30,15 @@ KERNEL_BOUNDED(emu_selftest_block_sum, 256)(float* out, const float* in) {
   }
 }
 
+// Each thread reads its neighbour's shared word with no barrier after the write: a race.
+KERNEL_BOUNDED(emu_selftest_missing_barrier, 64)(float* out) {
+  __shared__ float word[64];
+  word[threadIdx.x] = (float)(blockIdx.x * 1000 + threadIdx.x);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = word[threadIdx.x ^ 1u];
+}
+
 EMU_KERNEL(emu_selftest_out_of_bounds)
+EMU_KERNEL(emu_selftest_missing_barrier)
 EMU_KERNEL(emu_selftest_early_exit)
 EMU_KERNEL(emu_selftest_divergent_shuffle)
 EMU_KERNEL(emu_selftest_block_sum)

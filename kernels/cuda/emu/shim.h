@@ -3,7 +3,9 @@
 //
 // Each block runs on one OS thread; its CUDA threads are fibers (ucontext) switched only at
 // synchronisation points (__syncthreads, __syncwarp, shuffles). Blocks run one after another,
-// which is what makes `__shared__` as a function-local `static` correct. The runtime
+// which is what makes `__shared__` as a function-local `static` correct. Threads run in index
+// order between barriers in even blocks and in reverse order in odd ones (see run_block), so
+// a missing barrier shows as blocks that disagree. The runtime
 // (runtime.cpp) checks what CUDA leaves undefined: a thread that exits while others wait at a
 // barrier, a warp whose lanes meet different synchronisation points, out-of-range launch
 // shapes.
