@@ -202,7 +202,7 @@ DEV void attn_prefill_any(T* out, const float* q, const T* k_cache, const T* v_c
 
 }  // namespace attn_prefill_impl
 
-KERNEL void attn_prefill_f32(float* out, const float* q, const float* k_cache,
+KERNEL_BOUNDED(attn_prefill_f32, 128)(float* out, const float* q, const float* k_cache,
                              const float* v_cache, const int* block_tables, const int* tiles,
                              int q_stride, int out_stride, int n_heads, int n_kv_heads,
                              int head_dim, int block_size, int max_blocks, float scale) {
@@ -210,7 +210,7 @@ KERNEL void attn_prefill_f32(float* out, const float* q, const float* k_cache,
                                              q_stride, out_stride, n_heads, n_kv_heads, head_dim,
                                              block_size, max_blocks, scale);
 }
-KERNEL void attn_prefill_bf16(bf16* out, const float* q, const bf16* k_cache,
+KERNEL_BOUNDED(attn_prefill_bf16, 128)(bf16* out, const float* q, const bf16* k_cache,
                               const bf16* v_cache, const int* block_tables, const int* tiles,
                               int q_stride, int out_stride, int n_heads, int n_kv_heads,
                               int head_dim, int block_size, int max_blocks, float scale) {
@@ -218,7 +218,7 @@ KERNEL void attn_prefill_bf16(bf16* out, const float* q, const bf16* k_cache,
                                             q_stride, out_stride, n_heads, n_kv_heads, head_dim,
                                             block_size, max_blocks, scale);
 }
-KERNEL void attn_prefill_f16(f16* out, const float* q, const f16* k_cache,
+KERNEL_BOUNDED(attn_prefill_f16, 128)(f16* out, const float* q, const f16* k_cache,
                              const f16* v_cache, const int* block_tables, const int* tiles,
                              int q_stride, int out_stride, int n_heads, int n_kv_heads,
                              int head_dim, int block_size, int max_blocks, float scale) {

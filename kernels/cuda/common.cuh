@@ -7,12 +7,17 @@
 // - every thread of a block reaches every __syncthreads(), and every lane of a warp every
 //   warp-synchronous call (shuffles, __syncwarp): no early return before either;
 // - dynamic shared memory only through DYN_SHARED, static shared arrays declared `__shared__`;
-// - each entry point is `KERNEL void name(...)`, listed once with EMU_KERNEL(name) at the end
-//   of its file.
+// - each entry point is `KERNEL_BOUNDED(name, max_threads)(...)`, listed once with
+//   EMU_KERNEL(name) at the end of its file. `max_threads` (a literal: the Rust side reads it
+//   from the source) is the largest block it is ever launched with: NVRTC gets it as
+//   __launch_bounds__, so the compiler keeps registers within what that block can have, the
+//   emulator and `Gpu::launch` refuse a larger block, and a test checks the compiled register
+//   count against it.
 #pragma once
 
 #if defined(__CUDACC__)
-#define KERNEL extern "C" __global__
+#define KERNEL_BOUNDED(name, max_threads) \
+  extern "C" __global__ void __launch_bounds__(max_threads) name
 #define DEV __device__ __forceinline__
 #define UNROLL _Pragma("unroll")
 #define EMU_KERNEL(name)

@@ -26,15 +26,15 @@ DEV void embed_row(const T* __restrict__ table, const int* __restrict__ tokens,
   }
 }
 
-KERNEL void embed_f32(const float* table, const int* tokens, const int* media_slot,
+KERNEL_BOUNDED(embed_f32, 256)(const float* table, const int* tokens, const int* media_slot,
                       const float* media, float* x, int hidden) {
   embed_row<float>(table, tokens, media_slot, media, x, hidden);
 }
-KERNEL void embed_bf16(const bf16* table, const int* tokens, const int* media_slot,
+KERNEL_BOUNDED(embed_bf16, 256)(const bf16* table, const int* tokens, const int* media_slot,
                        const float* media, float* x, int hidden) {
   embed_row<bf16>(table, tokens, media_slot, media, x, hidden);
 }
-KERNEL void embed_f16(const f16* table, const int* tokens, const int* media_slot,
+KERNEL_BOUNDED(embed_f16, 256)(const f16* table, const int* tokens, const int* media_slot,
                       const float* media, float* x, int hidden) {
   embed_row<f16>(table, tokens, media_slot, media, x, hidden);
 }

@@ -27,15 +27,15 @@ DEV void kv_write_row(const float* __restrict__ qkv, T* __restrict__ k_cache,
   }
 }
 
-KERNEL void kv_write_f32(const float* qkv, float* k_cache, float* v_cache, const int* slots,
+KERNEL_BOUNDED(kv_write_f32, 256)(const float* qkv, float* k_cache, float* v_cache, const int* slots,
                          int qkv_stride, int k_offset, int v_offset, int kv_dim) {
   kv_write_row<float>(qkv, k_cache, v_cache, slots, qkv_stride, k_offset, v_offset, kv_dim);
 }
-KERNEL void kv_write_bf16(const float* qkv, bf16* k_cache, bf16* v_cache, const int* slots,
+KERNEL_BOUNDED(kv_write_bf16, 256)(const float* qkv, bf16* k_cache, bf16* v_cache, const int* slots,
                           int qkv_stride, int k_offset, int v_offset, int kv_dim) {
   kv_write_row<bf16>(qkv, k_cache, v_cache, slots, qkv_stride, k_offset, v_offset, kv_dim);
 }
-KERNEL void kv_write_f16(const float* qkv, f16* k_cache, f16* v_cache, const int* slots,
+KERNEL_BOUNDED(kv_write_f16, 256)(const float* qkv, f16* k_cache, f16* v_cache, const int* slots,
                          int qkv_stride, int k_offset, int v_offset, int kv_dim) {
   kv_write_row<f16>(qkv, k_cache, v_cache, slots, qkv_stride, k_offset, v_offset, kv_dim);
 }

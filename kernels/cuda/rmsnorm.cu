@@ -27,15 +27,15 @@ DEV void add_rmsnorm(float* __restrict__ x, const float* __restrict__ delta,
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) o[i] = from_f32<T>(xr[i] * inv * weight[i]);
 }
 
-KERNEL void add_rmsnorm_f32(float* x, const float* delta, const float* weight, float* out,
+KERNEL_BOUNDED(add_rmsnorm_f32, 256)(float* x, const float* delta, const float* weight, float* out,
                             const int* rows, int hidden, float eps) {
   add_rmsnorm<float>(x, delta, weight, out, rows, hidden, eps);
 }
-KERNEL void add_rmsnorm_bf16(float* x, const float* delta, const float* weight, bf16* out,
+KERNEL_BOUNDED(add_rmsnorm_bf16, 256)(float* x, const float* delta, const float* weight, bf16* out,
                              const int* rows, int hidden, float eps) {
   add_rmsnorm<bf16>(x, delta, weight, out, rows, hidden, eps);
 }
-KERNEL void add_rmsnorm_f16(float* x, const float* delta, const float* weight, f16* out,
+KERNEL_BOUNDED(add_rmsnorm_f16, 256)(float* x, const float* delta, const float* weight, f16* out,
                             const int* rows, int hidden, float eps) {
   add_rmsnorm<f16>(x, delta, weight, out, rows, hidden, eps);
 }

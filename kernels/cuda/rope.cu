@@ -22,7 +22,7 @@ DEV double rope_warp_sum_f64(double v) {
   return v;
 }
 
-KERNEL void rope_qk(float* qkv, const float* bias, const float* q_norm, const float* k_norm,
+KERNEL_BOUNDED(rope_qk, 256)(float* qkv, const float* bias, const float* q_norm, const float* k_norm,
                     const float* inv_freq, const int* positions, int qkv_stride, int n_heads,
                     int n_kv_heads, int head_dim, int rope_dim, int neox, int pos_axes,
                     int section0, int section1, float freq_scale, float eps) {

@@ -601,17 +601,6 @@ DEV void sample_row(const Args& a, const Scratch& s, const Top& top, double* lw,
 
 }  // namespace sampler
 
-// 1024 threads leave each at most 64 registers: the bound makes the compiler keep to it (a
-// launch that asks for more registers than the SM has fails). It sits on a declaration so that
-// the definition below keeps the plain form that sources.rs scans for entry points.
-#if defined(__CUDACC__)
-extern "C" __global__ void __launch_bounds__(1024)
-    sample_tokens(const float*, float*, int, const float*, const int*, const float*,
-                  const float*, const double*, const int*, const float*, const float*,
-                  const float*, const int*, const int*, const int*, const int*, const int*, int,
-                  int*, float*, int*, float*, int*);
-#endif
-
 // One block per row (at most 1024 threads, a multiple of 32). Row b of `logits` and `work` is
 // `vocab` wide; per-row parameters are arrays of n_rows; penalty entries of row b are
 // [penalty_offsets[b], penalty_offsets[b + 1]) of penalty_ids / penalty_counts (distinct ids,
@@ -619,8 +608,9 @@ extern "C" __global__ void __launch_bounds__(1024)
 // `ln_min_p` is ln(min_p), -inf when min_p is off. `list_cap` is how many candidates the
 // dynamic shared memory holds (16 bytes each). Outputs: token (-1 on failure), the raw
 // logprob of the token (NaN unless logprobs are asked for), the top ids and logprobs
-// (kMaxLogprobs per row, -1 / -inf past n_logprobs), and the status.
-KERNEL void sample_tokens(const float* logits, float* work, int vocab, const float* temperature,
+// (kMaxLogprobs per row, -1 / -inf past n_logprobs), and the status. 1024 threads leave each
+// at most 64 registers: the bound makes the compiler keep to it.
+KERNEL_BOUNDED(sample_tokens, 1024)(const float* logits, float* work, int vocab, const float* temperature,
                           const int* top_k, const float* top_p, const float* ln_min_p,
                           const double* uniform, const int* n_logprobs, const float* repetition,
                           const float* frequency, const float* presence,

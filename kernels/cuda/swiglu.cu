@@ -20,13 +20,13 @@ DEV void swiglu_row(const float* __restrict__ gate_up, T* __restrict__ out, int 
   }
 }
 
-KERNEL void swiglu_f32(const float* gate_up, float* out, int ffn) {
+KERNEL_BOUNDED(swiglu_f32, 256)(const float* gate_up, float* out, int ffn) {
   swiglu_row<float>(gate_up, out, ffn);
 }
-KERNEL void swiglu_bf16(const float* gate_up, bf16* out, int ffn) {
+KERNEL_BOUNDED(swiglu_bf16, 256)(const float* gate_up, bf16* out, int ffn) {
   swiglu_row<bf16>(gate_up, out, ffn);
 }
-KERNEL void swiglu_f16(const float* gate_up, f16* out, int ffn) {
+KERNEL_BOUNDED(swiglu_f16, 256)(const float* gate_up, f16* out, int ffn) {
   swiglu_row<f16>(gate_up, out, ffn);
 }
 

@@ -100,3 +100,51 @@ fn refuses_pointers_outside_allocations() {
     );
     assert!(msg.contains("not inside one device allocation"), "{msg}");
 }
+
+#[test]
+fn refuses_a_block_over_the_kernels_launch_bound() {
+    let gpu = Gpu::emulator();
+    let out = gpu.alloc(128 * 4).unwrap();
+    // The self-test kernels are in no source, so `Gpu::launch` has no bound for them: the
+    // emulator's own check answers, from the bound the kernel was compiled with (64).
+    match gpu.launch(
+        "emu_selftest_early_exit",
+        Launch::new([1, 1, 1], 128),
+        &[(&out).into()],
+    ) {
+        Err(GpuError::Launch { message, .. }) => assert!(
+            message.contains("emu_selftest_early_exit")
+                && message.contains("__launch_bounds__ of 64"),
+            "{message}"
+        ),
+        other => panic!("expected a launch error, got {other:?}"),
+    }
+}
+
+/// A read of another thread's shared write with no barrier between gets the new value in some
+/// blocks and the stale one in others (the emulator alternates the threads' order by block),
+/// so a test comparing with a reference sees it.
+#[test]
+fn a_missing_barrier_makes_blocks_disagree() {
+    let gpu = Gpu::emulator();
+    let out = gpu.alloc(2 * 64 * 4).unwrap();
+    gpu.launch(
+        "emu_selftest_missing_barrier",
+        Launch::new([2, 1, 1], 64),
+        &[(&out).into()],
+    )
+    .unwrap();
+    let got = out.read::<f32>().unwrap();
+    // With a barrier every thread would read its neighbour's value: block b, thread t ^ 1.
+    let fresh = |b: usize, t: usize| got[b * 64 + t] == (b * 1000 + (t ^ 1)) as f32;
+    let fresh_even: Vec<bool> = (0..64).map(|t| fresh(0, t)).collect();
+    let fresh_odd: Vec<bool> = (0..64).map(|t| fresh(1, t)).collect();
+    assert!(
+        fresh_even.iter().any(|f| !f) && fresh_odd.iter().any(|f| !f),
+        "both blocks saw a stale value somewhere: {got:?}"
+    );
+    assert_ne!(
+        fresh_even, fresh_odd,
+        "the two orders expose different threads"
+    );
+}

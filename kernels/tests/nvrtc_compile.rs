@@ -87,6 +87,103 @@ fn every_source_compiles_for_sm_90() {
     assert!(failures.is_empty(), "{}", failures.join("\n\n"));
 }
 
+/// What ptxas reported for one entry point.
+#[derive(Debug, Default)]
+struct PtxasReport {
+    registers: Option<u32>,
+    stack: Option<u32>,
+    spill_stores: Option<u32>,
+    spill_loads: Option<u32>,
+}
+
+/// The number before `unit` in `line` (`"... 40 registers"` -> 40).
+fn number_before(line: &str, unit: &str) -> Option<u32> {
+    let head = &line[..line.find(unit)?];
+    head.split_whitespace().last()?.parse().ok()
+}
+
+/// Per entry point, what `--ptxas-options=-v` wrote to NVRTC's log: "Compiling entry function
+/// 'k'" opens a kernel, "Function properties for k" is followed by its stack frame and
+/// spills, "Used N registers" closes it.
+fn ptxas_reports(log: &str) -> std::collections::HashMap<String, PtxasReport> {
+    let mut out: std::collections::HashMap<String, PtxasReport> = Default::default();
+    let mut entry: Option<String> = None;
+    let mut props_of: Option<String> = None;
+    let quoted = |l: &str| l.split('\'').nth(1).map(str::to_string);
+    for line in log.lines() {
+        if line.contains("Compiling entry function") {
+            entry = quoted(line);
+        } else if let Some(i) = line.find("Function properties for ") {
+            props_of = Some(
+                line[i + "Function properties for ".len()..]
+                    .trim()
+                    .to_string(),
+            );
+        } else if line.contains("bytes stack frame") {
+            if let Some(name) = props_of.take() {
+                let r = out.entry(name).or_default();
+                r.stack = number_before(line, "bytes stack frame");
+                r.spill_stores = number_before(line, "bytes spill stores");
+                r.spill_loads = number_before(line, "bytes spill loads");
+            }
+        } else if line.contains("Used ") && line.contains(" registers") {
+            if let Some(name) = entry.take() {
+                out.entry(name).or_default().registers = number_before(line, " registers");
+            }
+        }
+    }
+    out
+}
+
+/// Each kernel's registers fit the block it declares (a launch of that block needs registers
+/// per thread × threads of the SM's 65536), with no spills to local memory: the
+/// `__launch_bounds__` the sources declare are what ptxas compiled for.
+#[test]
+fn registers_fit_each_kernels_launch_bound_without_spills() {
+    need_nvrtc();
+    let mut problems = Vec::new();
+    for src in sources::SOURCES {
+        let (_, log) = nvrtc::compile_with_log(src, "sm_90", &["--ptxas-options=-v"]).unwrap();
+        let reports = ptxas_reports(&log);
+        for (kernel, bound) in src.bounded_kernels() {
+            let Some(bound) = bound else {
+                problems.push(format!("{kernel}: its launch bound is not a plain number"));
+                continue;
+            };
+            if bound == 0 || bound % 32 != 0 || bound > 1024 {
+                problems.push(format!(
+                    "{kernel}: launch bound {bound} is not 32..=1024 in 32s"
+                ));
+            }
+            let Some(r) = reports.get(kernel) else {
+                problems.push(format!("{kernel}: no ptxas report in the log:\n{log}"));
+                continue;
+            };
+            let (Some(regs), Some(stack), Some(stores), Some(loads)) =
+                (r.registers, r.stack, r.spill_stores, r.spill_loads)
+            else {
+                problems.push(format!("{kernel}: incomplete ptxas report {r:?}:\n{log}"));
+                continue;
+            };
+            eprintln!(
+                "{kernel}: {regs} registers x {bound} threads = {}, stack {stack} B, spills {stores}/{loads} B",
+                regs * bound
+            );
+            if regs * bound > 65536 {
+                problems.push(format!(
+                    "{kernel}: {regs} registers x {bound} threads exceed the SM's 65536"
+                ));
+            }
+            if stores > 0 || loads > 0 {
+                problems.push(format!(
+                    "{kernel}: spills {stores} bytes stored, {loads} loaded"
+                ));
+            }
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
 /// Loads the NVRTC that `make nvrtc` unpacked, by path: once a library of that name is loaded,
 /// cudarc's lookup by name finds it.
 fn preload_fetched_nvrtc() {

@@ -26,6 +26,7 @@ struct Entry {
   Invoker invoker;
   unsigned nargs;
   const unsigned* sizes;
+  unsigned max_threads;
 };
 
 constexpr size_t kStack = 128 * 1024;
@@ -96,8 +97,14 @@ bool run_block(Machine& s, unsigned n, std::string& err) {
     makecontext(&f.ctx, fiber_main, 0);
   }
   const unsigned warps = n / 32;
+  // Between two barriers the threads run one after another: forward in even blocks, backward
+  // in odd ones. A kernel that reads shared memory another thread wrote without a barrier
+  // between then reads the new value in one kind of block and the old in the other, so its
+  // blocks disagree and a test against a reference fails, whichever way round the race goes.
+  const bool backward = (s.bid.x + s.bid.y + s.bid.z) & 1u;
   for (;;) {
-    for (unsigned t = 0; t < n; ++t) {
+    for (unsigned i = 0; i < n; ++i) {
+      const unsigned t = backward ? n - 1 - i : i;
       if (s.fibers[t].state != RUN) continue;
       s.cur = t;
       s.tid = Dim3{t, 0, 0};
@@ -164,8 +171,8 @@ uint64_t lane_exchange(uint64_t bits, unsigned src) {
 }
 
 void register_kernel(const char* name, void* fn, Invoker invoker, unsigned nargs,
-                     const unsigned* sizes) {
-  m().table()[name] = Entry{fn, invoker, nargs, sizes};
+                     const unsigned* sizes, unsigned max_threads) {
+  m().table()[name] = Entry{fn, invoker, nargs, sizes, max_threads};
 }
 
 }  // namespace emu
@@ -216,6 +223,13 @@ int gateway_emu_launch(const char* name, const unsigned* grid, const unsigned* b
     put_err(err, err_len,
             std::string(name) + ": blocks must be one-dimensional with a multiple of 32 threads, "
                                 "at most 1024");
+    return -1;
+  }
+  if (n > e.max_threads) {
+    put_err(err, err_len,
+            std::string(name) + ": a block of " + std::to_string(n) +
+                " threads exceeds the kernel's __launch_bounds__ of " +
+                std::to_string(e.max_threads));
     return -1;
   }
   if (grid[0] == 0 || grid[1] == 0 || grid[2] == 0 || grid[1] > 65535 || grid[2] > 65535) {

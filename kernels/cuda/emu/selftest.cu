@@ -2,25 +2,25 @@
 // NVRTC sources), so the tests can check that the emulator catches each mistake.
 #include "../common.cuh"
 
-KERNEL void emu_selftest_out_of_bounds(float* out, int n) {
+KERNEL_BOUNDED(emu_selftest_out_of_bounds, 64)(float* out, int n) {
   const int i = blockIdx.x * blockDim.x + threadIdx.x;
   out[i] = 1.f;  // no bound check: the last block writes past n
   (void)n;
 }
 
-KERNEL void emu_selftest_early_exit(float* out) {
+KERNEL_BOUNDED(emu_selftest_early_exit, 64)(float* out) {
   if (threadIdx.x == 7) return;
   __syncthreads();
   out[threadIdx.x] = 1.f;
 }
 
-KERNEL void emu_selftest_divergent_shuffle(float* out) {
+KERNEL_BOUNDED(emu_selftest_divergent_shuffle, 64)(float* out) {
   float v = (float)threadIdx.x;
   if ((threadIdx.x & 31) < 16) v = __shfl_xor_sync(0xffffffffu, v, 1);
   out[threadIdx.x] = v;
 }
 
-KERNEL void emu_selftest_block_sum(float* out, const float* in) {
+KERNEL_BOUNDED(emu_selftest_block_sum, 256)(float* out, const float* in) {
   __shared__ float scratch[32];
   const float s = block_sum(in[threadIdx.x], scratch);
   const float m = block_max(in[threadIdx.x], scratch);
@@ -30,7 +30,15 @@ KERNEL void emu_selftest_block_sum(float* out, const float* in) {
   }
 }
 
+// Each thread reads its neighbour's shared word with no barrier after the write: a race.
+KERNEL_BOUNDED(emu_selftest_missing_barrier, 64)(float* out) {
+  __shared__ float word[64];
+  word[threadIdx.x] = (float)(blockIdx.x * 1000 + threadIdx.x);
+  out[blockIdx.x * blockDim.x + threadIdx.x] = word[threadIdx.x ^ 1u];
+}
+
 EMU_KERNEL(emu_selftest_out_of_bounds)
+EMU_KERNEL(emu_selftest_missing_barrier)
 EMU_KERNEL(emu_selftest_early_exit)
 EMU_KERNEL(emu_selftest_divergent_shuffle)
 EMU_KERNEL(emu_selftest_block_sum)

@@ -3,7 +3,9 @@
 //
 // Each block runs on one OS thread; its CUDA threads are fibers (ucontext) switched only at
 // synchronisation points (__syncthreads, __syncwarp, shuffles). Blocks run one after another,
-// which is what makes `__shared__` as a function-local `static` correct. The runtime
+// which is what makes `__shared__` as a function-local `static` correct. Threads run in index
+// order between barriers in even blocks and in reverse order in odd ones (see run_block), so
+// a missing barrier shows as blocks that disagree. The runtime
 // (runtime.cpp) checks what CUDA leaves undefined: a thread that exits while others wait at a
 // barrier, a warp whose lanes meet different synchronisation points, out-of-range launch
 // shapes.
@@ -46,13 +48,14 @@ void invoke(void* fn, void** args) {
 }
 
 void register_kernel(const char* name, void* fn, Invoker invoker, unsigned nargs,
-                     const unsigned* sizes);
+                     const unsigned* sizes, unsigned max_threads);
 
 struct Registrar {
   template <typename... A>
-  Registrar(const char* name, void (*f)(A...)) {
+  Registrar(const char* name, void (*f)(A...), unsigned max_threads) {
     static const unsigned sizes[sizeof...(A) + 1] = {(unsigned)sizeof(A)..., 0u};
-    register_kernel(name, reinterpret_cast<void*>(f), &invoke<A...>, sizeof...(A), sizes);
+    register_kernel(name, reinterpret_cast<void*>(f), &invoke<A...>, sizeof...(A), sizes,
+                    max_threads);
   }
 };
 
@@ -75,7 +78,10 @@ inline unsigned lane_id() { return thread_idx().x & 31u; }
 
 }  // namespace emu
 
-#define KERNEL extern "C"
+// The bound becomes a constant beside the kernel, which EMU_KERNEL registers with it.
+#define KERNEL_BOUNDED(name, max_threads)                    \
+  static constexpr unsigned emu_max_threads_##name = (max_threads); \
+  extern "C" void name
 #define DEV inline
 #define __global__
 #define __device__
@@ -84,7 +90,8 @@ inline unsigned lane_id() { return thread_idx().x & 31u; }
 #define __shared__ static
 #define __launch_bounds__(...)
 #define __align__(n) alignas(n)
-#define EMU_KERNEL(name) static emu::Registrar emu_registrar_##name(#name, &name);
+#define EMU_KERNEL(name) \
+  static emu::Registrar emu_registrar_##name(#name, &name, emu_max_threads_##name);
 #define DYN_SHARED(T, name) T* name = reinterpret_cast<T*>(emu::dyn_smem())
 
 #define threadIdx (emu::thread_idx())

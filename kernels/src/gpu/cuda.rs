@@ -15,11 +15,11 @@ use cudarc::cublas::result as blas;
 use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{result, sys};
 
+use super::blas_map::{self, BlasCompute, BlasOp, BlasType};
 use super::bringup::Opening;
 use super::sources::{Source, SOURCES};
 use super::{
-    nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuDType, GpuError, Launch, Result,
-    UPLOAD_CHUNK,
+    nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuError, Launch, Result, UPLOAD_CHUNK,
 };
 
 fn driver(call: &'static str) -> impl Fn(result::DriverError) -> GpuError {
@@ -409,46 +409,45 @@ impl Backend for CudaBackend {
     }
 
     fn gemm(&self, g: &Gemm) -> Result<()> {
-        if g.m == 0 || g.n == 0 {
+        let Some(x) = blas_map::gemm_ex(g)? else {
             return Ok(());
-        }
-        if g.lda < g.k || g.ldb < g.k || g.ldc < g.n {
-            return Err(GpuError::Invalid(format!("gemm strides too small: {g:?}")));
-        }
-        let int = |v: usize| {
-            i32::try_from(v).map_err(|_| GpuError::Invalid(format!("gemm dimension {v} too big")))
         };
-        let ty = match g.dtype {
-            GpuDType::F32 => blas_sys::cudaDataType::CUDA_R_32F,
-            GpuDType::BF16 => blas_sys::cudaDataType::CUDA_R_16BF,
-            GpuDType::F16 => blas_sys::cudaDataType::CUDA_R_16F,
+        let op = |o: BlasOp| match o {
+            BlasOp::N => blas_sys::cublasOperation_t::CUBLAS_OP_N,
+            BlasOp::T => blas_sys::cublasOperation_t::CUBLAS_OP_T,
+        };
+        let ty = |t: BlasType| match t {
+            BlasType::R32F => blas_sys::cudaDataType::CUDA_R_32F,
+            BlasType::R16BF => blas_sys::cudaDataType::CUDA_R_16BF,
+            BlasType::R16F => blas_sys::cudaDataType::CUDA_R_16F,
+        };
+        let compute = match x.compute {
+            BlasCompute::F32 => blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
         };
         self.bind()?;
         let handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        // Row-major C = A·Bᵀ is column-major Cᵀ = B·Aᵀ: B (n×k row-major) read transposed,
-        // A (m×k row-major) read as is.
         // SAFETY: the caller guarantees the pointers and strides; alpha and beta are host
-        // scalars (the handle's default pointer mode).
+        // scalars (the handle's default pointer mode) that outlive the call.
         unsafe {
             blas::gemm_ex(
                 *handle,
-                blas_sys::cublasOperation_t::CUBLAS_OP_T,
-                blas_sys::cublasOperation_t::CUBLAS_OP_N,
-                int(g.n)?,
-                int(g.m)?,
-                int(g.k)?,
-                (&g.alpha as *const f32).cast(),
-                g.b.0 as *const c_void,
-                ty,
-                int(g.ldb)?,
-                g.a.0 as *const c_void,
-                ty,
-                int(g.lda)?,
-                (&g.beta as *const f32).cast(),
-                g.c.0 as *mut c_void,
-                blas_sys::cudaDataType::CUDA_R_32F,
-                int(g.ldc)?,
-                blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                op(x.transa),
+                op(x.transb),
+                x.m,
+                x.n,
+                x.k,
+                (&x.alpha as *const f32).cast(),
+                x.a.0 as *const c_void,
+                ty(x.a_type),
+                x.lda,
+                x.b.0 as *const c_void,
+                ty(x.b_type),
+                x.ldb,
+                (&x.beta as *const f32).cast(),
+                x.c.0 as *mut c_void,
+                ty(x.c_type),
+                x.ldc,
+                compute,
                 blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
             )
         }

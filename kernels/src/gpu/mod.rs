@@ -14,6 +14,7 @@
 //! it when dropped. All work goes to one in-order stream per backend, so launches, copies and
 //! GEMMs run in the order they are issued.
 
+pub mod blas_map;
 pub mod bringup;
 #[cfg(feature = "cuda")]
 mod cuda;
@@ -412,7 +413,22 @@ impl Gpu {
         self.backend.memset(dst, byte, bytes)
     }
 
+    /// Launch `kernel`. A block larger than the kernel's declared bound
+    /// ([`sources::launch_bound`]) is refused here, naming the kernel, whatever the backend:
+    /// the compiler sized the kernel's registers for that bound, so the driver would refuse
+    /// the launch with a less telling error.
     pub fn launch(&self, kernel: &str, shape: Launch, args: &[Arg]) -> Result<()> {
+        if let Some(bound) = sources::launch_bound(kernel) {
+            if shape.block > bound {
+                return Err(GpuError::Launch {
+                    kernel: kernel.to_string(),
+                    message: format!(
+                        "a block of {} threads exceeds the kernel's __launch_bounds__ of {bound}",
+                        shape.block
+                    ),
+                });
+            }
+        }
         self.backend.launch(kernel, shape, args)
     }
 

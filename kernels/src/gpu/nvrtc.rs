@@ -68,6 +68,12 @@ fn cstring(s: &str, what: &str) -> Result<CString> {
 
 /// Compile one source to a cubin for `arch`.
 pub fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
+    compile_with_log(src, arch, &[]).map(|(image, _)| image)
+}
+
+/// [`compile`] with `extra` options after the usual ones, also returning NVRTC's program log
+/// (with `--ptxas-options=-v` it holds each kernel's registers, stack and spills).
+pub fn compile_with_log(src: &Source, arch: &str, extra: &[&str]) -> Result<(Vec<u8>, String)> {
     if !available() {
         return Err(missing());
     }
@@ -101,6 +107,8 @@ pub fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
     let prog = Program(unsafe { raw.assume_init() });
     let opts: Vec<CString> = options(arch)
         .iter()
+        .map(String::as_str)
+        .chain(extra.iter().copied())
         .map(|o| cstring(o, "an option"))
         .collect::<Result<_>>()?;
     let opt_ptrs: Vec<*const c_char> = opts.iter().map(|o| o.as_ptr()).collect();
@@ -128,7 +136,7 @@ pub fn compile(src: &Source, arch: &str) -> Result<Vec<u8>> {
             "NVRTC returned no machine code (is the architecture a real sm_XX?)".into(),
         ));
     }
-    Ok(image)
+    Ok((image, log))
 }
 
 fn program_log(prog: &Program) -> String {

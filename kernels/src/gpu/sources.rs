@@ -16,21 +16,33 @@ include!(concat!(env!("OUT_DIR"), "/sources.rs"));
 pub const COMMON_NAME: &str = "common.cuh";
 
 impl Source {
-    /// The entry points the file defines (`KERNEL void name(`), in order.
+    /// The entry points the file defines (`KERNEL_BOUNDED(name, max_threads)`), in order.
     pub fn kernels(&self) -> Vec<&'static str> {
-        let mut names = Vec::new();
+        self.bounded_kernels().into_iter().map(|(k, _)| k).collect()
+    }
+
+    /// Each entry point with the largest block it declares (its `__launch_bounds__`); `None`
+    /// where the bound is not a plain number, which the tests refuse.
+    pub fn bounded_kernels(&self) -> Vec<(&'static str, Option<u32>)> {
+        const MARK: &str = "KERNEL_BOUNDED(";
+        let mut out = Vec::new();
         let mut rest = self.code;
-        while let Some(i) = rest.find("KERNEL void ") {
-            let tail = &rest[i + "KERNEL void ".len()..];
-            let end = tail
-                .find(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
-                .unwrap_or(tail.len());
-            if end > 0 {
-                names.push(&tail[..end]);
-            }
+        while let Some(i) = rest.find(MARK) {
+            let tail = &rest[i + MARK.len()..];
+            let end = tail.find(')').unwrap_or(tail.len());
+            let inner = &tail[..end];
             rest = &tail[end..];
+            // The macro's own definition in a comment or a `#define` has no real name.
+            let Some((name, bound)) = inner.split_once(',') else {
+                continue;
+            };
+            let name = name.trim();
+            if name.is_empty() || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_') {
+                continue;
+            }
+            out.push((name, bound.trim().parse().ok()));
         }
-        names
+        out
     }
 
     /// A digest of everything that decides the compiled code: this file, the shared header and
@@ -46,6 +58,23 @@ impl Source {
         }
         hex::encode(&h.finalize()[..12])
     }
+}
+
+/// The largest block `kernel` may be launched with (its `__launch_bounds__`), or `None` for a
+/// kernel that is in no source.
+pub fn launch_bound(kernel: &str) -> Option<u32> {
+    static TABLE: std::sync::OnceLock<std::collections::HashMap<&'static str, u32>> =
+        std::sync::OnceLock::new();
+    TABLE
+        .get_or_init(|| {
+            SOURCES
+                .iter()
+                .flat_map(|s| s.bounded_kernels())
+                .filter_map(|(k, b)| Some((k, b?)))
+                .collect()
+        })
+        .get(kernel)
+        .copied()
 }
 
 /// Every entry point of every source, with its file.
