@@ -29,9 +29,13 @@ build: deps
 serve: deps models
 	$(CARGO) run --release -p gateway -- serve $(ARGS)
 
+# The test build turns on the engine's failure switches (`fault-inject`) for the fault tests;
+# the same feature set for the binary and the tests, so neither rebuilds the other's gateway.
+TEST_FEATURES = --features gateway/fault-inject
+
 test: deps models nvrtc sdk
-	$(CARGO) build -p gateway
-	$(CARGO) test --workspace --no-fail-fast
+	$(CARGO) build -p gateway $(TEST_FEATURES)
+	$(CARGO) test --workspace --no-fail-fast $(TEST_FEATURES)
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -1,6 +1,7 @@
 //! An engine thread that dies fails its requests and then takes the process down with a
 //! non-zero status, so a supervisor restarts it instead of leaving a server that looks alive
-//! but cannot serve. The fault is injected with `ENGINE_FAULT_INJECT=scheduler-panic`.
+//! but cannot serve. The fault is injected with `ENGINE_FAULT_INJECT=scheduler-panic`, which
+//! only a binary built with the `fault-inject` feature reads (`make test` builds it so).
 
 mod common;
 
@@ -44,7 +45,8 @@ async fn a_dead_engine_fails_its_requests_and_exits_non_zero() {
     assert_eq!(
         status.and_then(|s| s.code()),
         Some(70),
-        "exit status {status:?}; output:\n{}",
+        "exit status {status:?} (a gateway built without `--features fault-inject` ignores \
+         ENGINE_FAULT_INJECT: `make test` builds it with the feature); output:\n{}",
         gateway.output()
     );
     assert!(gateway.output().contains("an engine thread stopped"));
