@@ -24,7 +24,7 @@ mod gpu;
 mod hf;
 
 pub use gpu::GpuLlama;
-pub use hf::{read_hf_config, HF_DECODER_ARCHITECTURES};
+pub use hf::{read_hf_config, HfDecoderConfig, HF_DECODER_ARCHITECTURES};
 
 use std::sync::{Arc, Mutex};
 

@@ -48,11 +48,16 @@ fn need_usize(v: &Value, key: &str) -> Result<usize> {
         .ok_or_else(|| cfg_error(format!("`{key}` is missing or not a positive integer")))
 }
 
+/// The decoder's settings from `config.json`: the hyper-parameters, M-RoPE's sections, and the
+/// per-frequency RoPE divisors a scaling type computes (`llama3`), as GGUF's `rope_freqs`.
+pub struct HfDecoderConfig {
+    pub cfg: LlamaConfig,
+    pub mrope_section: Option<Vec<usize>>,
+    pub rope_factors: Option<Vec<f32>>,
+}
+
 /// Reads the decoder's hyper-parameters from `config.json`.
-pub fn read_hf_config(
-    config: &Value,
-    vocab_from_weights: usize,
-) -> Result<(LlamaConfig, Option<Vec<usize>>)> {
+pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDecoderConfig> {
     let arch = config
         .get("architectures")
         .and_then(|a| a.get(0))
@@ -105,6 +110,7 @@ pub fn read_hf_config(
         .and_then(Value::as_f64)
         .unwrap_or(10000.0) as f32;
     let mut rope_freq_scale = 1.0f32;
+    let mut rope_factors = None;
     let mut mrope_section = None;
     if let Some(s) = scaling {
         let kind = s
@@ -135,9 +141,10 @@ pub fn read_hf_config(
                 }
                 rope_freq_scale = (1.0 / f) as f32;
             }
+            "llama3" => rope_factors = Some(llama3_factors(s, rope_base, head_dim)?),
             other => {
                 return Err(cfg_error(format!(
-                    "rope scaling `{other}` is not supported (supported: default, linear, mrope)"
+                    "rope scaling `{other}` is not supported (supported: default, linear, llama3, mrope)"
                 )))
             }
         }
@@ -151,8 +158,8 @@ pub fn read_hf_config(
         .get("max_position_embeddings")
         .and_then(Value::as_u64)
         .map_or(2048, |n| n as usize);
-    Ok((
-        LlamaConfig {
+    Ok(HfDecoderConfig {
+        cfg: LlamaConfig {
             architecture: arch,
             hidden,
             n_layers,
@@ -170,7 +177,46 @@ pub fn read_hf_config(
             mrope_section: mrope_section.as_deref().map(|s| [s[0], s[1], s[2]]),
         },
         mrope_section,
-    ))
+        rope_factors,
+    })
+}
+
+/// Llama 3.1's RoPE scaling as per-frequency divisors (GGUF's `rope_freqs`, which the angle
+/// divides by): frequencies whose wavelength is under `original_max_position_embeddings /
+/// high_freq_factor` keep theirs, those over `original / low_freq_factor` are divided by
+/// `factor`, and those between blend the two smoothly.
+fn llama3_factors(s: &Value, base: f32, head_dim: usize) -> Result<Vec<f32>> {
+    let need = |key: &str| {
+        s.get(key)
+            .and_then(Value::as_f64)
+            .filter(|v| *v > 0.0)
+            .ok_or_else(|| cfg_error(format!("rope_scaling `llama3` needs a positive `{key}`")))
+    };
+    let factor = need("factor")?;
+    let low = need("low_freq_factor")?;
+    let high = need("high_freq_factor")?;
+    let original = need("original_max_position_embeddings")?;
+    if high <= low {
+        return Err(cfg_error(format!(
+            "rope_scaling `llama3`: high_freq_factor ({high}) must exceed low_freq_factor ({low})"
+        )));
+    }
+    let (low_wavelen, high_wavelen) = (original / low, original / high);
+    Ok((0..head_dim / 2)
+        .map(|i| {
+            let freq = (base as f64).powf(-2.0 * i as f64 / head_dim as f64);
+            let wavelen = 2.0 * std::f64::consts::PI / freq;
+            let divisor = if wavelen < high_wavelen {
+                1.0
+            } else if wavelen > low_wavelen {
+                factor
+            } else {
+                let smooth = (original / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            divisor as f32
+        })
+        .collect())
 }
 
 struct HfLoader<'a> {
@@ -248,7 +294,11 @@ impl LlamaModel {
             .shape(&embed_name)
             .and_then(|s| s.first().copied())
             .unwrap_or(0);
-        let (cfg, mrope_section) = read_hf_config(config, vocab_from_weights)?;
+        let HfDecoderConfig {
+            cfg,
+            mrope_section,
+            rope_factors,
+        } = read_hf_config(config, vocab_from_weights)?;
         let l = HfLoader { w: weights };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let token_embd = l.matrix(&embed_name, cfg.vocab, h)?;
@@ -304,7 +354,7 @@ impl LlamaModel {
             token_embd,
             output,
             output_norm,
-            rope_factors: None,
+            rope_factors,
             layers,
             activation_mode: ActivationMode::default(),
             state: Mutex::new(StepState::default()),
@@ -327,7 +377,12 @@ mod tests {
 
     #[test]
     fn reads_the_text_settings() {
-        let (cfg, mrope) = read_hf_config(&base(), 0).unwrap();
+        let HfDecoderConfig {
+            cfg,
+            mrope_section: mrope,
+            rope_factors,
+        } = read_hf_config(&base(), 0).unwrap();
+        assert_eq!(rope_factors, None);
         assert_eq!((cfg.head_dim, cfg.n_kv_heads, cfg.vocab), (16, 2, 100));
         assert!(cfg.rope_neox);
         assert_eq!(cfg.rope_base, 1e6);
@@ -335,11 +390,14 @@ mod tests {
         let mut vl = base();
         vl["architectures"] = json!(["Qwen2VLForConditionalGeneration"]);
         vl["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 2, 2]});
-        assert_eq!(read_hf_config(&vl, 0).unwrap().1, Some(vec![4, 2, 2]));
+        assert_eq!(
+            read_hf_config(&vl, 0).unwrap().mrope_section,
+            Some(vec![4, 2, 2])
+        );
         // Nested text settings (transformers 5 layout).
         let nested =
             json!({"architectures": ["Qwen2VLForConditionalGeneration"], "text_config": base()});
-        assert_eq!(read_hf_config(&nested, 0).unwrap().0.hidden, 64);
+        assert_eq!(read_hf_config(&nested, 0).unwrap().cfg.hidden, 64);
     }
 
     #[test]

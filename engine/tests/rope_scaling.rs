@@ -1,0 +1,117 @@
+//! RoPE scaling read from `config.json` (`llama3`, `linear`) against transformers: the committed
+//! tiny Llama under each variant's `rope_scaling`, our f32 logprobs at every position of a fixed
+//! prompt against the top-5 that transformers computed in float32
+//! (`tests/data/tiny-llama/rope_reference.json`, from `scripts/tiny_rope_reference.py`). The
+//! variants move those logprobs by 0.03 to 0.05 from the unscaled model's, so a scaling read
+//! wrongly (or ignored) fails the 1e-3 bound.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::path::{Path, PathBuf};
+
+use engine::model::{ActivationMode, KvBudget, SeqChunk};
+use serde_json::Value;
+
+fn tiny() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama")
+}
+
+/// The tiny Llama in a folder of its own, with `rope_scaling` set to `scaling`.
+fn variant(name: &str, scaling: &Value) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("rope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(tiny().join(f), dir.join(f)).unwrap();
+    }
+    let mut config: Value =
+        serde_json::from_slice(&std::fs::read(tiny().join("config.json")).unwrap()).unwrap();
+    let obj = config.as_object_mut().unwrap();
+    obj.remove("rope_parameters");
+    obj.insert("rope_theta".into(), 10000.0.into());
+    obj.insert("rope_scaling".into(), scaling.clone());
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
+/// Our logprobs at every position of `prompt`, in f32.
+fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
+    let mut m = engine::hf::load_decoder(dir).unwrap().model;
+    m.set_activation_mode(ActivationMode::F32);
+    let block = 16;
+    let blocks = prompt.len().div_ceil(block);
+    m.allocate_kv(block, &KvBudget::tokens(blocks * block))
+        .unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let rows = m
+        .forward_rows(
+            &[SeqChunk {
+                tokens: prompt,
+                start_pos: 0,
+                block_table: &table,
+                want_logits: true,
+                media: None,
+            }],
+            &[true],
+        )
+        .unwrap()
+        .remove(0)
+        .unwrap();
+    let vocab = rows.len() / prompt.len();
+    rows.chunks(vocab)
+        .map(|r| {
+            let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let lse = r.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
+            r.iter().map(|&v| v as f64 - lse).collect()
+        })
+        .collect()
+}
+
+#[test]
+fn rope_scaling_matches_transformers() {
+    let reference: Value =
+        serde_json::from_slice(&std::fs::read(tiny().join("rope_reference.json")).unwrap())
+            .unwrap();
+    let prompt: Vec<u32> = reference["prompt_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_u64().unwrap() as u32)
+        .collect();
+    let variants = reference["variants"].as_object().unwrap();
+    for name in ["llama3", "linear"] {
+        let v = &variants[name];
+        let dir = variant(name, &v["rope_scaling"]);
+        let ours = logprobs(&dir, &prompt);
+        let mut worst = 0f64;
+        for (pos, top) in v["top5"].as_array().unwrap().iter().enumerate() {
+            for pair in top.as_array().unwrap() {
+                let (id, want) = (
+                    pair[0].as_u64().unwrap() as usize,
+                    pair[1].as_f64().unwrap(),
+                );
+                worst = worst.max((ours[pos][id] - want).abs());
+            }
+        }
+        eprintln!("{name}: largest top-5 logprob difference {worst:.2e}");
+        assert!(worst < 1e-3, "{name}: top-5 logprobs differ by {worst}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn an_incomplete_llama3_scaling_is_refused_naming_the_key() {
+    let scaling = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0});
+    let dir = variant("llama3-missing", &scaling);
+    let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
+    assert!(err.contains("original_max_position_embeddings"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
