@@ -154,10 +154,29 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
         .or_else(|| config.get("vocab_size"))
         .and_then(Value::as_u64)
         .map_or(vocab_from_weights, |n| n as usize);
-    let max_position = t
+    let mut max_position = t
         .get("max_position_embeddings")
         .and_then(Value::as_u64)
         .map_or(2048, |n| n as usize);
+    // Sliding-window attention (Mistral v0.1's 4096) is not built: within the window full
+    // attention computes the same numbers, so the model is served no longer than its window
+    // rather than wrong past it. Qwen2's `use_sliding_window: false` turns the field off.
+    let window = t
+        .get("sliding_window")
+        .and_then(Value::as_u64)
+        .filter(|_| t.get("use_sliding_window").and_then(Value::as_bool) != Some(false))
+        .map(|w| w as usize);
+    if let Some(w) = window.filter(|&w| w < max_position) {
+        if w == 0 {
+            return Err(cfg_error("`sliding_window` must be positive"));
+        }
+        tracing::warn!(
+            sliding_window = w,
+            max_position_embeddings = max_position,
+            "sliding-window attention is not built: sequences are limited to the window ({w} tokens), where full attention gives the same numbers"
+        );
+        max_position = w;
+    }
     Ok(HfDecoderConfig {
         cfg: LlamaConfig {
             architecture: arch,
@@ -398,6 +417,36 @@ mod tests {
         let nested =
             json!({"architectures": ["Qwen2VLForConditionalGeneration"], "text_config": base()});
         assert_eq!(read_hf_config(&nested, 0).unwrap().cfg.hidden, 64);
+    }
+
+    #[test]
+    fn a_sliding_window_bounds_the_context_unless_turned_off() {
+        let mut v = base();
+        v["max_position_embeddings"] = json!(32768);
+        v["sliding_window"] = json!(4096);
+        assert_eq!(read_hf_config(&v, 0).unwrap().cfg.max_position, 4096);
+        v["use_sliding_window"] = json!(false);
+        assert_eq!(read_hf_config(&v, 0).unwrap().cfg.max_position, 32768);
+        let mut v = base();
+        v["sliding_window"] = Value::Null;
+        assert_eq!(read_hf_config(&v, 0).unwrap().cfg.max_position, 2048);
+    }
+
+    #[test]
+    fn llama3_divisors_run_from_one_to_the_factor() {
+        let mut v = base();
+        v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+        v["rope_theta"] = json!(10000.0);
+        let f = read_hf_config(&v, 0).unwrap().rope_factors.unwrap();
+        assert_eq!(f.len(), 8);
+        assert_eq!(f[0], 1.0);
+        assert_eq!(f[7], 8.0);
+        assert!(f.windows(2).all(|w| w[0] <= w[1]), "{f:?}");
+        assert!(
+            f.iter().any(|&x| x > 1.0 && x < 8.0),
+            "a blended band: {f:?}"
+        );
     }
 
     #[test]
