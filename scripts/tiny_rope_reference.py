@@ -27,6 +27,9 @@ TINY = os.path.join(ROOT, "tests", "data", "tiny-llama")
 VARIANTS = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+                    "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2},
     "linear": {"rope_type": "linear", "factor": 4.0},
 }
 

@@ -1,4 +1,4 @@
-//! RoPE scaling read from `config.json` (`llama3`, `linear`) against transformers: the committed
+//! RoPE scaling read from `config.json` (`llama3`, `yarn`, `linear`) against transformers: the committed
 //! tiny Llama under each variant's `rope_scaling`, our f32 logprobs at every position of a fixed
 //! prompt against the top-5 that transformers computed in float32
 //! (`tests/data/tiny-llama/rope_reference.json`, from `scripts/tiny_rope_reference.py`). The
@@ -74,6 +74,21 @@ fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
+/// The largest difference between `ours` and a reference's top-5 logprobs, over every position.
+fn largest_difference(ours: &[Vec<f64>], top5: &Value) -> f64 {
+    let mut worst = 0f64;
+    for (pos, top) in top5.as_array().unwrap().iter().enumerate() {
+        for pair in top.as_array().unwrap() {
+            let (id, want) = (
+                pair[0].as_u64().unwrap() as usize,
+                pair[1].as_f64().unwrap(),
+            );
+            worst = worst.max((ours[pos][id] - want).abs());
+        }
+    }
+    worst
+}
+
 #[test]
 fn rope_scaling_matches_transformers() {
     let reference: Value =
@@ -86,32 +101,31 @@ fn rope_scaling_matches_transformers() {
         .map(|v| v.as_u64().unwrap() as u32)
         .collect();
     let variants = reference["variants"].as_object().unwrap();
-    for name in ["llama3", "linear"] {
+    for name in ["llama3", "yarn", "yarn-mscale", "linear"] {
         let v = &variants[name];
         let dir = variant(name, &v["rope_scaling"]);
         let ours = logprobs(&dir, &prompt);
-        let mut worst = 0f64;
-        for (pos, top) in v["top5"].as_array().unwrap().iter().enumerate() {
-            for pair in top.as_array().unwrap() {
-                let (id, want) = (
-                    pair[0].as_u64().unwrap() as usize,
-                    pair[1].as_f64().unwrap(),
-                );
-                worst = worst.max((ours[pos][id] - want).abs());
-            }
-        }
-        eprintln!("{name}: largest top-5 logprob difference {worst:.2e}");
+        let worst = largest_difference(&ours, &v["top5"]);
+        // The same logprobs against the unscaled model's: how far ignoring the scaling lands.
+        let unscaled = largest_difference(&ours, &variants["default"]["top5"]);
+        eprintln!(
+            "{name}: largest top-5 logprob difference {worst:.2e} (from the unscaled model: {unscaled:.2e})"
+        );
         assert!(worst < 1e-3, "{name}: top-5 logprobs differ by {worst}");
+        assert!(
+            unscaled > 1e-2,
+            "{name}: the scaling changes nothing here ({unscaled})"
+        );
         let _ = std::fs::remove_dir_all(&dir);
     }
 }
 
 #[test]
 fn an_incomplete_llama3_scaling_is_refused_naming_the_key() {
-    let scaling = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-        "high_freq_factor": 4.0});
+    let scaling = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
     let dir = variant("llama3-missing", &scaling);
     let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
-    assert!(err.contains("original_max_position_embeddings"), "{err}");
+    assert!(err.contains("low_freq_factor"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

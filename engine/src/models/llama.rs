@@ -58,6 +58,9 @@ pub struct LlamaConfig {
     pub rope_neox: bool,
     /// Position scale for linear RoPE scaling (1 / factor).
     pub rope_freq_scale: f32,
+    /// YaRN's attention factor: RoPE's cos and sin are scaled by it, so attention scores are
+    /// scaled by its square (1 for every other RoPE).
+    pub rope_attn_factor: f32,
     pub max_position: usize,
     /// M-RoPE (Qwen2-VL): how many of the `rope_dim / 2` frequencies turn with the temporal,
     /// row and column position. `None`: plain RoPE.
@@ -410,7 +413,7 @@ impl LlamaModel {
             n_kv_heads: cfg.n_kv_heads,
             head_dim: hd,
             block_size: kv.block_size,
-            scale: 1.0 / (hd as f32).sqrt(),
+            scale: cfg.rope_attn_factor * cfg.rope_attn_factor / (hd as f32).sqrt(),
         };
         for (li, layer) in self.layers.iter().enumerate() {
             for t in 0..t_total {

@@ -210,6 +210,7 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_dim,
         rope_neox,
         rope_freq_scale,
+        rope_attn_factor: 1.0,
         max_position,
         mrope_section: None,
     })

@@ -201,7 +201,7 @@ impl GpuLlama {
         .launch(gpu)
         .map_err(gpu_err)?;
 
-        let scale = 1.0 / (hd as f32).sqrt();
+        let scale = cfg.rope_attn_factor * cfg.rope_attn_factor / (hd as f32).sqrt();
         for (li, layer) in w.layers.iter().enumerate() {
             norm(
                 (li > 0).then(|| s.delta.ptr()),
