@@ -26,6 +26,8 @@ pub const HF_DECODER_ARCHITECTURES: &[&str] = &[
     "Qwen3ForCausalLM",
     "Qwen2VLForConditionalGeneration",
     "Qwen2AudioForConditionalGeneration",
+    // Llama's layers with q/k/v and gate/up each stored as one fused matrix (see `fused`).
+    "Phi3ForCausalLM",
 ];
 
 fn cfg_error(msg: impl Into<String>) -> EngineError {
@@ -96,6 +98,28 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
         return Err(cfg_error(format!("head dim {head_dim} must be even")));
     }
     let ffn = need_usize(t, "intermediate_size")?;
+    // Settings that change the numbers and that these layers do not implement are refused
+    // rather than ignored.
+    if let Some(act) = t.get("hidden_act").and_then(Value::as_str) {
+        if !matches!(act, "silu" | "swish") {
+            return Err(cfg_error(format!(
+                "hidden_act `{act}` is not supported by the Llama-family MLP (silu)"
+            )));
+        }
+    }
+    let partial = t
+        .get("partial_rotary_factor")
+        .or_else(|| {
+            t.get("rope_parameters")
+                .and_then(|r| r.get("partial_rotary_factor"))
+        })
+        .and_then(Value::as_f64);
+    if partial.is_some_and(|p| p != 1.0) {
+        return Err(cfg_error(format!(
+            "partial_rotary_factor {} is not supported (RoPE over the whole head only)",
+            partial.unwrap_or(1.0)
+        )));
+    }
     let eps = t
         .get("rms_norm_eps")
         .and_then(Value::as_f64)
@@ -338,10 +362,61 @@ fn llama3_factors(s: &Value, base: f32, head_dim: usize, original: f64) -> Resul
 
 struct HfLoader<'a> {
     w: &'a SafetensorsWeights,
+    /// The rows a fused `qkv_proj` and `gate_up_proj` must have.
+    qkv_rows: usize,
+    gate_up_rows: usize,
+}
+
+/// Projections some checkpoints store fused, row-stacked in one matrix (Phi-3): each part's
+/// fused name, its place among the stacked parts, and how many parts there are. The middle
+/// part (`k`) has the last part's rows (`v`), so each part's rows follow from its own count.
+const FUSED: &[(&str, &str, usize, usize)] = &[
+    ("self_attn.q_proj.weight", "self_attn.qkv_proj.weight", 0, 3),
+    ("self_attn.k_proj.weight", "self_attn.qkv_proj.weight", 1, 3),
+    ("self_attn.v_proj.weight", "self_attn.qkv_proj.weight", 2, 3),
+    ("mlp.gate_proj.weight", "mlp.gate_up_proj.weight", 0, 2),
+    ("mlp.up_proj.weight", "mlp.gate_up_proj.weight", 1, 2),
+];
+
+impl HfLoader<'_> {
+    /// `name`'s rows inside the fused matrix that holds them, as a view of the same bytes.
+    fn fused(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Weight>> {
+        let Some(&(part, fused, index, count)) = FUSED.iter().find(|f| name.ends_with(f.0)) else {
+            return Ok(None);
+        };
+        let fused_name = format!("{}{fused}", &name[..name.len() - part.len()]);
+        if !self.w.contains(&fused_name) {
+            return Ok(None);
+        }
+        let total = if count == 3 {
+            self.qkv_rows
+        } else {
+            self.gate_up_rows
+        };
+        // Checks the fused tensor's shape against the config before any view is taken.
+        let whole = self.matrix(&fused_name, total, cols)?;
+        let first = match index {
+            0 => 0,
+            i if i + 1 == count => total.saturating_sub(rows),
+            _ => total.saturating_sub(2 * rows),
+        };
+        let row_bytes = whole.len / total.max(1);
+        Ok(Some(Weight {
+            rows,
+            start: whole.start + first * row_bytes,
+            len: rows * row_bytes,
+            ..whole
+        }))
+    }
 }
 
 impl WeightSource for HfLoader<'_> {
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        if !self.w.contains(name) {
+            if let Some(w) = self.fused(name, rows, cols)? {
+                return Ok(w);
+            }
+        }
         let raw = self.w.raw(name)?;
         let file = self.w.file_of(name).to_string();
         if raw.shape != [rows, cols] {
@@ -416,7 +491,11 @@ impl LlamaModel {
             mrope_section,
             rope_factors,
         } = read_hf_config(config, vocab_from_weights)?;
-        let l = HfLoader { w: weights };
+        let l = HfLoader {
+            w: weights,
+            qkv_rows: (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim,
+            gate_up_rows: 2 * cfg.ffn,
+        };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let token_embd = l.matrix(&embed_name, cfg.vocab, h)?;
         let tied = text_section(config)
@@ -561,6 +640,15 @@ mod tests {
         let mut v = base();
         v["rope_scaling"] = json!({"rope_type": "longrope", "factor": 4.0});
         assert!(msg(v).contains("longrope"));
+        let mut v = base();
+        v["hidden_act"] = json!("gelu_pytorch_tanh");
+        assert!(msg(v).contains("hidden_act `gelu_pytorch_tanh`"));
+        let mut v = base();
+        v["partial_rotary_factor"] = json!(0.75);
+        assert!(msg(v).contains("partial_rotary_factor 0.75"));
+        let mut v = base();
+        v["rope_parameters"] = json!({"rope_type": "default", "partial_rotary_factor": 0.5});
+        assert!(msg(v).contains("partial_rotary_factor 0.5"));
         let mut v = base();
         v["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 4, 4]});
         assert!(msg(v).contains("mrope_section"));
