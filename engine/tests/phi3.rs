@@ -8,7 +8,8 @@ use std::path::PathBuf;
 
 use engine::device::DTypeRequest;
 use engine::model::{ActivationMode, CausalLm, KvBudget, SeqChunk};
-use serde_json::Value;
+
+mod reference;
 
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-phi3")
@@ -47,37 +48,19 @@ fn logprobs(m: &mut dyn CausalLm, prompt: &[u32]) -> Vec<Vec<f64>> {
         .collect()
 }
 
-fn worst(ours: &[Vec<f64>], reference: &Value) -> f64 {
-    let mut worst = 0f64;
-    for (pos, top) in reference["top5"].as_array().unwrap().iter().enumerate() {
-        for pair in top.as_array().unwrap() {
-            let (id, want) = (
-                pair[0].as_u64().unwrap() as usize,
-                pair[1].as_f64().unwrap(),
-            );
-            worst = worst.max((ours[pos][id] - want).abs());
-        }
-    }
-    worst
-}
-
 #[test]
 fn phi3_matches_transformers_on_the_cpu_and_the_gpu_decoder() {
-    let reference: Value =
-        serde_json::from_slice(&std::fs::read(tiny().join("reference.json")).unwrap()).unwrap();
-    let prompt: Vec<u32> = reference["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let reference = reference::load(&tiny().join("reference.json"));
+    let prompt = reference::prompt(&reference);
     let mut cpu = engine::hf::load_decoder(&tiny()).unwrap().model;
     cpu.set_activation_mode(ActivationMode::F32);
     let mut gpu = cpu
         .to_gpu(&kernels::gpu::Gpu::emulator(), DTypeRequest::Float32)
         .unwrap();
-    let on_cpu = worst(&logprobs(cpu.as_mut(), &prompt), &reference);
-    let on_gpu = worst(&logprobs(gpu.as_mut(), &prompt), &reference);
+    let on_cpu =
+        reference::largest_difference(&logprobs(cpu.as_mut(), &prompt), &reference["top5"]);
+    let on_gpu =
+        reference::largest_difference(&logprobs(gpu.as_mut(), &prompt), &reference["top5"]);
     eprintln!(
         "Phi-3: largest top-5 logprob difference {on_cpu:.2e} (CPU), {on_gpu:.2e} (GPU decoder)"
     );

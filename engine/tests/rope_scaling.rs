@@ -11,6 +11,8 @@ use std::path::{Path, PathBuf};
 use engine::model::{ActivationMode, KvBudget, SeqChunk};
 use serde_json::Value;
 
+mod reference;
+
 fn tiny() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../tests/data/tiny-llama")
 }
@@ -65,49 +67,21 @@ fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
         .remove(0)
         .unwrap();
     let vocab = rows.len() / prompt.len();
-    rows.chunks(vocab)
-        .map(|r| {
-            let max = r.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = r.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln() + max;
-            r.iter().map(|&v| v as f64 - lse).collect()
-        })
-        .collect()
-}
-
-/// The largest difference between `ours` and a reference's top-5 logprobs, over every position.
-fn largest_difference(ours: &[Vec<f64>], top5: &Value) -> f64 {
-    let mut worst = 0f64;
-    for (pos, top) in top5.as_array().unwrap().iter().enumerate() {
-        for pair in top.as_array().unwrap() {
-            let (id, want) = (
-                pair[0].as_u64().unwrap() as usize,
-                pair[1].as_f64().unwrap(),
-            );
-            worst = worst.max((ours[pos][id] - want).abs());
-        }
-    }
-    worst
+    rows.chunks(vocab).map(reference::log_softmax).collect()
 }
 
 #[test]
 fn rope_scaling_matches_transformers() {
-    let reference: Value =
-        serde_json::from_slice(&std::fs::read(tiny().join("rope_reference.json")).unwrap())
-            .unwrap();
-    let prompt: Vec<u32> = reference["prompt_ids"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|v| v.as_u64().unwrap() as u32)
-        .collect();
+    let reference = reference::load(&tiny().join("rope_reference.json"));
+    let prompt = reference::prompt(&reference);
     let variants = reference["variants"].as_object().unwrap();
     for name in ["llama3", "yarn", "yarn-mscale", "linear"] {
         let v = &variants[name];
         let dir = variant(name, &v["rope_scaling"]);
         let ours = logprobs(&dir, &prompt);
-        let worst = largest_difference(&ours, &v["top5"]);
+        let worst = reference::largest_difference(&ours, &v["top5"]);
         // The same logprobs against the unscaled model's: how far ignoring the scaling lands.
-        let unscaled = largest_difference(&ours, &variants["default"]["top5"]);
+        let unscaled = reference::largest_difference(&ours, &variants["default"]["top5"]);
         eprintln!(
             "{name}: largest top-5 logprob difference {worst:.2e} (from the unscaled model: {unscaled:.2e})"
         );
