@@ -36,14 +36,7 @@ fn logprobs(m: &mut dyn CausalLm, prompt: &[u32]) -> Vec<Vec<f64>> {
                 .unwrap()
                 .remove(0)
                 .unwrap();
-            let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let lse = row
-                .iter()
-                .map(|&v| (v as f64 - max).exp())
-                .sum::<f64>()
-                .ln()
-                + max;
-            row.iter().map(|&v| v as f64 - lse).collect()
+            reference::log_softmax(&row)
         })
         .collect()
 }
