@@ -142,12 +142,45 @@ impl GuideFactory {
     }
 }
 
+/// The whitespace JSON may hold between its tokens unless the request chose otherwise: none,
+/// one space, or a newline with an indent of up to 20 spaces or tabs (the bound llama.cpp's
+/// JSON grammars set). llguidance's default is any run of whitespace, on which a weak model can
+/// spend its whole `max_tokens` and end with JSON that does not parse.
+pub const BOUNDED_JSON_WHITESPACE: &str = r"( |
+[ 	]{0,20})";
+
+/// `schema` with the bounded whitespace, unless its `x-guidance` options already say how
+/// whitespace goes (the gateway's `disable_any_whitespace` / `whitespace_pattern`, tool-call
+/// arguments' compact JSON).
+fn bounded_whitespace(schema: &serde_json::Value) -> serde_json::Value {
+    let mut schema = match schema {
+        serde_json::Value::Bool(true) => serde_json::json!({}),
+        other => other.clone(),
+    };
+    if let Some(obj) = schema.as_object_mut() {
+        let opts = obj
+            .entry("x-guidance")
+            .or_insert_with(|| serde_json::json!({}));
+        if let Some(opts) = opts.as_object_mut() {
+            let chosen = ["whitespace_pattern", "whitespace_flexible"]
+                .iter()
+                .any(|k| opts.contains_key(*k));
+            if !chosen {
+                opts.insert("whitespace_pattern".into(), BOUNDED_JSON_WHITESPACE.into());
+            }
+        }
+    }
+    schema
+}
+
 /// The llguidance grammar of a constraint, with a name for error messages.
 fn grammar_of(c: &Constraint) -> Result<(&'static str, TopLevelGrammar)> {
     Ok(match c {
         Constraint::JsonObject => (
             "JSON object constraint",
-            TopLevelGrammar::from_json_schema(serde_json::json!({"type": "object"})),
+            TopLevelGrammar::from_json_schema(bounded_whitespace(
+                &serde_json::json!({"type": "object"}),
+            )),
         ),
         Constraint::JsonSchema(schema) => {
             if !(schema.is_object() || schema.is_boolean()) {
@@ -158,7 +191,7 @@ fn grammar_of(c: &Constraint) -> Result<(&'static str, TopLevelGrammar)> {
             }
             (
                 "JSON schema",
-                TopLevelGrammar::from_json_schema(schema.clone()),
+                TopLevelGrammar::from_json_schema(bounded_whitespace(schema)),
             )
         }
         Constraint::Regex(rx) => ("regex", TopLevelGrammar::from_regex(rx)),

@@ -193,3 +193,70 @@ async fn preemption_keeps_the_matcher_in_step() {
     assert!(small.engine_stats().unwrap().preemptions > 0);
     assert_eq!(got, reference);
 }
+
+/// The longest run of whitespace between JSON tokens in `text` (string contents excluded).
+fn longest_whitespace_run(text: &str) -> usize {
+    let (mut in_string, mut escaped) = (false, false);
+    let (mut run, mut longest) = (0, 0);
+    for c in text.chars() {
+        if in_string {
+            match (escaped, c) {
+                (true, _) => escaped = false,
+                (false, '\\') => escaped = true,
+                (false, '"') => in_string = false,
+                _ => {}
+            }
+            continue;
+        }
+        if matches!(c, ' ' | '\n' | '\r' | '\t') {
+            run += 1;
+            longest = longest.max(run);
+        } else {
+            run = 0;
+            in_string = c == '"';
+        }
+    }
+    longest
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_whitespace_is_bounded_unless_the_request_says_otherwise() {
+    let (_e, m) = start(&config());
+    // A model that would rather write whitespace than anything else (as a weak model stuck in
+    // a run of spaces and newlines does).
+    let params = |constraint| SamplingParams {
+        temperature: 0.0,
+        max_tokens: 60,
+        ignore_eos: true,
+        logit_bias: vec![(u32::from(b' '), 50.0), (u32::from(b'\n'), 49.0)],
+        constraint: Some(constraint),
+        ..Default::default()
+    };
+    let run = |c| {
+        let m = m.clone();
+        async move { collect(m.generate(request("AB", params(c))).unwrap()).await }
+    };
+    let schema = serde_json::json!({"type": "object", "additionalProperties": false,
+        "properties": {"a": {"type": "integer"}}, "required": ["a"]});
+    // By default: a space, or a newline and at most 20 spaces or tabs, between tokens.
+    for c in [
+        Constraint::JsonObject,
+        Constraint::JsonSchema(schema.clone()),
+    ] {
+        let (text, _, _) = run(c).await;
+        assert!(longest_whitespace_run(&text) <= 21, "{text:?}");
+        assert!(text.trim_start().starts_with('{'), "{text:?}");
+    }
+    // Compact JSON: no whitespace at all outside strings.
+    let mut compact = schema.clone();
+    compact["x-guidance"] = serde_json::json!({"whitespace_flexible": false});
+    let (text, _, _) = run(Constraint::JsonSchema(compact)).await;
+    assert_eq!(longest_whitespace_run(&text), 0, "{text:?}");
+    // llguidance's own default (any whitespace), asked for explicitly: the model spends its
+    // whole budget on it, which the default above prevents.
+    let mut flexible = schema;
+    flexible["x-guidance"] = serde_json::json!({"whitespace_flexible": true});
+    let (text, _, reason) = run(Constraint::JsonSchema(flexible)).await;
+    assert!(longest_whitespace_run(&text) > 21, "{text:?}");
+    assert_eq!(reason, FinishReason::Length);
+}

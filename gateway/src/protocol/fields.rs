@@ -74,7 +74,7 @@ pub const SHARED: &[(&str, Handling)] = &[
         "guided_decoding_backend",
         Ignored("the server has one structured-output engine"),
     ),
-    ("guided_whitespace_pattern", Refused(NOT_YET)),
+    ("guided_whitespace_pattern", Honoured),
     ("structural_tag", Refused(NOT_YET)),
     (
         "best_of",

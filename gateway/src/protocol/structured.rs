@@ -67,7 +67,55 @@ fn from_response_format(rf: &Value) -> ApiResult<Option<Constraint>> {
 
 /// The keys of `structured_outputs` that choose a constraint, and the options that only
 /// tune another engine (accepted when off).
-fn from_structured_outputs(so: &Map<String, Value>) -> ApiResult<Option<Constraint>> {
+/// How JSON output may use whitespace, when the request says: compact
+/// (`disable_any_whitespace`) or a pattern of its own (`whitespace_pattern`,
+/// `guided_whitespace_pattern`). Otherwise the engine bounds it.
+#[derive(Debug, Default)]
+struct Whitespace {
+    compact: Option<&'static str>,
+    pattern: Option<(String, &'static str)>,
+}
+
+impl Whitespace {
+    /// `c` with these whitespace options; a 400 naming the option when `c` is not JSON.
+    fn apply(self, c: Constraint) -> ApiResult<Constraint> {
+        let opts = match (self.compact, self.pattern) {
+            (None, None) => return Ok(c),
+            (Some(a), Some((_, b))) => {
+                return Err(bad(format!("{a} and {b} cannot be used together."), b))
+            }
+            (Some(param), None) => (serde_json::json!({"whitespace_flexible": false}), param),
+            (None, Some((p, param))) => (serde_json::json!({"whitespace_pattern": p}), param),
+        };
+        let (opts, param) = opts;
+        let mut schema = match c {
+            Constraint::JsonObject => serde_json::json!({"type": "object"}),
+            Constraint::JsonSchema(Value::Bool(true)) => serde_json::json!({}),
+            Constraint::JsonSchema(s @ Value::Object(_)) => s,
+            Constraint::JsonSchema(s) => return Ok(Constraint::JsonSchema(s)),
+            _ => {
+                return Err(bad(
+                    format!("{param} applies to JSON output (json, json_object or a JSON schema)."),
+                    param,
+                ))
+            }
+        };
+        if let Some(obj) = schema.as_object_mut() {
+            let x = obj
+                .entry("x-guidance")
+                .or_insert_with(|| serde_json::json!({}));
+            if let (Some(x), Some(opts)) = (x.as_object_mut(), opts.as_object()) {
+                x.extend(opts.clone());
+            }
+        }
+        Ok(Constraint::JsonSchema(schema))
+    }
+}
+
+fn from_structured_outputs(
+    so: &Map<String, Value>,
+    ws: &mut Whitespace,
+) -> ApiResult<Option<Constraint>> {
     const P: &str = "structured_outputs";
     let mut found = Vec::new();
     for (key, value) in so {
@@ -81,7 +129,27 @@ fn from_structured_outputs(so: &Map<String, Value>) -> ApiResult<Option<Constrai
             "grammar" => Constraint::Grammar(string(value, P)?),
             "json_object" if value == &Value::Bool(true) => Constraint::JsonObject,
             "json_object" => continue,
-            "disable_fallback" | "disable_any_whitespace" | "disable_additional_properties"
+            "disable_any_whitespace" => {
+                match value {
+                    Value::Bool(true) => {
+                        ws.compact = Some("structured_outputs.disable_any_whitespace")
+                    }
+                    Value::Bool(false) => {}
+                    _ => {
+                        return Err(bad(
+                            "structured_outputs.disable_any_whitespace must be a boolean.",
+                            P,
+                        ))
+                    }
+                }
+                continue;
+            }
+            "whitespace_pattern" => {
+                let p = string(value, "structured_outputs.whitespace_pattern")?;
+                ws.pattern = Some((p, "structured_outputs.whitespace_pattern"));
+                continue;
+            }
+            "disable_fallback" | "disable_additional_properties"
                 if value == &Value::Bool(false) =>
             {
                 continue
@@ -111,6 +179,7 @@ fn from_structured_outputs(so: &Map<String, Value>) -> ApiResult<Option<Constrai
 pub fn constraint(s: &SamplingFields) -> ApiResult<Option<(Constraint, &'static str)>> {
     let v = &s.vllm;
     let mut found: Vec<(Constraint, &'static str)> = Vec::new();
+    let mut ws = Whitespace::default();
     if let Some(rf) = s.response_format.as_deref() {
         if let Some(c) = from_response_format(rf)? {
             found.push((c, "response_format"));
@@ -119,7 +188,7 @@ pub fn constraint(s: &SamplingFields) -> ApiResult<Option<(Constraint, &'static 
     match v.structured_outputs.as_deref() {
         None | Some(Value::Null) => {}
         Some(Value::Object(so)) => {
-            if let Some(c) = from_structured_outputs(so)? {
+            if let Some(c) = from_structured_outputs(so, &mut ws)? {
                 found.push((c, "structured_outputs"));
             }
         }
@@ -158,7 +227,28 @@ pub fn constraint(s: &SamplingFields) -> ApiResult<Option<(Constraint, &'static 
             names[1],
         ));
     }
-    Ok(found.pop())
+    if let Some(p) = v
+        .guided_whitespace_pattern
+        .as_deref()
+        .filter(|p| !p.is_null())
+    {
+        let p = string(p, "guided_whitespace_pattern")?;
+        if ws.pattern.is_some() {
+            return Err(bad(
+                "guided_whitespace_pattern and structured_outputs.whitespace_pattern cannot be used together.",
+                "guided_whitespace_pattern",
+            ));
+        }
+        ws.pattern = Some((p, "guided_whitespace_pattern"));
+    }
+    match found.pop() {
+        Some((c, field)) => Ok(Some((ws.apply(c)?, field))),
+        None => match ws.apply(Constraint::Regex(String::new())) {
+            // Whitespace options without a JSON constraint: the same 400 as beside a regex.
+            Err(e) => Err(e),
+            Ok(_) => Ok(None),
+        },
+    }
 }
 
 /// `logit_bias`: token id (a string key, as the OpenAI API sends it) to a bias in [-100, 100].
@@ -284,6 +374,25 @@ mod tests {
     }
 
     #[test]
+    fn whitespace_options_become_the_schemas_guidance() {
+        let compact = json!({"structured_outputs": {"json_object": true,
+            "disable_any_whitespace": true}});
+        assert_eq!(
+            constraint(&fields(compact)).unwrap().map(|(c, _)| c),
+            Some(Constraint::JsonSchema(json!({"type": "object",
+                "x-guidance": {"whitespace_flexible": false}})))
+        );
+        let pattern = json!({"response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "schema": {"type": "array"}}},
+            "guided_whitespace_pattern": "[ ]?"});
+        assert_eq!(
+            constraint(&fields(pattern)).unwrap().map(|(c, _)| c),
+            Some(Constraint::JsonSchema(json!({"type": "array",
+                "x-guidance": {"whitespace_pattern": "[ ]?"}})))
+        );
+    }
+
+    #[test]
     fn shapes_and_conflicts_are_400s() {
         let both = json!({"guided_regex": "a", "guided_choice": ["a"]});
         assert_eq!(
@@ -295,10 +404,27 @@ mod tests {
             param(constraint(&fields(two))).as_deref(),
             Some("structured_outputs")
         );
-        let unknown = json!({"structured_outputs": {"whitespace_pattern": " "}});
+        let unknown = json!({"structured_outputs": {"backend_options": " "}});
         assert_eq!(
             param(constraint(&fields(unknown))).as_deref(),
             Some("structured_outputs")
+        );
+        // Whitespace options need a JSON constraint, and one kind of them.
+        let alone = json!({"structured_outputs": {"whitespace_pattern": " "}});
+        assert_eq!(
+            param(constraint(&fields(alone))).as_deref(),
+            Some("structured_outputs.whitespace_pattern")
+        );
+        let on_regex = json!({"guided_regex": "a", "guided_whitespace_pattern": " "});
+        assert_eq!(
+            param(constraint(&fields(on_regex))).as_deref(),
+            Some("guided_whitespace_pattern")
+        );
+        let both = json!({"structured_outputs": {"json_object": true,
+            "disable_any_whitespace": true, "whitespace_pattern": " "}});
+        assert_eq!(
+            param(constraint(&fields(both))).as_deref(),
+            Some("structured_outputs.whitespace_pattern")
         );
         assert_eq!(
             param(constraint(&fields(json!({"guided_choice": []})))).as_deref(),
