@@ -117,8 +117,10 @@ async fn wait_for(
         if cond(&s) {
             return;
         }
+        // A minute: what the toy engine does in milliseconds, and a loaded machine cannot
+        // stretch past it, while a condition that never comes still fails the test.
         assert!(
-            t0.elapsed() < Duration::from_secs(5),
+            t0.elapsed() < Duration::from_secs(60),
             "timed out waiting for {what}: {s:?}"
         );
         tokio::time::sleep(Duration::from_millis(2)).await;
@@ -324,7 +326,7 @@ async fn more_than_max_num_seqs_is_overloaded() {
     let c = loop {
         match m.generate(request("CD", greedy(3))) {
             Ok(s) => break s,
-            Err(EngineError::Overloaded(_)) if t0.elapsed() < Duration::from_secs(5) => {
+            Err(EngineError::Overloaded(_)) if t0.elapsed() < Duration::from_secs(60) => {
                 tokio::time::sleep(Duration::from_millis(2)).await
             }
             Err(e) => panic!("{e:?}"),

@@ -37,6 +37,24 @@ fn tiny_llama() -> PathBuf {
     root().join("tests/data/tiny-llama")
 }
 
+/// A state_timeout no run reaches, loaded machine or not: a load that "never waits" returns
+/// well before half of it, and one that waited for the daemon could not.
+const NEVER: Duration = Duration::from_secs(600);
+
+/// Whether `started` is less than half of `NEVER` ago.
+fn before_half_of_never(started: Instant) -> bool {
+    started.elapsed() < NEVER / 2
+}
+
+/// Polls `cond` until it holds or a minute passes (a bound a loaded machine cannot reach while
+/// the condition is on its way).
+fn poll(cond: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !cond() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn tmpdir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wc-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -63,7 +81,7 @@ fn loader(dir: &Path, mode: CacheMode, fallback: bool, state_timeout: Duration) 
         mode,
         fallback,
         socket_dir: Some(dir.to_path_buf()),
-        connect_timeout: Duration::from_secs(5),
+        connect_timeout: Duration::from_secs(60),
         state_timeout,
     }
 }
@@ -118,11 +136,11 @@ async fn cache_paths_match_a_disk_load() {
     // Cold: no daemon yet; with fallback the engine loads from disk at once.
     let cold_cfg = config(
         LoadFormat::IpcCache,
-        loader(&dir, CacheMode::ZeroCopy, true, Duration::from_secs(60)),
+        loader(&dir, CacheMode::ZeroCopy, true, NEVER),
     );
     let t = Instant::now();
     let cold = start(&cold_cfg, &gguf()).unwrap();
-    assert!(t.elapsed() < Duration::from_secs(30));
+    assert!(before_half_of_never(t), "a cold start with fallback waited");
     assert_eq!(greedy(&cold).await, expected);
     drop(cold);
 
@@ -134,7 +152,7 @@ async fn cache_paths_match_a_disk_load() {
     // Warm, zero_copy, no fallback: the daemon's memory, the same greedy output.
     let warm_cfg = config(
         LoadFormat::IpcCache,
-        loader(&dir, CacheMode::ZeroCopy, false, Duration::from_secs(5)),
+        loader(&dir, CacheMode::ZeroCopy, false, NEVER),
     );
     let warm = start(&warm_cfg, &gguf()).unwrap();
     assert_eq!(greedy(&warm).await, expected);
@@ -143,13 +161,10 @@ async fn cache_paths_match_a_disk_load() {
     // Copy mode detaches right after copying.
     let copy_cfg = config(
         LoadFormat::IpcCache,
-        loader(&dir, CacheMode::Copy, false, Duration::from_secs(5)),
+        loader(&dir, CacheMode::Copy, false, NEVER),
     );
     let copied = start(&copy_cfg, &gguf()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while daemon.attached() > 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll(|| daemon.attached() <= 1);
     assert_eq!(daemon.attached(), 1, "the copy engine detached");
 
     // The zero_copy engine keeps the daemon from releasing until --force passes.
@@ -178,11 +193,11 @@ fn a_mismatch_fails_fast_naming_every_field() {
     daemon.set_ready(h.with_identity(other));
     let cfg = config(
         LoadFormat::IpcCache,
-        loader(&dir, CacheMode::ZeroCopy, false, Duration::from_secs(60)),
+        loader(&dir, CacheMode::ZeroCopy, false, NEVER),
     );
     let t = Instant::now();
     let err = start(&cfg, &gguf()).err().unwrap().to_string();
-    assert!(t.elapsed() < Duration::from_secs(20), "never a wait");
+    assert!(before_half_of_never(t), "never a wait");
     assert!(
         err.contains("dtype (daemon: bfloat16, engine: auto)"),
         "{err}"
@@ -196,7 +211,7 @@ fn a_mismatch_fails_fast_naming_every_field() {
     // With fallback the same mismatch is a disk load.
     let cfg = config(
         LoadFormat::IpcCache,
-        loader(&dir, CacheMode::ZeroCopy, true, Duration::from_secs(60)),
+        loader(&dir, CacheMode::ZeroCopy, true, NEVER),
     );
     assert!(start(&cfg, &gguf()).is_ok());
     daemon.shutdown(Some(Duration::ZERO));
@@ -214,7 +229,9 @@ fn an_absent_daemon_is_waited_for_up_to_state_timeout() {
     let err = start(&cfg, &gguf()).err().unwrap().to_string();
     let waited = t.elapsed();
     assert!(waited >= Duration::from_millis(700), "{waited:?}");
-    assert!(waited < Duration::from_secs(15), "{waited:?}");
+    // Far past 0.7 s on any machine, yet short of what a wait that ignored state_timeout (the
+    // 300 s default, or no end) would take.
+    assert!(waited < Duration::from_secs(60), "{waited:?}");
     assert!(err.contains("state_timeout_s=0.7"), "{err}");
     assert!(err.contains("no daemon at"), "{err}");
 }
@@ -264,20 +281,14 @@ async fn an_hf_decoder_loads_warm_as_from_disk() {
     daemon.set_ready(h);
 
     let warm_as = |mode| {
-        let cfg = config(
-            LoadFormat::IpcCache,
-            loader(&dir, mode, false, Duration::from_secs(5)),
-        );
+        let cfg = config(LoadFormat::IpcCache, loader(&dir, mode, false, NEVER));
         start_as(&cfg, &tiny_llama(), HF).unwrap()
     };
     let warm = warm_as(CacheMode::ZeroCopy);
     assert_eq!(greedy_of(&warm, HF).await, expected, "zero_copy");
     assert_eq!(daemon.attached(), 1, "a zero_copy engine stays attached");
     let copied = warm_as(CacheMode::Copy);
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while daemon.attached() > 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    poll(|| daemon.attached() <= 1);
     assert_eq!(daemon.attached(), 1, "the copy engine detached");
     daemon.shutdown(Some(Duration::ZERO));
     drop(daemon);
@@ -329,17 +340,16 @@ fn a_changed_hf_checkpoint_fails_fast_naming_the_fields() {
     let daemon = Daemon::bind(&sock, HF).unwrap();
     daemon.set_ready(hold_checkpoint(&tiny_llama(), DTypeRequest::Auto, "cpu").unwrap());
     let cached = |fallback| {
-        let timeout = Duration::from_secs(60);
         config(
             LoadFormat::IpcCache,
-            loader(&sock, CacheMode::ZeroCopy, fallback, timeout),
+            loader(&sock, CacheMode::ZeroCopy, fallback, NEVER),
         )
     };
     let no_fallback = cached(false);
     let refused = |model: &Path| {
         let t = Instant::now();
         let err = start_as(&no_fallback, model, HF).err().unwrap().to_string();
-        assert!(t.elapsed() < Duration::from_secs(20), "never a wait");
+        assert!(before_half_of_never(t), "never a wait");
         err
     };
 
@@ -393,10 +403,7 @@ fn a_removed_socket_is_a_part_that_exited() {
     assert_eq!(mode(&dir), 0o700, "the socket folder is private");
     assert_eq!(mode(daemon.socket()), 0o600, "the socket is private");
     std::fs::remove_file(daemon.socket()).unwrap();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while daemon.status() == Status::Ready && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    poll(|| daemon.status() != Status::Ready);
     assert!(matches!(daemon.status(), Status::Exited(why) if why.contains("removed")));
     let _ = std::fs::remove_dir_all(&dir);
 }

@@ -19,6 +19,10 @@ fn tiny() -> String {
 
 /// How long until the server closes `stream` (reads until EOF); `None` if it is still open
 /// after `limit`.
+///
+/// The limits these tests pass are many times the timeouts they check, so a loaded machine
+/// cannot reach them, and below every other timer that would close the connection anyway
+/// (hyper's own 30 s header timeout), so a server without the behaviour still fails.
 fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
     let started = Instant::now();
     stream
@@ -47,7 +51,9 @@ fn connect(port: u16) -> TcpStream {
 async fn healthy(base: &str) -> bool {
     let client = reqwest::Client::builder()
         .no_proxy()
-        .timeout(Duration::from_secs(2))
+        // Long enough that load cannot time a probe out; what the tests check is whether and
+        // in which order it is answered.
+        .timeout(Duration::from_secs(60))
         .build()
         .unwrap_or_default();
     client
@@ -69,15 +75,16 @@ async fn slow_headers_and_idle_keep_alive_are_closed() {
     let mut idle = connect(gateway.port);
     idle.write_all(b"GET /health HTTP/1.1\r\nHost: t\r\n\r\n")
         .unwrap_or_else(|e| panic!("write: {e}"));
-    let slow_took = closed_within(&mut slow, Duration::from_secs(5));
-    let idle_took = closed_within(&mut idle, Duration::from_secs(5));
+    // 20 times the 1 s timeout, and short of hyper's 30 s default.
+    let slow_took = closed_within(&mut slow, Duration::from_secs(20));
+    let idle_took = closed_within(&mut idle, Duration::from_secs(20));
     assert!(
-        slow_took.is_some_and(|t| t < Duration::from_secs(3)),
-        "a connection that never finished its headers was left open: {slow_took:?}"
+        slow_took.is_some(),
+        "a connection that never finished its headers was left open"
     );
     assert!(
-        idle_took.is_some_and(|t| t < Duration::from_secs(3)),
-        "an idle keep-alive connection was left open: {idle_took:?}"
+        idle_took.is_some(),
+        "an idle keep-alive connection was left open"
     );
     assert!(healthy(&gateway.base_url).await);
 }
@@ -92,64 +99,72 @@ async fn connections_past_the_cap_are_closed_and_the_rest_served() {
             "--max-connections",
             "3",
             "--header-read-timeout",
-            "30",
+            "600",
         ])
         .await,
     );
     // Let the start-up health checks' connections go.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut held: Vec<TcpStream> = (0..3).map(|_| connect(gateway.port)).collect();
-    tokio::time::sleep(Duration::from_millis(200)).await;
     let mut extra = connect(gateway.port);
-    let took = closed_within(&mut extra, Duration::from_secs(3));
-    assert!(
-        took.is_some_and(|t| t < Duration::from_secs(1)),
-        "a connection past the cap was kept: {took:?}"
-    );
-    // Freeing one slot lets the next client in.
+    // The held connections send nothing and are not closed for 600 s: the one past the cap is
+    // closed long before that, and a server that kept it would not close it in this minute.
+    let took = closed_within(&mut extra, Duration::from_secs(60));
+    assert!(took.is_some(), "a connection past the cap was kept");
+    // Freeing one slot lets the next client in, once the server has seen it go.
     drop(held.pop());
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    assert!(healthy(&gateway.base_url).await);
+    let mut served = false;
+    for _ in 0..60 {
+        served = healthy(&gateway.base_url).await;
+        if served {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert!(served, "a freed slot did not let a client in");
     assert!(gateway.output().contains("connection limit reached"));
 }
 
 /// Tokenising large texts does not stall the server: while two 8 MB `/tokenize` requests (no
-/// length limit there, as in vLLM) are being tokenised, `/health` keeps answering within a
-/// second.
+/// length limit there, as in vLLM) are being tokenised, `/health` keeps answering. Told by
+/// order, not by latency: every probe is answered before either large request's answer
+/// arrives, which a server that tokenised on its reactor threads could not do.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn large_tokenize_requests_do_not_stall_health() {
     let gateway = must(Gateway::start(&["--model", &tiny(), "--served-model-name", "tiny"]).await);
     let base = gateway.base_url.clone();
     let text = "lorem ipsum dolor sit amet ".repeat(300_000);
+    let answered = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let mut big = Vec::new();
     for _ in 0..2 {
-        let (base, text) = (base.clone(), text.clone());
+        let (base, text, answered) = (base.clone(), text.clone(), answered.clone());
         big.push(tokio::spawn(async move {
             let client = reqwest::Client::builder()
                 .no_proxy()
                 .build()
                 .unwrap_or_default();
-            client
+            let resp = client
                 .post(format!("{base}/tokenize"))
                 .json(&serde_json::json!({"model": "tiny", "prompt": text}))
                 .send()
-                .await
-                .map(|r| r.status().as_u16())
+                .await;
+            answered.store(true, std::sync::atomic::Ordering::SeqCst);
+            resp.map(|r| r.status().as_u16())
         }));
     }
     // Probe while the tokenisers run.
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let mut slowest = Duration::ZERO;
-    for _ in 0..5 {
-        let started = Instant::now();
+    for probe in 0..5 {
         assert!(
             healthy(&base).await,
             "/health failed during large tokenisation"
         );
-        slowest = slowest.max(started.elapsed());
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            !answered.load(std::sync::atomic::Ordering::SeqCst),
+            "/health probe {probe} was answered only after a large tokenisation"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert!(slowest < Duration::from_secs(1), "/health took {slowest:?}");
     for task in big {
         let status = task.await.unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(status.ok(), Some(200));

@@ -1,5 +1,9 @@
 //! SIGTERM drains and exits 0 within `--shutdown-timeout`: a request in flight finishes, and a
 //! client that never finishes sending its request does not hold the process.
+//!
+//! No assert here is a latency a loaded machine could miss: a 1 s drain is checked against a
+//! bound 30 times longer, with every other timer that could end the process (header and request
+//! timeouts) set past it, and "did not wait for the drain" against a 600 s drain.
 
 mod common;
 
@@ -18,7 +22,17 @@ fn tiny() -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_half_sent_request_does_not_hold_the_shutdown() {
     let model = tiny();
-    let mut gateway = must(Gateway::start(&["--model", &model, "--shutdown-timeout", "1"]).await);
+    let mut gateway = must(
+        Gateway::start(&[
+            "--model",
+            &model,
+            "--shutdown-timeout",
+            "1",
+            "--header-read-timeout",
+            "600",
+        ])
+        .await,
+    );
     // Headers promising a body that never comes.
     let mut stuck = std::net::TcpStream::connect(("127.0.0.1", gateway.port))
         .unwrap_or_else(|e| panic!("connect: {e}"));
@@ -27,16 +41,14 @@ async fn a_half_sent_request_does_not_hold_the_shutdown() {
         .unwrap_or_else(|e| panic!("write: {e}"));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let started = Instant::now();
-    let status = gateway.terminate(Duration::from_secs(5)).await;
+    // `None` unless it exits by itself within 30 s: 30 drains, and nothing else (the request
+    // timeout is 600 s) would end the stuck request before then.
+    let status = gateway.terminate(Duration::from_secs(30)).await;
     let took = started.elapsed();
     assert!(
         status.is_some_and(|s| s.success()),
-        "exit {status:?} after {took:?}; output:\n{}",
+        "exit {status:?} after {took:?} with a 1 s drain; output:\n{}",
         gateway.output()
-    );
-    assert!(
-        took < Duration::from_secs(3),
-        "took {took:?} with a 1 s drain"
     );
     assert!(gateway.output().contains("drain timeout passed"));
 }
@@ -44,7 +56,7 @@ async fn a_half_sent_request_does_not_hold_the_shutdown() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_in_flight_finishes_during_the_drain() {
     let model = tiny();
-    let mut gateway = must(Gateway::start(&["--model", &model, "--shutdown-timeout", "20"]).await);
+    let mut gateway = must(Gateway::start(&["--model", &model, "--shutdown-timeout", "600"]).await);
     let client = reqwest::Client::builder()
         .no_proxy()
         .build()
@@ -63,8 +75,9 @@ async fn a_stream_in_flight_finishes_during_the_drain() {
     assert!(first.is_some(), "no first chunk");
     let term = tokio::spawn(async move {
         let started = Instant::now();
-        let status = gateway.terminate(Duration::from_secs(15)).await;
-        (status, started.elapsed())
+        // Well short of the 600 s drain, and far past the stream's own length.
+        let status = gateway.terminate(Duration::from_secs(120)).await;
+        (status, started.elapsed(), gateway.output())
     });
     let mut body = String::from_utf8_lossy(&first.unwrap_or_default()).into_owned();
     while let Ok(Some(chunk)) = resp.chunk().await {
@@ -75,14 +88,20 @@ async fn a_stream_in_flight_finishes_during_the_drain() {
         "the stream did not finish: ...{}",
         &body[body.len().saturating_sub(300)..]
     );
-    let (status, took) = term.await.unwrap_or_else(|e| panic!("join: {e}"));
-    assert!(status.is_some_and(|s| s.success()), "exit {status:?}");
-    assert!(took < Duration::from_secs(15), "took {took:?}");
+    let (status, took, output) = term.await.unwrap_or_else(|e| panic!("join: {e}"));
+    // The process left as soon as its last request ended, not when the drain ran out.
+    assert!(
+        status.is_some_and(|s| s.success()),
+        "exit {status:?} after {took:?}; output:\n{output}"
+    );
+    assert!(!output.contains("drain timeout passed"), "{output}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
-    // The default SmolLM2 on the CPU takes many seconds for 2000 tokens: far past a 1 s drain.
+    // The default SmolLM2 on the CPU takes over a minute for 8000 tokens: far past a 1 s drain,
+    // and past the 30 s the process is given to exit, so a shutdown that waited for the
+    // generation fails.
     let mut gateway = must(Gateway::start(&["--shutdown-timeout", "1"]).await);
     let client = reqwest::Client::builder()
         .no_proxy()
@@ -92,7 +111,7 @@ async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
         .post(format!("{}/v1/completions", gateway.base_url))
         .json(&serde_json::json!({
             "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "prompt": "Once upon a time",
-            "max_tokens": 2000, "ignore_eos": true, "stream": true
+            "max_tokens": 8000, "ignore_eos": true, "stream": true
         }))
         .send()
         .await
@@ -101,7 +120,7 @@ async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
     let first = resp.chunk().await.unwrap_or_default().unwrap_or_default();
     let term = tokio::spawn(async move {
         let started = Instant::now();
-        let status = gateway.terminate(Duration::from_secs(10)).await;
+        let status = gateway.terminate(Duration::from_secs(30)).await;
         (status, started.elapsed(), gateway.output())
     });
     let mut body = String::from_utf8_lossy(&first).into_owned();
@@ -122,11 +141,7 @@ async fn a_stream_longer_than_the_drain_ends_with_an_error_event() {
     let (status, took, output) = term.await.unwrap_or_else(|e| panic!("join: {e}"));
     assert!(
         status.is_some_and(|s| s.success()),
-        "exit {status:?}; output:\n{output}"
-    );
-    assert!(
-        took < Duration::from_secs(4),
-        "took {took:?} with a 1 s drain"
+        "exit {status:?} after {took:?} with a 1 s drain; output:\n{output}"
     );
 }
 
@@ -145,7 +160,7 @@ async fn a_whole_reply_longer_than_the_drain_is_a_503() {
             .post(url)
             .json(&serde_json::json!({
                 "model": "HuggingFaceTB/SmolLM2-135M-Instruct", "prompt": "Once upon a time",
-                "max_tokens": 2000, "ignore_eos": true
+                "max_tokens": 8000, "ignore_eos": true
             }))
             .send()
             .await
@@ -155,18 +170,14 @@ async fn a_whole_reply_longer_than_the_drain_is_a_503() {
     });
     tokio::time::sleep(Duration::from_millis(500)).await;
     let started = Instant::now();
-    let status = gateway.terminate(Duration::from_secs(10)).await;
+    let status = gateway.terminate(Duration::from_secs(30)).await;
     let took = started.elapsed();
     let (code, body) = request.await.unwrap_or_else(|e| panic!("join: {e}"));
     assert_eq!(code, 503, "{body}");
     assert!(body.contains("shutting down"), "{body}");
     assert!(
         status.is_some_and(|s| s.success()),
-        "exit {status:?}; output:\n{}",
+        "exit {status:?} after {took:?} with a 1 s drain; output:\n{}",
         gateway.output()
-    );
-    assert!(
-        took < Duration::from_secs(4),
-        "took {took:?} with a 1 s drain"
     );
 }

@@ -44,9 +44,15 @@ pub struct Rng(u64);
 
 impl Rng {
     pub fn new(name: &str) -> Self {
+        // A seed that does not parse is refused rather than replaced by the clock: a replay
+        // that silently draws other inputs would pass for a fix.
         let seed = std::env::var("GPU_CHECK_SEED")
             .ok()
-            .and_then(|s| s.parse().ok())
+            .map(|s| {
+                s.trim()
+                    .parse::<u64>()
+                    .unwrap_or_else(|e| panic!("GPU_CHECK_SEED={s:?} is not a u64: {e}"))
+            })
             .unwrap_or_else(|| {
                 std::time::SystemTime::now()
                     .duration_since(std::time::UNIX_EPOCH)
