@@ -1,6 +1,7 @@
 # The two commands of the README. Both install what they need on a fresh Debian machine.
 #   make serve   fetch the default models, build, and serve them on :8000
-#   make test    fetch the default models, build, and run every test (incl. the contract suite)
+#   make test    fetch the default models, build, and run every test (incl. the contract suite
+#                and the GPU check's dry run on the kernels' CPU emulator)
 
 CARGO ?= cargo
 # Clean optimised builds gain nothing from incremental artefacts, which take gigabytes.

@@ -456,6 +456,5 @@ section bench bench
 section sanitize optional sanitize
 
 python3 scripts/gpu_check_summary.py finish --out "$OUT"
-cat "$OUT/summary.txt"
 rm -rf "$WORK"
 exit $FAILED

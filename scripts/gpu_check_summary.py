@@ -6,7 +6,7 @@ it learned. Standard library only.
   start  --out DIR --mode MODE --deadline S --elapsed S [--manifest FILE]
   begin  --out DIR --name NAME --limit S
   end    --out DIR --name NAME --verdict V --seconds S --limit S --log FILE [--figures FILE]
-  finish --out DIR
+  finish --out DIR   (also prints the summary, ending on "gpu-check: N passed, N failed, N skipped")
 
 Verdicts: PASS, SKIP (...) for an optional section that could not run here, FAIL (...) and
 NOT RUN (...) (a required section the deadline left no time for). The run's verdict is FAIL
@@ -50,7 +50,7 @@ def save(out, s):
     lines = [f"gpu-check {s['mode']}: {s['verdict']} after {s.get('elapsed_s', 0)} s "
              f"(deadline {s['deadline_s']} s)"]
     for x in s["sections"]:
-        lines.append(f"{x['name']:9} {x['verdict']:40} {x['seconds']:4} s of {x['limit']}")
+        lines.append(f"{x['name']:9} {x['verdict']:48} {x['seconds']:4} s of {x['limit']}")
     if s.get("running"):
         r = s["running"]
         lines.append(f"{r['name']:9} running since {r['started_s']} s, limit {r['limit']} s")
@@ -131,6 +131,12 @@ def main():
     else:
         s["finished"] = True
     save(a.out, s)
+    if a.cmd == "finish":
+        with open(os.path.join(a.out, "summary.txt")) as f:
+            print(f.read(), end="")
+        words = [x["verdict"].split()[0] for x in s["sections"]]
+        print(f"gpu-check: {words.count('PASS')} passed, "
+              f"{words.count('FAIL') + words.count('NOT')} failed, {words.count('SKIP')} skipped")
 
 
 if __name__ == "__main__":
