@@ -22,11 +22,12 @@
 #      results.json   the bench section's figures (ours, transformers eager, the floor)
 #    Exit status 1 if a section failed or the deadline left one no time.
 # 3. Here, as part of `make test`:
-#      scripts/gpu-check.sh --dry-run
+#      scripts/gpu-check.sh --dry-run [CARGO TEST FLAGS]
 #    the same sections on the kernels' CPU emulator (`emu::` tests), the tiny shape and the CPU
-#    device, with the binaries `cargo test --workspace` built (profile dev) and torch and
-#    transformers from `scripts/fetch-torch.sh`, to check the script's own plumbing; the nvrtc
-#    section fills a cache with this machine's NVRTC and checks it without a device to load it.
+#    device, with the binaries `cargo test --workspace FLAGS` built (profile dev; make test
+#    passes its features, so nothing is built again) and torch and transformers from
+#    `scripts/fetch-torch.sh`, to check the script's own plumbing; the nvrtc section fills a
+#    cache with this machine's NVRTC and checks it without a device to load it.
 #
 # Sections, cheap and telling first (limits on the device):
 #   env      10  unpacks the pack; the card, driver, libraries, torch and transformers
@@ -117,11 +118,12 @@ PY
   fi
 }
 
+TEST_FLAGS=()
 case "${1:-}" in
   --pack) pack; exit ;;
-  --dry-run) DRY=1 ;;
+  --dry-run) DRY=1; shift; TEST_FLAGS=("$@") ;;
   "") DRY= ;;
-  *) echo "usage: scripts/gpu-check.sh [--pack | --dry-run]" >&2; exit 2 ;;
+  *) echo "usage: scripts/gpu-check.sh [--pack | --dry-run [CARGO TEST FLAGS]]" >&2; exit 2 ;;
 esac
 
 OUT="${OUT:-/tmp/gpu-check}"
@@ -142,11 +144,11 @@ if [ -n "$DRY" ]; then
   TESTS=emu:: SHAPES="tiny=$MODELS/tiny-llama" MAIN=$MODELS/tiny-llama DEVICE=cpu DTYPE=auto
   NEW_TOKENS=12 BENCH="--prefill 64 --decode-tokens 8" PEER="--steps 8 --copy-gib 1"
   # The binaries `cargo test --workspace` built, found without building anything new: the same
-  # command and settings as `make test`'s, so it is a no-op after it.
+  # command, flags and settings as `make test`'s, so it is a no-op after it.
   export CARGO_INCREMENTAL=${CARGO_INCREMENTAL:-0}
   BIN=$WORK/bin
   mkdir -p "$BIN"
-  cargo test --workspace --no-run --message-format=json 2>"$WORK/cargo.log" |
+  cargo test --workspace --no-run "${TEST_FLAGS[@]}" --message-format=json 2>"$WORK/cargo.log" |
     python3 scripts/gpu_check_bins.py "$BIN" --link ||
     { tail -20 "$WORK/cargo.log"; echo "the dry run needs the workspace's test build" >&2; exit 1; }
   PY=${PYTHON:-$(scripts/fetch-torch.sh)} || exit 1
