@@ -342,8 +342,8 @@ parity() {
     # (it is what they read from the test data, `tiny-llama`).
     GATEWAY_TEST_DATA=$MODELS run_tests "$BIN/gpu_parity" --nocapture tiny_llama
   else
-    GPU_PARITY_DIR=$(for s in $SHAPES; do printf '%s:' "${s#*=}"; done) run_tests "$BIN/gpu_parity" --include-ignored \
-      --nocapture transformers_parity_on_the_gpu
+    GPU_PARITY_DIR=$(for s in $SHAPES; do printf '%s:' "${s#*=}"; done) \
+      run_tests "$BIN/gpu_parity" --include-ignored --nocapture transformers_parity_on_the_gpu
   fi
 }
 
