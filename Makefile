@@ -1,13 +1,14 @@
 # The two commands of the README. Both install what they need on a fresh Debian machine.
 #   make serve   fetch the default models, build, and serve them on :8000
-#   make test    fetch the default models, build, and run every test (incl. the contract suite)
+#   make test    fetch the default models, build, and run every test (incl. the contract suite
+#                and the GPU check's dry run on the kernels' CPU emulator)
 
 CARGO ?= cargo
 # Clean optimised builds gain nothing from incremental artefacts, which take gigabytes.
 export CARGO_INCREMENTAL ?= 0
 ARGS ?=
 
-.PHONY: serve test deps models nvrtc sdk build lint fmt bench-gate
+.PHONY: serve test deps models nvrtc sdk torch build lint fmt bench-gate
 
 deps:
 	@scripts/install-deps.sh
@@ -23,6 +24,10 @@ nvrtc:
 sdk:
 	@scripts/fetch-sdk.sh >/dev/null
 
+# torch and transformers at the GPU machine's versions, for the GPU check's dry run.
+torch:
+	@scripts/fetch-torch.sh >/dev/null
+
 build: deps
 	$(CARGO) build --release -p gateway
 
@@ -33,9 +38,11 @@ serve: deps models
 # the same feature set for the binary and the tests, so neither rebuilds the other's gateway.
 TEST_FEATURES = --features gateway/fault-inject
 
-test: deps models nvrtc sdk
+# The GPU check's dry run takes its binaries from the test build, so it is given its features.
+test: deps models nvrtc sdk torch
 	$(CARGO) build -p gateway $(TEST_FEATURES)
 	$(CARGO) test --workspace --no-fail-fast $(TEST_FEATURES)
+	scripts/gpu-check.sh --dry-run $(TEST_FEATURES)
 
 lint: deps
 	$(CARGO) fmt --all -- --check

@@ -6,9 +6,12 @@ GPU machine (64 MiB) and it has no network:
 
   make       a random-init Llama-shaped checkpoint in bf16 (save_pretrained), with a byte-level
              tokenizer of the model's vocabulary and a Llama-3-style chat template, so the
-             gateway can serve it;
+             gateway can serve it; initialised on the GPU where there is one (a 1B model's
+             init takes minutes on a CPU);
   reference  greedy continuations of fixed prompts by transformers in float32 (TF32 off) on the
              stored bf16 weights: per step the token, the top-5 logprobs and the top-2 margin;
+  prepare    `make` then `reference` for each SHAPE=DIR given, in one process (torch starts
+             once), the reference in DIR/reference.json;
   time       transformers eager decode step time at batch 1 (bf16, KV cache) and the device's
              copy bandwidth, measured in the same run as our figures.
 
@@ -95,28 +98,35 @@ def write_tokenizer(out, vocab_size):
 
 
 def cmd_make(a):
+    print(json.dumps(make(a.shape, a.out, a.seed, a.init_std)))
+
+
+def make(shape_name, out, seed, init_std):
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    shape = SHAPES[a.shape]
+    t0 = time.perf_counter()
+    shape = SHAPES[shape_name]
     vocab = shape["vocab_size"]
     bos, eos = vocab - len(SPECIALS), vocab - len(SPECIALS) + 1
     cfg = LlamaConfig(**shape, rms_norm_eps=1e-5, tie_word_embeddings=True,
-                      initializer_range=a.init_std, bos_token_id=bos, eos_token_id=eos,
+                      initializer_range=init_std, bos_token_id=bos, eos_token_id=eos,
                       dtype="bfloat16", hidden_act="silu")
-    torch.manual_seed(a.seed)
+    torch.manual_seed(seed)
     with torch.device(device()):
         model = LlamaForCausalLM(cfg)
+    made_on = str(next(model.parameters()).device)
     # Norm weights around 1 rather than exactly 1, so a missing norm weight shows.
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.uniform_(0.8, 1.2)
     model = model.to(torch.bfloat16)
-    os.makedirs(a.out, exist_ok=True)
-    model.save_pretrained(a.out, safe_serialization=True)
-    write_tokenizer(a.out, vocab)
-    print(json.dumps({"made": a.out, "shape": a.shape,
-                      "parameters": sum(p.numel() for p in model.parameters())}))
+    os.makedirs(out, exist_ok=True)
+    model.save_pretrained(out, safe_serialization=True)
+    write_tokenizer(out, vocab)
+    return {"made": out, "shape": shape_name, "initialised_on": made_on,
+            "parameters": sum(p.numel() for p in model.parameters()),
+            "seconds": round(time.perf_counter() - t0, 1)}
 
 
 def prompts(vocab, n):
@@ -128,19 +138,24 @@ def prompts(vocab, n):
 
 
 def cmd_reference(a):
+    print(json.dumps(reference(a.model, a.out, a.prompts, a.new_tokens)))
+
+
+def reference(model_dir, out, n_prompts, new_tokens):
     from transformers import LlamaForCausalLM
 
+    t0 = time.perf_counter()
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     dev = device()
-    model = LlamaForCausalLM.from_pretrained(a.model, dtype=torch.float32).to(dev).eval()
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.float32).to(dev).eval()
     vocab = model.config.vocab_size
     cases = []
     with torch.no_grad():
-        for ids in prompts(vocab, a.prompts):
+        for ids in prompts(vocab, n_prompts):
             seq = list(ids)
             steps = []
-            for _ in range(a.new_tokens):
+            for _ in range(new_tokens):
                 # Full recompute each step: the reference has no cache to get wrong.
                 logits = model(torch.tensor([seq], device=dev)).logits[0, -1].double()
                 lp = torch.log_softmax(logits, dim=-1)
@@ -151,9 +166,22 @@ def cmd_reference(a):
                               "top5": [[int(i), float(lp[i])] for i in top.indices]})
                 seq.append(tok)
             cases.append({"prompt_ids": ids, "steps": steps})
-    with open(a.out, "w") as f:
-        json.dump({"model": a.model, "dtype": "float32", "device": str(dev), "cases": cases}, f)
-    print(json.dumps({"reference": a.out, "cases": len(cases), "new_tokens": a.new_tokens}))
+    with open(out, "w") as f:
+        json.dump({"model": model_dir, "dtype": "float32", "device": str(dev), "cases": cases}, f)
+    return {"reference": out, "device": str(dev), "cases": len(cases), "new_tokens": new_tokens,
+            "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def cmd_prepare(a):
+    for pair in a.models:
+        shape, _, out = pair.partition("=")
+        if shape not in SHAPES or not out:
+            raise SystemExit(f"prepare takes SHAPE=DIR with a shape of {sorted(SHAPES)}: {pair}")
+        print(json.dumps(make(shape, out, a.seed, a.init_std)), flush=True)
+        print(json.dumps(reference(out, os.path.join(out, "reference.json"), a.prompts,
+                                   a.new_tokens)), flush=True)
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
 
 
 def sync():
@@ -211,21 +239,26 @@ def main():
     m = sub.add_parser("make")
     m.add_argument("--shape", choices=sorted(SHAPES), required=True)
     m.add_argument("--out", required=True)
-    m.add_argument("--seed", type=int, default=7)
-    m.add_argument("--init-std", type=float, default=0.04,
-                   help="weights' std: larger than the usual 0.02 so greedy margins are wide")
     r = sub.add_parser("reference")
     r.add_argument("--model", required=True)
     r.add_argument("--out", required=True)
-    r.add_argument("--prompts", type=int, default=5)
-    r.add_argument("--new-tokens", type=int, default=12)
+    b = sub.add_parser("prepare")
+    b.add_argument("models", nargs="+", metavar="SHAPE=DIR")
+    for q in (m, b):
+        q.add_argument("--seed", type=int, default=7)
+        q.add_argument("--init-std", type=float, default=0.04,
+                       help="weights' std: larger than the usual 0.02 so greedy margins are wide")
+    for q in (r, b):
+        q.add_argument("--prompts", type=int, default=5)
+        q.add_argument("--new-tokens", type=int, default=12)
     t = sub.add_parser("time")
     t.add_argument("--model", required=True)
     t.add_argument("--out", required=True)
     t.add_argument("--steps", type=int, default=64)
     t.add_argument("--copy-gib", type=int, default=4)
     a = p.parse_args()
-    {"make": cmd_make, "reference": cmd_reference, "time": cmd_time}[a.cmd](a)
+    {"make": cmd_make, "reference": cmd_reference, "prepare": cmd_prepare,
+     "time": cmd_time}[a.cmd](a)
 
 
 if __name__ == "__main__":

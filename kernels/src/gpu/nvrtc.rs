@@ -161,7 +161,8 @@ fn program_log(prog: &Program) -> String {
     }
 }
 
-fn is_elf(image: &[u8]) -> bool {
+/// Whether `image` is machine code (an ELF file) rather than PTX or a damaged file.
+pub fn is_elf(image: &[u8]) -> bool {
     image.starts_with(b"\x7fELF")
 }
 
@@ -184,18 +185,24 @@ pub fn compile_cached(src: &Source, arch: &str) -> Result<(Vec<u8>, bool)> {
     compile_cached_in(src, arch, cache_dir().as_deref())
 }
 
+/// The file name of `src`'s cubin for `arch` in the cache: the source's stem, the digest of
+/// everything that decides the code, the architecture and this NVRTC's version.
+pub fn cache_key(src: &Source, arch: &str) -> Result<String> {
+    let (major, minor) = version()?;
+    let stem = src.file.trim_end_matches(".cu");
+    Ok(format!(
+        "{stem}-{}-{arch}-nvrtc{major}.{minor}.cubin",
+        src.digest(&options(arch))
+    ))
+}
+
 /// [`compile_cached`] with the cache in `dir` (`None`: no cache).
 pub fn compile_cached_in(
     src: &Source,
     arch: &str,
     dir: Option<&std::path::Path>,
 ) -> Result<(Vec<u8>, bool)> {
-    let (major, minor) = version()?;
-    let stem = src.file.trim_end_matches(".cu");
-    let key = format!(
-        "{stem}-{}-{arch}-nvrtc{major}.{minor}.cubin",
-        src.digest(&options(arch))
-    );
+    let key = cache_key(src, arch)?;
     if let Some(dir) = dir {
         if let Ok(image) = std::fs::read(dir.join(&key)) {
             if is_elf(&image) {

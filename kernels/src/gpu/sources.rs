@@ -45,6 +45,19 @@ impl Source {
         out
     }
 
+    /// The entry points that the machine code `image` does not define (each is a NUL-terminated
+    /// name in the ELF string table of a cubin that does).
+    pub fn kernels_missing_from(&self, image: &[u8]) -> Vec<&'static str> {
+        self.kernels()
+            .into_iter()
+            .filter(|k| {
+                !image
+                    .windows(k.len() + 1)
+                    .any(|w| w[..k.len()] == *k.as_bytes() && w[k.len()] == 0)
+            })
+            .collect()
+    }
+
     /// A digest of everything that decides the compiled code: this file, the shared header and
     /// the compile options.
     pub fn digest(&self, options: &[String]) -> String {
