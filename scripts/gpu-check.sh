@@ -37,8 +37,9 @@
 #   kernels  45  every kernel against its CPU reference (`cuda::` tests of the kernels crate)
 #   decoder  30  the GPU decoder against the CPU one on the committed tiny checkpoints
 #   models   90  random-init bf16 SmolLM2-135M- and Llama-1B-shaped checkpoints, initialised on
-#                the GPU, and their float32 transformers references
-#   parity   45  greedy tokens and top-5 logprobs against those references
+#                the GPU, their float32 transformers references, and transformers' own
+#                bfloat16 spread against them (the bfloat16 tolerance)
+#   parity   45  greedy tokens and top-5 logprobs against those references, float32 and bfloat16
 #   http     45  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
 #                streams, metrics; its log must show every kernel taken from the cache
 #   bench    60  decode step at batch 1 and 32, prefill at 2048, transformers eager and the

@@ -8,6 +8,8 @@ GPU machine (64 MiB) and it has no network:
              tokenizer of the model's vocabulary and a Llama-3-style chat template, so the
              gateway can serve it; initialised on the GPU where there is one (a 1B model's
              init takes minutes on a CPU);
+  spread     transformers' own bfloat16 run against a reference's float32 one (also written by
+             `reference`): the tolerance of the GPU decoder's bfloat16 parity;
   reference  greedy continuations of fixed prompts by transformers in float32 (TF32 off) on the
              stored bf16 weights: per step the token, the top-5 logprobs and the top-2 margin;
   prepare    `make` then `reference` for each SHAPE=DIR given, in one process (torch starts
@@ -166,10 +168,49 @@ def reference(model_dir, out, n_prompts, new_tokens):
                               "top5": [[int(i), float(lp[i])] for i in top.indices]})
                 seq.append(tok)
             cases.append({"prompt_ids": ids, "steps": steps})
+    del model
+    spread = bf16_spread(model_dir, cases, dev)
     with open(out, "w") as f:
-        json.dump({"model": model_dir, "dtype": "float32", "device": str(dev), "cases": cases}, f)
+        json.dump({"model": model_dir, "dtype": "float32", "device": str(dev), "cases": cases,
+                   "bf16_vs_float32": spread}, f)
     return {"reference": out, "device": str(dev), "cases": len(cases), "new_tokens": new_tokens,
-            "seconds": round(time.perf_counter() - t0, 1)}
+            "bf16_vs_float32": spread, "seconds": round(time.perf_counter() - t0, 1)}
+
+
+def bf16_spread(model_dir, cases, dev):
+    """How far transformers' own bfloat16 run lands from its float32 reference on the same
+    checkpoint and tokens (teacher-forced): the largest top-5 logprob difference, and the steps
+    whose greedy token differs with the largest reference margin among them. The GPU parity
+    test sets its bfloat16 tolerance from these."""
+    from transformers import LlamaForCausalLM
+
+    model = LlamaForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16).to(dev).eval()
+    worst, flips, flip_margin, steps = 0.0, 0, 0.0, 0
+    with torch.no_grad():
+        for case in cases:
+            seq = list(case["prompt_ids"])
+            for step in case["steps"]:
+                logits = model(torch.tensor([seq], device=dev)).logits[0, -1].double()
+                lp = torch.log_softmax(logits, dim=-1)
+                for i, want in step["top5"]:
+                    worst = max(worst, abs(float(lp[i]) - want))
+                if int(torch.argmax(logits)) != step["token"]:
+                    flips += 1
+                    flip_margin = max(flip_margin, step["margin"])
+                steps += 1
+                seq.append(step["token"])
+    return {"worst_top5": worst, "greedy_flips": flips, "largest_flip_margin": flip_margin,
+            "steps": steps}
+
+
+def cmd_spread(a):
+    """Add the bfloat16 spread to an existing reference (made by `reference`)."""
+    with open(a.reference) as f:
+        ref = json.load(f)
+    ref["bf16_vs_float32"] = bf16_spread(a.model, ref["cases"], device())
+    with open(a.reference, "w") as f:
+        json.dump(ref, f)
+    print(json.dumps(ref["bf16_vs_float32"]))
 
 
 def cmd_prepare(a):
@@ -251,6 +292,9 @@ def main():
     for q in (r, b):
         q.add_argument("--prompts", type=int, default=5)
         q.add_argument("--new-tokens", type=int, default=12)
+    sp = sub.add_parser("spread")
+    sp.add_argument("--model", required=True)
+    sp.add_argument("--reference", required=True)
     t = sub.add_parser("time")
     t.add_argument("--model", required=True)
     t.add_argument("--out", required=True)
@@ -258,7 +302,7 @@ def main():
     t.add_argument("--copy-gib", type=int, default=4)
     a = p.parse_args()
     {"make": cmd_make, "reference": cmd_reference, "prepare": cmd_prepare,
-     "time": cmd_time}[a.cmd](a)
+     "spread": cmd_spread, "time": cmd_time}[a.cmd](a)
 
 
 if __name__ == "__main__":
