@@ -8,6 +8,7 @@
 //! - [`load_tokenizer`], [`read_chat_template`], [`read_special_tokens`] serve the decoder loaders.
 
 mod config;
+pub mod hub;
 mod sentence_transformers;
 mod weights;
 

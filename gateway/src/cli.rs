@@ -73,10 +73,18 @@ pub struct PreloadArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
-    /// Model to serve: a GGUF file or an HF checkpoint folder (repeatable). Without any, the
-    /// two default models are served from the models cache.
+    /// The model, as `vllm serve MODEL` takes it: a GGUF file, an HF checkpoint folder, or a
+    /// Hugging Face hub id found in the local hub cache. Served first, before any --model.
+    #[arg(value_name = "MODEL")]
+    pub model_arg: Option<String>,
+    /// Model to serve: a GGUF file, an HF checkpoint folder or a hub id in the local hub cache
+    /// (repeatable). Without any (and no MODEL), the two default models are served from the
+    /// models cache.
     #[arg(long = "model", value_name = "PATH")]
     pub model: Vec<String>,
+    /// The revision (branch, tag or commit) of hub ids, in the local hub cache (default main).
+    #[arg(long = "revision", value_name = "REV")]
+    pub revision: Option<String>,
     /// Name clients use for each --model, in the same order.
     #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,

@@ -153,7 +153,8 @@ fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, Start
 
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
-        let models = if args.model.is_empty() {
+        let given: Vec<String> = args.model_arg.iter().chain(&args.model).cloned().collect();
+        let models = if given.is_empty() {
             if !args.served_model_name.is_empty() {
                 return Err(fail(
                     "--served-model-name needs --model (one name per model)",
@@ -161,24 +162,29 @@ impl Settings {
             }
             default_models(&args.models_cache)?
         } else {
-            if !args.served_model_name.is_empty()
-                && args.served_model_name.len() != args.model.len()
-            {
+            if !args.served_model_name.is_empty() && args.served_model_name.len() != given.len() {
                 return Err(fail(format!(
-                    "--served-model-name gives {} name(s) for {} --model value(s): give one name per model",
+                    "--served-model-name gives {} name(s) for {} model(s): give one name per model",
                     args.served_model_name.len(),
-                    args.model.len()
+                    given.len()
                 )));
             }
-            args.model
+            given
                 .iter()
                 .enumerate()
                 .map(|(i, path)| {
-                    if !Path::new(path).exists() {
+                    let local = if Path::new(path).exists() {
+                        path.clone()
+                    } else if engine::hf::hub::is_hub_id(path) {
+                        engine::hf::hub::resolve(path, args.revision.as_deref())
+                            .map_err(|why| fail(format!("model {why}")))?
+                            .display()
+                            .to_string()
+                    } else {
                         return Err(fail(format!("--model {path}: no such file or directory")));
-                    }
+                    };
                     Ok(ModelSpec {
-                        path: path.clone(),
+                        path: local,
                         served_name: args
                             .served_model_name
                             .get(i)
@@ -188,6 +194,16 @@ impl Settings {
                 })
                 .collect::<Result<Vec<_>, _>>()?
         };
+        if let Some(rev) = &args.revision {
+            let hub_ids = given
+                .iter()
+                .any(|p| !Path::new(p).exists() && engine::hf::hub::is_hub_id(p));
+            if !hub_ids {
+                return Err(fail(format!(
+                    "--revision {rev} applies to hub ids, and no model is one"
+                )));
+            }
+        }
         let mut names: Vec<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
         names.sort_unstable();
         if names.windows(2).any(|w| w[0] == w[1]) {

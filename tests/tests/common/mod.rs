@@ -258,6 +258,15 @@ impl Drop for Gateway {
 /// returns its exit status and stderr. A process still running at `limit` is killed and
 /// reported as an error.
 pub fn run_to_exit(args: &[&str], limit: Duration) -> Result<(ExitStatus, String), String> {
+    run_to_exit_with_env(args, &[], limit)
+}
+
+/// [`run_to_exit`] with extra environment variables for the gateway.
+pub fn run_to_exit_with_env(
+    args: &[&str],
+    env: &[(&str, &str)],
+    limit: Duration,
+) -> Result<(ExitStatus, String), String> {
     let bin = gateway_bin()?;
     let port = free_port()?;
     let dir = TempDir::new("startup")?;
@@ -265,6 +274,7 @@ pub fn run_to_exit(args: &[&str], limit: Duration) -> Result<(ExitStatus, String
     let stderr = File::create(&log).map_err(|err| format!("creating log: {err}"))?;
     let args: Vec<String> = args.iter().map(|arg| arg.to_string()).collect();
     let mut child = serve_command(&bin, port, &args)
+        .envs(env.iter().copied())
         .stdout(Stdio::null())
         .stderr(Stdio::from(stderr))
         .spawn()
