@@ -77,6 +77,11 @@ struct Whitespace {
 }
 
 impl Whitespace {
+    /// The option the request gave, if any.
+    fn option(&self) -> Option<&'static str> {
+        self.compact.or(self.pattern.as_ref().map(|(_, p)| *p))
+    }
+
     /// `c` with these whitespace options; a 400 naming the option when `c` is not JSON.
     fn apply(self, c: Constraint) -> ApiResult<Constraint> {
         let opts = match (self.compact, self.pattern) {
@@ -93,12 +98,7 @@ impl Whitespace {
             Constraint::JsonSchema(Value::Bool(true)) => serde_json::json!({}),
             Constraint::JsonSchema(s @ Value::Object(_)) => s,
             Constraint::JsonSchema(s) => return Ok(Constraint::JsonSchema(s)),
-            _ => {
-                return Err(bad(
-                    format!("{param} applies to JSON output (json, json_object or a JSON schema)."),
-                    param,
-                ))
-            }
+            _ => return Err(not_json(param)),
         };
         if let Some(obj) = schema.as_object_mut() {
             let x = obj
@@ -243,12 +243,18 @@ pub fn constraint(s: &SamplingFields) -> ApiResult<Option<(Constraint, &'static 
     }
     match found.pop() {
         Some((c, field)) => Ok(Some((ws.apply(c)?, field))),
-        None => match ws.apply(Constraint::Regex(String::new())) {
-            // Whitespace options without a JSON constraint: the same 400 as beside a regex.
-            Err(e) => Err(e),
-            Ok(_) => Ok(None),
+        None => match ws.option() {
+            Some(param) => Err(not_json(param)),
+            None => Ok(None),
         },
     }
+}
+
+fn not_json(param: &str) -> ApiError {
+    bad(
+        format!("{param} applies to JSON output (json, json_object or a JSON schema)."),
+        param,
+    )
 }
 
 /// `logit_bias`: token id (a string key, as the OpenAI API sends it) to a bias in [-100, 100].
