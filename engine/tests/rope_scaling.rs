@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::model::{ActivationMode, KvBudget, SeqChunk};
+use engine::model::ActivationMode;
 use serde_json::Value;
 
 mod reference;
@@ -47,27 +47,10 @@ fn variant(name: &str, scaling: &Value) -> PathBuf {
 fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
     let mut m = engine::hf::load_decoder(dir).unwrap().model;
     m.set_activation_mode(ActivationMode::F32);
-    let block = 16;
-    let blocks = prompt.len().div_ceil(block);
-    m.allocate_kv(block, &KvBudget::tokens(blocks * block))
-        .unwrap();
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let rows = m
-        .forward_rows(
-            &[SeqChunk {
-                tokens: prompt,
-                start_pos: 0,
-                block_table: &table,
-                want_logits: true,
-                media: None,
-            }],
-            &[true],
-        )
-        .unwrap()
-        .remove(0)
-        .unwrap();
-    let vocab = rows.len() / prompt.len();
-    rows.chunks(vocab).map(reference::log_softmax).collect()
+    reference::logits_by_chunks(m.as_mut(), prompt, prompt.len())
+        .iter()
+        .map(|r| reference::log_softmax(r))
+        .collect()
 }
 
 #[test]

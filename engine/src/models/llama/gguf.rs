@@ -5,7 +5,7 @@ use std::sync::{Arc, Mutex};
 
 use kernels::{DType, QMatrix};
 
-use super::{load_layer, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
+use super::{load_layer, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::model::{ActivationMode, DecoderInfo};
@@ -213,6 +213,9 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_attn_factor: 1.0,
         max_position,
         mrope_section: None,
+        traits: FamilyTraits::default(),
+        windows: Vec::new(),
+        local_rope_base: None,
     })
 }
 
