@@ -9,6 +9,7 @@ use serde_json::Value;
 use super::hf_config::{activation, cfg_error};
 use super::{FamilyTraits, MlpActivation};
 use crate::error::Result;
+use crate::gguf::GgufFile;
 
 /// The traits of a Gemma architecture, with transformers' defaults for absent fields;
 /// `None` for every other architecture.
@@ -56,4 +57,114 @@ pub(super) fn traits(arch: &str, t: &Value, hidden: usize) -> Result<Option<Fami
         final_softcap: cap("final_logit_softcapping", final_cap)?,
         attn_scale: Some((1.0 / scalar.sqrt()) as f32),
     }))
+}
+
+/// What a Gemma GGUF says, read as llama.cpp reads it: the converter has already added the 1
+/// to the norms; the windows come from `attention.sliding_window` (Gemma 2: 4096 when absent;
+/// Gemma 3: none) and `attention.sliding_window_pattern` (a period, or one flag per layer;
+/// by default 2 and 6, the last layer of each period global); Gemma 3's sliding layers turn
+/// with `rope.freq_base_swa` (10000 when absent). llama.cpp does not store
+/// `query_pre_attn_scalar`: it scales by `1 / √head_dim`, or `1 / √(hidden / heads)` for the
+/// 27B shapes (46 layers for Gemma 2, 62 for Gemma 3), and so does this.
+pub(super) struct GgufGemma {
+    pub traits: FamilyTraits,
+    pub windows: Vec<Option<usize>>,
+    pub local_rope_base: Option<f32>,
+}
+
+pub(super) fn gguf_traits(
+    g: &GgufFile,
+    arch: &str,
+    shape: [usize; 4],
+) -> Result<Option<GgufGemma>> {
+    let [hidden, n_layers, n_heads, head_dim] = shape;
+    let key = |k: &str| format!("{arch}.{k}");
+    let (default_window, default_period, big, default_caps) = match arch {
+        "gemma2" => (Some(4096), 2, 46, (Some(50.0), Some(30.0))),
+        "gemma3" => (None, 6, 62, (None, None)),
+        _ => return Ok(None),
+    };
+    let cap = |k: &str, default: Option<f32>| -> Result<Option<f32>> {
+        Ok(match g.get_f64(&key(k))? {
+            Some(c) if c > 0.0 => Some(c as f32),
+            Some(_) => None,
+            None => default,
+        })
+    };
+    let attn_softcap = if arch == "gemma2" {
+        cap("attn_logit_softcapping", default_caps.0)?
+    } else {
+        None
+    };
+    let final_softcap = cap("final_logit_softcapping", default_caps.1)?;
+    let scale_dim = if n_layers == big {
+        hidden / n_heads.max(1)
+    } else {
+        head_dim
+    };
+    let window = match g.get_u64(&key("attention.sliding_window"))? {
+        Some(0) => None,
+        Some(w) => Some(w as usize),
+        None => default_window,
+    };
+    let windows = match window {
+        None => Vec::new(),
+        Some(w) => sliding_layers(
+            g,
+            &key("attention.sliding_window_pattern"),
+            default_period,
+            n_layers,
+        )?
+        .into_iter()
+        .map(|s| s.then_some(w))
+        .collect(),
+    };
+    let local_rope_base = match (arch, window) {
+        ("gemma3", Some(_)) => {
+            Some(g.get_f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0) as f32)
+        }
+        _ => g.get_f64(&key("rope.freq_base_swa"))?.map(|b| b as f32),
+    };
+    Ok(Some(GgufGemma {
+        traits: FamilyTraits {
+            embed_scale: Some((hidden as f64).sqrt() as f32),
+            norm_offset: false,
+            sandwich_norms: true,
+            activation: MlpActivation::GeluTanh,
+            attn_softcap,
+            final_softcap,
+            attn_scale: Some(1.0 / (scale_dim as f32).sqrt()),
+        },
+        windows,
+        local_rope_base,
+    }))
+}
+
+/// Which layers slide: `key` as one flag per layer, or as a period `n` (layer `i` slides
+/// unless `i % n == n - 1`; 0: every layer), else `default_period`.
+fn sliding_layers(
+    g: &GgufFile,
+    key: &str,
+    default_period: usize,
+    n_layers: usize,
+) -> Result<Vec<bool>> {
+    if let Some(flags) = g.get_array(key)? {
+        if flags.len() != n_layers {
+            return Err(g.error(format!(
+                "{key} has {} entries for {n_layers} layers",
+                flags.len()
+            )));
+        }
+        return flags
+            .iter()
+            .map(|f| {
+                f.as_bool()
+                    .ok_or_else(|| g.error(format!("{key} must hold booleans")))
+            })
+            .collect();
+    }
+    let period = g.get_u64(key)?.map_or(default_period, |p| p as usize);
+    Ok((0..n_layers)
+        .map(|i| period == 0 || i % period < period - 1)
+        .collect())
 }

@@ -5,7 +5,9 @@ use std::sync::{Arc, Mutex};
 
 use kernels::{DType, QMatrix};
 
-use super::{load_layer, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
+use super::{
+    gemma, load_layer, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight, WeightSource,
+};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::model::{ActivationMode, DecoderInfo};
@@ -15,10 +17,12 @@ use crate::tokenizer::GgufTokenizer;
 fn rope_is_neox(arch: &str) -> Option<bool> {
     match arch {
         "llama" | "mistral" | "granite" => Some(false),
-        "qwen2" | "qwen3" => Some(true),
+        "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => Some(true),
         _ => None,
     }
 }
+
+const SUPPORTED: &str = "llama, mistral, granite, qwen2, qwen3, gemma2, gemma3, phi3";
 
 /// Loading helpers over one GGUF file.
 struct Loader<'a> {
@@ -54,8 +58,60 @@ impl Loader<'_> {
         })
     }
 
-    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`).
+    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`), or its rows inside the
+    /// fused matrix that holds it (Phi-3's `attn_qkv`, and `ffn_up` holding gate then up).
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        if let Some(w) = self.fused(name, rows, cols)? {
+            return Ok(w);
+        }
+        self.whole(name, rows, cols)
+    }
+
+    fn fused(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Weight>> {
+        let Some((layer, part)) = name
+            .rsplit_once('.')
+            .and_then(|(rest, _)| rest.rsplit_once('.'))
+        else {
+            return Ok(None);
+        };
+        let has = |p: &str| self.g.tensor(&format!("{layer}.{p}.weight")).is_some();
+        let total_rows = |p: &str| -> u64 {
+            self.g
+                .tensor(&format!("{layer}.{p}.weight"))
+                .and_then(|t| t.dims.get(1).copied())
+                .unwrap_or(0)
+        };
+        // (fused tensor, rows of the whole, first row of this part)
+        let (fused, total, first) = match part {
+            "attn_q" | "attn_k" | "attn_v" if !has(part) && has("attn_qkv") => {
+                // Rows q, then k and v of equal size: k and v count back from the end.
+                let total = total_rows("attn_qkv") as usize;
+                let first = match part {
+                    "attn_q" => 0,
+                    "attn_k" => total.saturating_sub(2 * rows),
+                    _ => total.saturating_sub(rows),
+                };
+                ("attn_qkv", total, first)
+            }
+            "ffn_gate" if !has("ffn_gate") && total_rows("ffn_up") == 2 * rows as u64 => {
+                ("ffn_up", 2 * rows, 0)
+            }
+            "ffn_up" if !has("ffn_gate") && total_rows("ffn_up") == 2 * rows as u64 => {
+                ("ffn_up", 2 * rows, rows)
+            }
+            _ => return Ok(None),
+        };
+        let whole = self.whole(&format!("{layer}.{fused}.weight"), total, cols)?;
+        let row_bytes = whole.len / total.max(1);
+        Ok(Some(Weight {
+            rows,
+            start: whole.start + first * row_bytes,
+            len: rows * row_bytes,
+            ..whole
+        }))
+    }
+
+    fn whole(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
         let dtype = self.dtype(name)?;
         let t = self.info(name)?;
         if t.dims != [cols as u64, rows as u64] {
@@ -117,7 +173,7 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         .to_string();
     let rope_neox = rope_is_neox(&arch).ok_or_else(|| {
         g.error(format!(
-            "unsupported architecture '{arch}' (supported: llama, mistral, granite, qwen2, qwen3)"
+            "unsupported architecture '{arch}' (supported: {SUPPORTED})"
         ))
     })?;
     let l = Loader { g };
@@ -196,6 +252,21 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         }
         None => return Err(g.error("missing tensor 'token_embd.weight'")),
     };
+    let (traits, windows, local_rope_base) =
+        match gemma::gguf_traits(g, &arch, [hidden, n_layers, n_heads, head_dim])? {
+            Some(gm) => (gm.traits, gm.windows, gm.local_rope_base),
+            // Phi-3's window as transformers applies it (llama.cpp turns Phi SWA off).
+            None if arch == "phi3" => {
+                let windows = match g.get_u64(&key("attention.sliding_window"))? {
+                    Some(w) if w > 0 && (w as usize) < max_position => {
+                        vec![Some(w as usize); n_layers]
+                    }
+                    _ => Vec::new(),
+                };
+                (FamilyTraits::default(), windows, None)
+            }
+            None => (FamilyTraits::default(), Vec::new(), None),
+        };
     Ok(LlamaConfig {
         architecture: arch,
         hidden,
@@ -213,9 +284,9 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_attn_factor: 1.0,
         max_position,
         mrope_section: None,
-        traits: FamilyTraits::default(),
-        windows: Vec::new(),
-        local_rope_base: None,
+        traits,
+        windows,
+        local_rope_base,
     })
 }
 
