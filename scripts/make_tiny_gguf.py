@@ -15,7 +15,8 @@ libraries); by default both under models-cache/llama-cpp.
 2. Random bf16 checkpoints with transformers (fixed seeds, random norm weights) under that
    vocabulary: Gemma 2 (4 layers, 12-token window, soft-capping 4 and 6), Gemma 3 text (6
    layers: llama.cpp's default pattern of five sliding layers and one global, local RoPE base
-   100, linear scaling 4 on the global layer), Phi-3 (fused qkv and gate_up). Their
+   100, linear scaling 4 on the global layer), Phi-3 (fused qkv and gate_up; once more with
+   LongRoPE, pretrained context 32, served 128). Their
    `query_pre_attn_scalar` is the head dim, as llama.cpp assumes for these sizes.
 3. `convert_hf_to_gguf.py --outtype f32` for each (with bf16 weights llama.cpp rounds the
    activations to bf16 too, which would hide what the comparison is for).
@@ -127,6 +128,15 @@ def families():
         num_hidden_layers=2, original_max_position_embeddings=2048, sliding_window=None,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
         tie_word_embeddings=False, **phi)
+    # Phi-3.5's LongRoPE: pretrained on 32 positions, served on 128, so the 48-token prompt
+    # takes the long factors in llama.cpp (its context is 64), transformers and the engine.
+    gen = torch.Generator().manual_seed(14)
+    factors = lambda hi: [round(1.0 + (hi - 1.0) * float(x), 4) for x in torch.rand(8, generator=gen)]
+    yield "phi3-longrope", "phi3", 15, transformers.Phi3ForCausalLM, transformers.Phi3Config(
+        num_hidden_layers=2, original_max_position_embeddings=32, sliding_window=None,
+        rope_parameters={"rope_type": "longrope", "rope_theta": 10000.0,
+                         "short_factor": factors(2.0), "long_factor": factors(8.0)},
+        tie_word_embeddings=False, **dict(phi, max_position_embeddings=128))
 
 
 def build_tool(work):

@@ -34,6 +34,7 @@ mod weights;
 
 pub use gpu::GpuLlama;
 pub use hf_config::{read_hf_config, HfDecoderConfig, HF_DECODER_ARCHITECTURES};
+pub use rope_scaling::ContextRope;
 
 use std::sync::{Arc, Mutex};
 
@@ -154,6 +155,8 @@ pub struct LlamaModel {
     output: Weight,
     output_norm: Vec<f32>,
     rope_factors: Option<Vec<f32>>,
+    /// RoPE chosen by the served context (see [`CausalLm::fit_context`]).
+    context_rope: Option<ContextRope>,
     layers: Vec<Layer>,
     activation_mode: ActivationMode,
     state: Mutex<StepState>,
@@ -168,6 +171,16 @@ impl std::fmt::Debug for LlamaModel {
         f.debug_struct("LlamaModel")
             .field("cfg", &self.cfg)
             .finish()
+    }
+}
+
+/// What [`CausalLm::fit_context`] chose, for the log.
+fn rope_kind(rope: &ContextRope, max_len: usize) -> &'static str {
+    match rope {
+        ContextRope::LongRope { original, .. } if max_len > *original => "longrope: long factors",
+        ContextRope::LongRope { .. } => "longrope: short factors",
+        ContextRope::Dynamic { original, .. } if max_len > *original => "dynamic: scaled base",
+        ContextRope::Dynamic { .. } => "dynamic: unscaled",
     }
 }
 
@@ -272,6 +285,25 @@ impl CausalLm for LlamaModel {
 
     fn set_activation_mode(&mut self, mode: ActivationMode) {
         self.activation_mode = mode;
+    }
+
+    fn fit_context(&mut self, max_len: usize) {
+        let Some(rope) = &self.context_rope else {
+            return;
+        };
+        let (base, factors) = rope.for_context(max_len);
+        if let Some(base) = base {
+            self.cfg.rope_base = base;
+        }
+        if let ContextRope::LongRope { .. } = rope {
+            self.rope_factors = factors;
+        }
+        tracing::info!(
+            max_len,
+            rope = ?rope_kind(rope, max_len),
+            rope_base = self.cfg.rope_base,
+            "RoPE fitted to the served context"
+        );
     }
 
     fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {

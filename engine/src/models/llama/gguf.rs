@@ -6,7 +6,8 @@ use std::sync::{Arc, Mutex};
 use kernels::{DType, QMatrix};
 
 use super::{
-    gemma, load_layer, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight, WeightSource,
+    gemma, load_layer, ContextRope, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight,
+    WeightSource,
 };
 use crate::error::Result;
 use crate::gguf::GgufFile;
@@ -267,6 +268,11 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
             }
             None => (FamilyTraits::default(), Vec::new(), None),
         };
+    // LongRoPE's (Phi-3): 1 where the file has none.
+    let rope_attn_factor = g
+        .get_f64(&key("rope.scaling.attn_factor"))?
+        .filter(|a| *a > 0.0)
+        .map_or(1.0, |a| a as f32);
     Ok(LlamaConfig {
         architecture: arch,
         hidden,
@@ -281,7 +287,7 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_dim,
         rope_neox,
         rope_freq_scale,
-        rope_attn_factor: 1.0,
+        rope_attn_factor,
         max_position,
         mrope_section: None,
         traits,
@@ -305,6 +311,7 @@ impl LlamaModel {
         };
         let output_norm = l.vector("output_norm.weight", h)?;
         let rope_factors = l.optional_vector("rope_freqs.weight", cfg.rope_dim / 2)?;
+        let context_rope = longrope(g, &l, &cfg)?;
         let layers = (0..cfg.n_layers)
             .map(|i| load_layer(&l, &cfg, |part| format!("blk.{i}.{}", part.gguf())))
             .collect::<Result<Vec<_>>>()?;
@@ -331,7 +338,7 @@ impl LlamaModel {
             elapsed_ms = t0.elapsed().as_millis() as u64,
             "built Llama-family decoder"
         );
-        Ok(LlamaModel {
+        let mut model = LlamaModel {
             info,
             cfg,
             maps: vec![Arc::clone(g.mmap())],
@@ -339,9 +346,37 @@ impl LlamaModel {
             output,
             output_norm,
             rope_factors,
+            context_rope,
             layers,
             activation_mode: ActivationMode::default(),
             state: Mutex::new(StepState::default()),
-        })
+        };
+        let max_position = model.cfg.max_position;
+        crate::model::CausalLm::fit_context(&mut model, max_position);
+        Ok(model)
     }
+}
+
+/// Phi-3's LongRoPE in GGUF: `rope_factors_long` and `rope_factors_short`, picked by the
+/// served context against `rope.scaling.original_context_length` (as llama.cpp picks by its
+/// context size).
+fn longrope(g: &GgufFile, l: &Loader<'_>, cfg: &LlamaConfig) -> Result<Option<ContextRope>> {
+    let n = cfg.rope_dim / 2;
+    let (Some(long), Some(short)) = (
+        l.optional_vector("rope_factors_long.weight", n)?,
+        l.optional_vector("rope_factors_short.weight", n)?,
+    ) else {
+        return Ok(None);
+    };
+    let original = g
+        .get_u64(&format!(
+            "{}.rope.scaling.original_context_length",
+            cfg.architecture
+        ))?
+        .ok_or_else(|| g.error("rope_factors_long without rope.scaling.original_context_length"))?;
+    Ok(Some(ContextRope::LongRope {
+        short,
+        long,
+        original: original as usize,
+    }))
 }

@@ -178,6 +178,7 @@ impl LlamaModel {
             cfg,
             mrope_section,
             rope_factors,
+            context_rope,
         } = read_hf_config(config, vocab_from_weights)?;
         let l = HfLoader {
             w: weights,
@@ -239,7 +240,7 @@ impl LlamaModel {
             elapsed_ms = t0.elapsed().as_millis() as u64,
             "built Llama-family decoder from safetensors"
         );
-        Ok(LlamaModel {
+        let mut model = LlamaModel {
             info,
             cfg,
             maps: weights.maps(),
@@ -247,9 +248,14 @@ impl LlamaModel {
             output,
             output_norm,
             rope_factors,
+            context_rope,
             layers,
             activation_mode: ActivationMode::default(),
             state: Mutex::new(StepState::default()),
-        })
+        };
+        // The model's own context until the server says otherwise.
+        let max_position = model.cfg.max_position;
+        crate::model::CausalLm::fit_context(&mut model, max_position);
+        Ok(model)
     }
 }

@@ -3,7 +3,9 @@
 
 use serde_json::Value;
 
-use super::rope_scaling::{llama3_factors, original_context, yarn_factors};
+use super::rope_scaling::{
+    dynamic, llama3_factors, longrope, original_context, yarn_factors, ContextRope,
+};
 use super::{gemma, FamilyTraits, LlamaConfig, MlpActivation};
 use crate::error::{EngineError, Result};
 
@@ -48,6 +50,8 @@ pub struct HfDecoderConfig {
     pub cfg: LlamaConfig,
     pub mrope_section: Option<Vec<usize>>,
     pub rope_factors: Option<Vec<f32>>,
+    /// RoPE that depends on the served context (LongRoPE, dynamic NTK).
+    pub context_rope: Option<ContextRope>,
 }
 
 /// The MLP activation `config.json` names under `key` (`hidden_act`; Gemma's is
@@ -236,6 +240,11 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
     let mut rope_attn_factor = 1.0f32;
     let mut rope_factors = None;
     let mut mrope_section = None;
+    let mut context_rope = None;
+    let mut max_position = t
+        .get("max_position_embeddings")
+        .and_then(Value::as_u64)
+        .map_or(2048, |n| n as usize);
     if let Some(s) = scaling {
         let kind = s
             .get("rope_type")
@@ -275,9 +284,20 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
                 rope_factors = Some(factors);
                 rope_attn_factor = attn;
             }
+            "longrope" | "su" => {
+                let (rope, attn) = longrope(s, t, head_dim)?;
+                rope_factors = rope.for_context(max_position).1;
+                context_rope = Some(rope);
+                rope_attn_factor = attn;
+            }
+            "dynamic" => {
+                let (rope, context) = dynamic(s, rope_base, head_dim, max_position)?;
+                max_position = context;
+                context_rope = Some(rope);
+            }
             other => {
                 return Err(cfg_error(format!(
-                    "rope scaling `{other}` is not supported (supported: default, linear, llama3, yarn, mrope)"
+                    "rope scaling `{other}` is not supported (supported: default, linear, llama3, yarn, longrope, dynamic, mrope)"
                 )))
             }
         }
@@ -287,10 +307,6 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
         .or_else(|| config.get("vocab_size"))
         .and_then(Value::as_u64)
         .map_or(vocab_from_weights, |n| n as usize);
-    let max_position = t
-        .get("max_position_embeddings")
-        .and_then(Value::as_u64)
-        .map_or(2048, |n| n as usize);
     let traits = match gemma::traits(&arch, t, hidden)? {
         Some(traits) => traits,
         None => FamilyTraits {
@@ -330,6 +346,7 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
         },
         mrope_section,
         rope_factors,
+        context_rope,
     })
 }
 
@@ -352,6 +369,7 @@ mod tests {
             cfg,
             mrope_section: mrope,
             rope_factors,
+            ..
         } = read_hf_config(&base(), 0).unwrap();
         assert_eq!(rope_factors, None);
         assert_eq!((cfg.head_dim, cfg.n_kv_heads, cfg.vocab), (16, 2, 100));

@@ -136,3 +136,137 @@ pub(super) fn llama3_factors(
         })
         .collect())
 }
+
+/// RoPE whose frequencies depend on how long the sequences served are: chosen once, for the
+/// longest sequence the server admits (`--max-model-len`), so that an answer never depends on
+/// what else is running or on how far a sequence has got.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ContextRope {
+    /// Phi-3's LongRoPE: per-frequency divisors `long` when the served context exceeds
+    /// `original`, else `short` (llama.cpp chooses by its context size the same way;
+    /// transformers by each forward's length, which agrees for a sequence of the full length).
+    LongRope {
+        short: Vec<f32>,
+        long: Vec<f32>,
+        original: usize,
+    },
+    /// Dynamic NTK: for a context `n` past `original`, the base becomes
+    /// `base · (factor · n / original − (factor − 1))^(d / (d − 2))` (transformers' formula at
+    /// `n`; vLLM's at `n = original · factor`, the default context here).
+    Dynamic {
+        base: f32,
+        factor: f64,
+        original: usize,
+        dim: usize,
+    },
+}
+
+impl ContextRope {
+    /// The RoPE base and per-frequency divisors for sequences of up to `max_len` tokens.
+    pub fn for_context(&self, max_len: usize) -> (Option<f32>, Option<Vec<f32>>) {
+        match self {
+            ContextRope::LongRope {
+                short,
+                long,
+                original,
+            } => (
+                None,
+                Some(if max_len > *original { long } else { short }.clone()),
+            ),
+            ContextRope::Dynamic {
+                base,
+                factor,
+                original,
+                dim,
+            } => {
+                if max_len <= *original {
+                    return (Some(*base), None);
+                }
+                let d = *dim as f64;
+                let grow = factor * max_len as f64 / *original as f64 - (factor - 1.0);
+                (Some((*base as f64 * grow.powf(d / (d - 2.0))) as f32), None)
+            }
+        }
+    }
+}
+
+/// LongRoPE from `rope_scaling` (`longrope`, or its old name `su`): both factor lists, the
+/// pretrained context, and the attention factor (given, else `√(1 + ln f / ln original)` with
+/// `f` the scaling `factor` or `max_position_embeddings / original`).
+pub(super) fn longrope(s: &Value, t: &Value, head_dim: usize) -> Result<(ContextRope, f32)> {
+    let list = |key: &str| -> Result<Vec<f32>> {
+        let v: Vec<f32> = s
+            .get(key)
+            .and_then(Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(Value::as_f64)
+                    .map(|x| x as f32)
+                    .collect()
+            })
+            .unwrap_or_default();
+        if v.len() != head_dim / 2 || v.iter().any(|x| !(x.is_finite() && *x > 0.0)) {
+            return Err(cfg_error(format!(
+                "rope_scaling `longrope` needs `{key}`: {} positive numbers (head_dim / 2)",
+                head_dim / 2
+            )));
+        }
+        Ok(v)
+    };
+    let original = t
+        .get("original_max_position_embeddings")
+        .or_else(|| s.get("original_max_position_embeddings"))
+        .and_then(Value::as_u64)
+        .filter(|n| *n > 1)
+        .ok_or_else(|| {
+            cfg_error("rope_scaling `longrope` needs `original_max_position_embeddings`")
+        })? as f64;
+    let max_position = t
+        .get("max_position_embeddings")
+        .and_then(Value::as_f64)
+        .unwrap_or(original);
+    let factor = s
+        .get("factor")
+        .and_then(Value::as_f64)
+        .unwrap_or(max_position / original);
+    let attention = match s.get("attention_factor").and_then(Value::as_f64) {
+        Some(a) => a,
+        None if factor <= 1.0 => 1.0,
+        None => (1.0 + factor.ln() / original.ln()).sqrt(),
+    };
+    Ok((
+        ContextRope::LongRope {
+            short: list("short_factor")?,
+            long: list("long_factor")?,
+            original: original as usize,
+        },
+        attention as f32,
+    ))
+}
+
+/// Dynamic NTK from `rope_scaling`: its `factor` over `max_position_embeddings`, and the
+/// context it serves by default (`max_position_embeddings · factor`, as vLLM).
+pub(super) fn dynamic(
+    s: &Value,
+    base: f32,
+    head_dim: usize,
+    max_position: usize,
+) -> Result<(ContextRope, usize)> {
+    let factor = s
+        .get("factor")
+        .and_then(Value::as_f64)
+        .filter(|f| *f >= 1.0)
+        .ok_or_else(|| cfg_error("rope_scaling `dynamic` needs a `factor` of at least 1"))?;
+    if head_dim <= 2 {
+        return Err(cfg_error("rope_scaling `dynamic` needs a head dim above 2"));
+    }
+    Ok((
+        ContextRope::Dynamic {
+            base,
+            factor,
+            original: max_position,
+            dim: head_dim,
+        },
+        (max_position as f64 * factor) as usize,
+    ))
+}
