@@ -10,10 +10,11 @@ llama-cpp-python 0.3.36 sdist (LLAMA_CPP_SRC) and a static build of them (LLAMA_
 as the K-quant scripts make it: `cmake --build BUILD --target llama-quantize` builds the
 libraries); by default both under models-cache/llama-cpp.
 
-1. A SentencePiece BPE vocabulary (512 pieces, byte fallback, Gemma's special tokens and no
-   dummy prefix) trained on a fixed pseudo-text, so the GGUFs carry a `llama` tokenizer.
-2. Random bf16 checkpoints with transformers (fixed seeds, random norm weights) under that
-   vocabulary: Gemma 2 (4 layers, 12-token window, soft-capping 4 and 6), Gemma 3 text (6
+1. Vocabularies of 512 entries trained on a fixed pseudo-text: SentencePiece BPE (byte
+   fallback; Gemma's special tokens and no dummy prefix, or Phi-3's), for `llama` tokenizers,
+   and a byte-level BPE (Llama 3's special tokens) for `gpt2` ones under Qwen2's split.
+2. Random bf16 checkpoints with transformers (fixed seeds, random norm weights): Qwen2 (Q/K/V
+   biases), Qwen3 (Q/K norms, tied head), Gemma 2 (4 layers, 12-token window, soft-capping 4 and 6), Gemma 3 text (6
    layers: llama.cpp's default pattern of five sliding layers and one global, local RoPE base
    100, linear scaling 4 on the global layer), Phi-3 (fused qkv and gate_up; once more with
    LongRoPE, pretrained context 32, served 128). Their
@@ -61,6 +62,9 @@ TEXTS = [
     "tabs\tand\nnewlines\n\n",
 ]
 TEMPLATES = {
+    "bpe": "{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>"
+           "\n\n{{ m['content'] }}<|eot_id|>{% endfor %}"
+           "{% if add_generation_prompt %}<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}",
     "gemma": "{{ bos_token }}{% for m in messages %}<start_of_turn>"
              "{{ 'model' if m['role'] == 'assistant' else m['role'] }}\n"
              "{{ m['content'] }}<end_of_turn>\n{% endfor %}"
@@ -69,6 +73,7 @@ TEMPLATES = {
             "{% if add_generation_prompt %}<|assistant|>\n{% endif %}",
 }
 CHATS = {
+    "bpe": ["<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi there<|eot_id|>"],
     "gemma": ["<start_of_turn>user\nWhat is the cache?<end_of_turn>\n<start_of_turn>model\n"],
     "phi3": ["<|user|>\nWhat is the cache?<|end|>\n<|assistant|>\n", "<|end|>  spaces after"],
 }
@@ -95,6 +100,26 @@ PHI3_VOCAB = dict(unk_id=0, bos_id=1, eos_id=2, pad_id=-1,
                   add_dummy_prefix=True)
 
 
+BPE_SPECIALS = ["<|begin_of_text|>", "<|eot_id|>", "<|start_header_id|>", "<|end_header_id|>"]
+
+
+def train_bpe(folder):
+    """A byte-level BPE (GPT-2 style, 512 entries with its special tokens) as tokenizer.json."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=VOCAB, special_tokens=BPE_SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+                                  show_progress=False)
+    tok.train_from_iterator(list(corpus()), trainer)
+    tok.save(os.path.join(folder, "tokenizer.json"))
+    with open(os.path.join(folder, "tokenizer_config.json"), "w") as f:
+        json.dump({"bos_token": BPE_SPECIALS[0], "eos_token": BPE_SPECIALS[1],
+                   "tokenizer_class": "PreTrainedTokenizerFast", "chat_template": TEMPLATES["bpe"]},
+                  f)
+
+
 def train_vocab(folder, kind):
     spm.SentencePieceTrainer.train(
         sentence_iterator=corpus(), model_prefix=os.path.join(folder, "tokenizer"),
@@ -104,13 +129,23 @@ def train_vocab(folder, kind):
     os.remove(os.path.join(folder, "tokenizer.vocab"))
 
 
-COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=160, num_attention_heads=4,
+COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_attention_heads=4,
               num_key_value_heads=2, head_dim=16, max_position_embeddings=2048,
               rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1, pad_token_id=0,
               initializer_range=0.2)
 
 
 def families():
+    # Byte-level BPE files under Qwen's pre-tokenizer (the converter is told its name: it
+    # only knows real Qwen vocabularies by their hash).
+    bpe = dict(COMMON, bos_token_id=0, eos_token_id=1, pad_token_id=None)
+    bpe.pop("head_dim")
+    yield "qwen2", "bpe", 16, transformers.Qwen2ForCausalLM, transformers.Qwen2Config(
+        num_hidden_layers=2, tie_word_embeddings=False,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **bpe)
+    yield "qwen3", "bpe", 17, transformers.Qwen3ForCausalLM, transformers.Qwen3Config(
+        num_hidden_layers=2, head_dim=16, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **bpe)
     yield "gemma2", "gemma", 11, transformers.Gemma2ForCausalLM, transformers.Gemma2Config(
         num_hidden_layers=4, sliding_window=12, query_pre_attn_scalar=16,
         attn_logit_softcapping=4.0, final_logit_softcapping=6.0, tie_word_embeddings=True,
@@ -163,6 +198,9 @@ def main():
         vocabs[kind] = os.path.join(work, f"vocab-{kind}")
         os.makedirs(vocabs[kind])
         train_vocab(vocabs[kind], spec)
+    vocabs["bpe"] = os.path.join(work, "vocab-bpe")
+    os.makedirs(vocabs["bpe"])
+    train_bpe(vocabs["bpe"])
     os.makedirs(OUT, exist_ok=True)
     reference = {
         "made_by": made_by("scripts/make_tiny_gguf.py",
@@ -181,18 +219,33 @@ def main():
                     p.normal_(0.0, 0.3)
         model = model.to(torch.bfloat16).eval()
         model.save_pretrained(hf)
-        shutil.copy(os.path.join(vocabs[kind], "tokenizer.model"), hf)
-        bos, eos = ("<bos>", "<eos>") if kind == "gemma" else ("<s>", "</s>")
-        with open(os.path.join(hf, "tokenizer_config.json"), "w") as f:
-            json.dump({"add_bos_token": True, "add_eos_token": False, "bos_token": bos,
-                       "eos_token": eos, "unk_token": "<unk>",
-                       "tokenizer_class": "LlamaTokenizer",
-                       "chat_template": TEMPLATES[kind]},
-                      f)
         gguf = os.path.join(OUT, f"{name}.gguf")
-        subprocess.run([sys.executable, os.path.join(SRC, "convert_hf_to_gguf.py"), hf,
-                        "--outfile", gguf, "--outtype", "f32"], check=True,
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        convert = [os.path.join(SRC, "convert_hf_to_gguf.py"), hf, "--outfile", gguf,
+                   "--outtype", "f32"]
+        if kind == "bpe":
+            for f in ("tokenizer.json", "tokenizer_config.json"):
+                shutil.copy(os.path.join(vocabs["bpe"], f), hf)
+            # The tokenizer as its file says (transformers would pick Qwen2Tokenizer by the
+            # model type, which adds a token).
+            code = ("import os, sys, runpy, transformers; sys.path.insert(0, sys.argv[1]); "
+                    "sys.argv = sys.argv[2:]; import conversion.base as b; "
+                    "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'; "
+                    "transformers.AutoTokenizer.from_pretrained = lambda d, *a, **k: "
+                    "transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(str(d), "
+                    "'tokenizer.json'), bos_token='<|begin_of_text|>', eos_token='<|eot_id|>'); "
+                    "runpy.run_path(sys.argv[0], run_name='__main__')")
+            command = [sys.executable, "-c", code, SRC, *convert]
+        else:
+            shutil.copy(os.path.join(vocabs[kind], "tokenizer.model"), hf)
+            bos, eos = ("<bos>", "<eos>") if kind == "gemma" else ("<s>", "</s>")
+            with open(os.path.join(hf, "tokenizer_config.json"), "w") as f:
+                json.dump({"add_bos_token": True, "add_eos_token": False, "bos_token": bos,
+                           "eos_token": eos, "unk_token": "<unk>",
+                           "tokenizer_class": "LlamaTokenizer",
+                           "chat_template": TEMPLATES[kind]},
+                          f)
+            command = [sys.executable, *convert]
+        subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         ids = ",".join(str(i) for i in PROMPT)
         llama = json.loads(subprocess.run([tool, gguf, "logprobs", ids], check=True,
                                           capture_output=True, text=True).stdout)

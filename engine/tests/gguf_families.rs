@@ -1,8 +1,9 @@
-//! GGUF files of the families whose layout differs from Llama's, made by llama.cpp's own
-//! converter from tiny random checkpoints (`tests/data/tiny-gguf`, from
-//! `scripts/make_tiny_gguf.py`): Gemma 2 (sandwich norms, soft-capping, alternating windows),
-//! Gemma 3 (Q/K norms, five sliding layers to one global, local RoPE base), Phi-3 (fused
-//! `attn_qkv` and gate/up in `ffn_up`), each with a SentencePiece (`llama`) vocabulary.
+//! GGUF files made by llama.cpp's own converter from tiny random checkpoints
+//! (`tests/data/tiny-gguf`, from `scripts/make_tiny_gguf.py`): Qwen2 and Qwen3 with a
+//! byte-level BPE (`gpt2`) vocabulary under Qwen's split; Gemma 2 (sandwich norms,
+//! soft-capping, alternating windows), Gemma 3 (Q/K norms, five sliding layers to one global,
+//! local RoPE base), Phi-3 (fused `attn_qkv` and gate/up in `ffn_up`; once more with
+//! LongRoPE), with SentencePiece (`llama`) vocabularies.
 //! Against llama.cpp on the same file: its tokenisation of a set of texts (special tokens,
 //! spaces, characters outside the vocabulary), and its top-5 logprobs at every position of a
 //! 48-token prompt (past every window), through decode and chunked prefill; against
@@ -30,7 +31,7 @@ fn files(reference: &Value) -> Vec<(String, Value)> {
 }
 
 #[test]
-fn the_sentencepiece_vocabularies_split_text_as_llama_cpp_does() {
+fn each_vocabulary_splits_text_as_llama_cpp_does() {
     let reference = reference::load(&dir().join("reference.json"));
     for (file, r) in files(&reference) {
         let loaded = engine::gguf::load_decoder(&dir().join(&file)).unwrap();
@@ -43,10 +44,18 @@ fn the_sentencepiece_vocabularies_split_text_as_llama_cpp_does() {
                 .collect();
             let got = loaded.tokenizer.encode(text.as_str(), true).unwrap();
             assert_eq!(got.get_ids(), want, "{file}: {text:?}");
-            // Decoding after the BOS gives plain text back: SentencePiece loses nothing
-            // (around special tokens it does: Phi-3's swallow the whitespace after them).
+            // Decoding after the BOS gives plain text back: neither kind of vocabulary loses
+            // anything (around special tokens they may: Phi-3's swallow the whitespace after).
             if !text.contains("<|") && !text.contains("_of_turn>") {
-                let back = loaded.tokenizer.decode(&got.get_ids()[1..], false).unwrap();
+                let bos = loaded
+                    .bos_token
+                    .as_deref()
+                    .and_then(|b| loaded.tokenizer.token_to_id(b));
+                let ids = match got.get_ids() {
+                    [first, rest @ ..] if Some(*first) == bos => rest,
+                    all => all,
+                };
+                let back = loaded.tokenizer.decode(ids, false).unwrap();
                 assert_eq!(&back, text, "{file}: {text:?} decoded");
             }
         }
