@@ -13,8 +13,9 @@ libraries); by default both under models-cache/llama-cpp.
 1. Vocabularies of 512 entries trained on a fixed pseudo-text: SentencePiece BPE (byte
    fallback; Gemma's special tokens and no dummy prefix, or Phi-3's), for `llama` tokenizers,
    and a byte-level BPE (Llama 3's special tokens) for `gpt2` ones under Qwen2's split.
-2. Random bf16 checkpoints with transformers (fixed seeds, random norm weights): Qwen2 (Q/K/V
-   biases), Qwen3 (Q/K norms, tied head), Gemma 2 (4 layers, 12-token window, soft-capping 4 and 6), Gemma 3 text (6
+2. Random bf16 checkpoints with transformers (fixed seeds, random norm weights): Llama 3.x
+   (`llama3` RoPE scaling, written as `rope_freqs`; Q/K permuted by the converter), Qwen2
+   (Q/K/V biases), Qwen3 (Q/K norms, tied head), Gemma 2 (4 layers, 12-token window, soft-capping 4 and 6), Gemma 3 text (6
    layers: llama.cpp's default pattern of five sliding layers and one global, local RoPE base
    100, linear scaling 4 on the global layer), Phi-3 (fused qkv and gate_up; once more with
    LongRoPE, pretrained context 32, served 128). Their
@@ -136,10 +137,15 @@ COMMON = dict(vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_attent
 
 
 def families():
-    # Byte-level BPE files under Qwen's pre-tokenizer (the converter is told its name: it
-    # only knows real Qwen vocabularies by their hash).
+    # Byte-level BPE files under Llama 3's or Qwen's split (the converter is told its name:
+    # it only knows real vocabularies by their hash).
     bpe = dict(COMMON, bos_token_id=0, eos_token_id=1, pad_token_id=None)
     bpe.pop("head_dim")
+    yield "llama3", "bpe", 18, transformers.LlamaForCausalLM, transformers.LlamaConfig(
+        num_hidden_layers=2, tie_word_embeddings=True,
+        rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                         "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                         "original_max_position_embeddings": 64}, **bpe)
     yield "qwen2", "bpe", 16, transformers.Qwen2ForCausalLM, transformers.Qwen2Config(
         num_hidden_layers=2, tie_word_embeddings=False,
         rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}, **bpe)
@@ -228,13 +234,14 @@ def main():
             # The tokenizer as its file says (transformers would pick Qwen2Tokenizer by the
             # model type, which adds a token).
             code = ("import os, sys, runpy, transformers; sys.path.insert(0, sys.argv[1]); "
-                    "sys.argv = sys.argv[2:]; import conversion.base as b; "
-                    "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'qwen2'; "
+                    "pre = sys.argv.pop(); sys.argv = sys.argv[2:]; import conversion.base as b; "
+                    "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: pre; "
                     "transformers.AutoTokenizer.from_pretrained = lambda d, *a, **k: "
                     "transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(str(d), "
                     "'tokenizer.json'), bos_token='<|begin_of_text|>', eos_token='<|eot_id|>'); "
                     "runpy.run_path(sys.argv[0], run_name='__main__')")
-            command = [sys.executable, "-c", code, SRC, *convert]
+            pre = "llama-bpe" if name == "llama3" else "qwen2"
+            command = [sys.executable, "-c", code, SRC, *convert, pre]
         else:
             shutil.copy(os.path.join(vocabs[kind], "tokenizer.model"), hf)
             bos, eos = ("<bos>", "<eos>") if kind == "gemma" else ("<s>", "</s>")

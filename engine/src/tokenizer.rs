@@ -47,6 +47,10 @@ const END_OF_TURN: &[&str] = &[
     "<|end_of_text|>",
 ];
 
+/// `tokenizer.ggml.pre` names llama.cpp treats as Llama 3's: its split, merges that may be
+/// skipped for a word in the vocabulary, and a BOS by default.
+const LLAMA3_PRE: &[&str] = &["llama3", "llama-v3", "llama-bpe", "falcon3", "pixtral"];
+
 /// The Llama 3 split regex (llama.cpp `llama-bpe`).
 const LLAMA3_SPLIT: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 /// The Qwen2 split regex: as Llama 3 but single digits.
@@ -118,7 +122,7 @@ fn pre_tokenizer(g: &GgufFile, pre: &str) -> Result<PreTokenizerWrapper> {
             PreTokenizerWrapper::Digits(Digits::new(true)),
             gpt2(),
         ])),
-        "llama-bpe" | "llama3" | "falcon3" | "pixtral" | "smaug-bpe" => split(LLAMA3_SPLIT)?,
+        p if LLAMA3_PRE.contains(&p) || p == "smaug-bpe" => split(LLAMA3_SPLIT)?,
         "qwen2" | "qwen" | "deepseek-r1-qwen" | "megrez" => split(QWEN2_SPLIT)?,
         "gpt2" | "default" | "gpt-2" | "" => gpt2(),
         other => {
@@ -234,7 +238,11 @@ pub fn from_gguf(g: &GgufFile) -> Result<GgufTokenizer> {
     let bos_token = name(bos_token_id);
     let eos_token = name(eos_id);
 
-    let add_bos = g.get_bool("tokenizer.ggml.add_bos_token")?.unwrap_or(false);
+    // Where the file does not say, llama.cpp's default: a BOS for SentencePiece vocabularies
+    // and Llama 3's split, none for the rest.
+    let add_bos = g
+        .get_bool("tokenizer.ggml.add_bos_token")?
+        .unwrap_or(pre == "spm" || LLAMA3_PRE.contains(&pre.as_str()));
     let add_eos = g.get_bool("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
     let mut special_tokens = Vec::new();
     let (mut prefix, mut suffix) = (Vec::new(), Vec::new());
@@ -354,7 +362,7 @@ fn byte_level_bpe(g: &GgufFile, tokens: &[String]) -> Result<(Tokenizer, usize, 
         .to_string();
     let bpe = BPE::builder()
         .vocab_and_merges(vocab, merges)
-        .ignore_merges(matches!(pre.as_str(), "llama-bpe" | "llama3"))
+        .ignore_merges(LLAMA3_PRE.contains(&pre.as_str()))
         .build()
         .map_err(|e| g.error(format!("building the BPE model: {e}")))?;
     let mut tokenizer = Tokenizer::new(bpe);
