@@ -19,7 +19,7 @@ mod weights;
 use rand::rngs::StdRng;
 
 use kernels::gpu::ops::{
-    rope_inv_freq, AddRmsNorm, Embed, KvWrite, PagedAttention, RopeQk, SwiGlu,
+    rope_inv_freq, AddRmsNorm, Embed, Glu, GluActivation, KvWrite, PagedAttention, RopeQk,
 };
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
 use kernels::gpu::{DevicePtr, Gemm, Gpu, GpuBuffer, GpuDType, GpuError};
@@ -184,6 +184,7 @@ impl GpuLlama {
                 dtype,
                 x: s.x.ptr(),
                 delta,
+                delta_norm: None,
                 weight: weight.ptr(),
                 out,
                 rows,
@@ -203,6 +204,7 @@ impl GpuLlama {
             x: s.x.ptr(),
             n_tokens: t,
             hidden: h,
+            scale: 1.0,
         }
         .launch(gpu)
         .map_err(gpu_err)?;
@@ -277,6 +279,8 @@ impl GpuLlama {
                 block_size: kv.block_size,
                 max_blocks: plan.max_blocks,
                 scale,
+                window: None,
+                softcap: None,
             };
             if plan.n_decode > 0 {
                 attn.decode(gpu, int(plan.at.q_seq), int(plan.at.q_ctx), plan.n_decode)
@@ -307,12 +311,13 @@ impl GpuLlama {
                 h,
                 s.gate_up.ptr(),
             )?;
-            SwiGlu {
+            Glu {
                 dtype,
                 gate_up: s.gate_up.ptr(),
                 out: s.act.ptr(),
                 n_tokens: t,
                 ffn: cfg.ffn,
+                activation: GluActivation::Silu,
             }
             .launch(gpu)
             .map_err(gpu_err)?;
