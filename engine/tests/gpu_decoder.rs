@@ -304,16 +304,15 @@ fn smollm2_bf16(gpu: &Gpu) {
 /// The checkpoints of `families.rs`: Gemma 2, Gemma 3 text, Mistral with a sliding window.
 const FAMILIES: [&str; 3] = ["tiny-gemma2", "tiny-gemma3", "tiny-mistral-swa"];
 
-/// Each family against the CPU decoder over the ragged schedule (contexts past the window,
-/// windows straddling blocks of 5), in float32 and in bfloat16. The bfloat16 bound is wider
-/// than the tiny Qwen2-VL's: Gemma 2's scores and logits go through tanh caps whose inputs
-/// are rounded, on top of the extra rounding of every GEMM input.
+/// Each family against the CPU decoder over the ragged schedule (contexts past the window),
+/// in float32 with windows straddling blocks of 5, and in bfloat16. The bfloat16 bound is
+/// wider than the tiny Qwen2-VL's because the Gemma checkpoints' logits move further under
+/// bfloat16 rounding (the float32 run is the exact check; this one guards the bf16 kernels
+/// against errors of the size of the logits).
 fn tiny_families_ragged(gpu: &Gpu) {
     for name in FAMILIES {
         let path = test_data().join(name);
-        for block in [16, 5] {
-            check_ragged(&path, gpu, DTypeRequest::Float32, block, 1e-4);
-        }
+        check_ragged(&path, gpu, DTypeRequest::Float32, 5, 1e-4);
         check_ragged(&path, gpu, DTypeRequest::BFloat16, 16, 0.1);
     }
 }
@@ -327,10 +326,12 @@ fn top5_difference(logits: &[f32], top: &Value) -> f64 {
     )
 }
 
-/// Each family in float32 against transformers' top-5 logprobs over its 48-token prompt:
-/// decoded one token at a time, in chunks of 5 and of 20 (the last row of each chunk; a
-/// window straddles chunks), and prefixes prefilled whole from position 0, ending at the
-/// window's edge (12, 13), at a prefill tile's (17) and past both.
+/// Each family in float32 against transformers' top-5 logprobs over its 48-token prompt (a
+/// 12-position window): decoded one token at a time, in chunks of 20 (the last row of each;
+/// the windows of the later chunks start in the one before), and prefilled whole from position
+/// 0, the whole prompt (three prefill tiles) and its first 13 tokens (one past the window).
+/// The steps are few because `scripts/gpu-check.sh --dry-run` runs the `tiny` tests on the
+/// emulator, one thread, within a minute.
 fn tiny_families_reference(gpu: &Gpu) {
     for name in FAMILIES {
         let reference = reference::load(&test_data().join(name).join("reference.json"));
@@ -345,7 +346,7 @@ fn tiny_families_reference(gpu: &Gpu) {
             let out = dev.forward(&[chunk(tokens, start, &table, true)]).unwrap();
             out.into_iter().next().flatten().unwrap()
         };
-        for len in [1, 5, 20] {
+        for len in [1, 20] {
             let mut worst = 0f64;
             for (i, tokens) in prompt.chunks(len).enumerate() {
                 let row = last_row(tokens, i * len);
@@ -356,11 +357,11 @@ fn tiny_families_reference(gpu: &Gpu) {
             assert!(worst < 1e-3, "{name}, chunks of {len}: {worst}");
         }
         let mut worst = 0f64;
-        for n in [1, 12, 13, 17, 30, prompt.len()] {
+        for n in [13, prompt.len()] {
             let row = last_row(&prompt[..n], 0);
             worst = worst.max(top5_difference(&row, &top5[n - 1]));
         }
-        eprintln!("{name}, each prefix prefilled: largest top-5 logprob difference {worst:.2e}");
+        eprintln!("{name}, prefilled whole: largest top-5 logprob difference {worst:.2e}");
         assert!(worst < 1e-3, "{name}, prefixes: {worst}");
     }
 }
