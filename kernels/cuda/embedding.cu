@@ -23,7 +23,12 @@ DEV void embed_row(const T* __restrict__ table, const int* __restrict__ tokens,
     for (int i = first; i < hidden; i += stride) xr[i] = src[i];
   } else {
     const T* src = table + (long)tokens[t] * hidden;
-    for (int i = first; i < hidden; i += stride) xr[i] = to_f32(src[i]) * scale;
+    // Unscaled rows stay an exact copy (NaN payloads and subnormals included).
+    if (scale == 1.f) {
+      for (int i = first; i < hidden; i += stride) xr[i] = to_f32(src[i]);
+    } else {
+      for (int i = first; i < hidden; i += stride) xr[i] = to_f32(src[i]) * scale;
+    }
   }
 }
 
