@@ -3,9 +3,12 @@
 //! float32 mode; to bf16 rounding in bfloat16 mode).
 //!
 //! The checkpoints: the tiny Qwen2-VL text decoder (Q/K/V biases, M-RoPE, head dim 16, F32
-//! safetensors; also checked against its `transformers` reference) and SmolLM2-135M (GGUF
-//! Q4_1, dequantised to bf16 on upload). The same checks run on a real GPU through
-//! `scripts/gpu-check.sh` (`cuda_*` tests, ignored here).
+//! safetensors; also checked against its `transformers` reference), SmolLM2-135M (GGUF
+//! Q4_1, dequantised to bf16 on upload), and the tiny Gemma 2, Gemma 3 text and sliding-window
+//! Mistral of `families.rs` (sliding windows of 12 positions, soft-capped scores and logits,
+//! Gemma's embedding scale, sandwich norms, GeGLU and local RoPE base), against the CPU and
+//! against transformers through every attention path. The same checks run on a real GPU
+//! through `scripts/gpu-check.sh` (`cuda_*` tests, ignored here).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -13,6 +16,9 @@ use std::path::PathBuf;
 use engine::device::DTypeRequest;
 use engine::model::{CausalLm, ChunkMedia, KvBudget, LoadedDecoder, SeqChunk};
 use kernels::gpu::Gpu;
+use serde_json::Value;
+
+mod reference;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len());
@@ -295,6 +301,71 @@ fn smollm2_bf16(gpu: &Gpu) {
     assert!(d < 0.5, "largest logit difference {d}");
 }
 
+/// The checkpoints of `families.rs`: Gemma 2, Gemma 3 text, Mistral with a sliding window.
+const FAMILIES: [&str; 3] = ["tiny-gemma2", "tiny-gemma3", "tiny-mistral-swa"];
+
+/// Each family against the CPU decoder over the ragged schedule (contexts past the window),
+/// in float32 with windows straddling blocks of 5, and in bfloat16. The bfloat16 bound is
+/// wider than the tiny Qwen2-VL's because the Gemma checkpoints' logits move further under
+/// bfloat16 rounding (the float32 run is the exact check; this one guards the bf16 kernels
+/// against errors of the size of the logits).
+fn tiny_families_ragged(gpu: &Gpu) {
+    for name in FAMILIES {
+        let path = test_data().join(name);
+        check_ragged(&path, gpu, DTypeRequest::Float32, 5, 1e-4);
+        check_ragged(&path, gpu, DTypeRequest::BFloat16, 16, 0.1);
+    }
+}
+
+/// The largest difference between the logprobs of `logits` and transformers' top-5 of one
+/// position (`[id, logprob]` pairs).
+fn top5_difference(logits: &[f32], top: &Value) -> f64 {
+    reference::largest_difference(
+        &[reference::log_softmax(logits)],
+        &Value::Array(vec![top.clone()]),
+    )
+}
+
+/// Each family in float32 against transformers' top-5 logprobs over its 48-token prompt (a
+/// 12-position window): decoded one token at a time, in chunks of 20 (the last row of each;
+/// the windows of the later chunks start in the one before), and prefilled whole from position
+/// 0, the whole prompt (three prefill tiles) and its first 13 tokens (one past the window).
+/// The steps are few because `scripts/gpu-check.sh --dry-run` runs the `tiny` tests on the
+/// emulator, one thread, within a minute.
+fn tiny_families_reference(gpu: &Gpu) {
+    for name in FAMILIES {
+        let reference = reference::load(&test_data().join(name).join("reference.json"));
+        let prompt = reference::prompt(&reference);
+        let top5 = &reference["top5"];
+        let cpu = cpu_model(&test_data().join(name));
+        let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::Float32).unwrap();
+        let blocks = prompt.len().div_ceil(16);
+        dev.allocate_kv(16, &KvBudget::tokens(blocks * 16)).unwrap();
+        let table: Vec<u32> = (0..blocks as u32).collect();
+        let mut last_row = |tokens: &[u32], start: usize| -> Vec<f32> {
+            let out = dev.forward(&[chunk(tokens, start, &table, true)]).unwrap();
+            out.into_iter().next().flatten().unwrap()
+        };
+        for len in [1, 20] {
+            let mut worst = 0f64;
+            for (i, tokens) in prompt.chunks(len).enumerate() {
+                let row = last_row(tokens, i * len);
+                let pos = i * len + tokens.len() - 1;
+                worst = worst.max(top5_difference(&row, &top5[pos]));
+            }
+            eprintln!("{name}, chunks of {len}: largest top-5 logprob difference {worst:.2e}");
+            assert!(worst < 1e-3, "{name}, chunks of {len}: {worst}");
+        }
+        let mut worst = 0f64;
+        for n in [13, prompt.len()] {
+            let row = last_row(&prompt[..n], 0);
+            worst = worst.max(top5_difference(&row, &top5[n - 1]));
+        }
+        eprintln!("{name}, prefilled whole: largest top-5 logprob difference {worst:.2e}");
+        assert!(worst < 1e-3, "{name}, prefixes: {worst}");
+    }
+}
+
 macro_rules! on_devices {
     ($($name:ident),* $(,)?) => {
         mod emu {
@@ -325,5 +396,7 @@ on_devices!(
     tiny_vl_bf16,
     tiny_vl_reference,
     tiny_vl_media,
-    smollm2_bf16
+    smollm2_bf16,
+    tiny_families_ragged,
+    tiny_families_reference
 );

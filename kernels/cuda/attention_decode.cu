@@ -2,10 +2,13 @@
 //
 // Query row t (f32, head h at q[t·q_stride + h·head_dim]) belongs to block-table row q_seq[t]
 // and sees the q_ctx[t] keys at positions 0..q_ctx[t]−1 (the step's own key is already in the
-// cache). The token at position p lives in block block_tables[row·max_blocks + p / block_size],
+// cache), or with a sliding window w > 0 only the last w of them (positions before are never
+// read). The token at position p lives in block block_tables[row·max_blocks + p / block_size],
 // slot p % block_size; one layer's cache is [num_blocks][block_size][n_kv_heads][head_dim] of T.
-// Query head h reads KV head h / (n_heads / n_kv_heads) (GQA). The output, row t head h at
-// out[t·out_stride + h·head_dim], is stored as T (it feeds the output projection).
+// Query head h reads KV head h / (n_heads / n_kv_heads) (GQA). Scores are q·k·scale; with
+// softcap > 0 they become softcap·tanh(score / softcap) before the softmax (Gemma 2). The
+// output, row t head h at out[t·out_stride + h·head_dim], is stored as T (it feeds the output
+// projection).
 //
 // Launch: grid (n_queries, n_heads), 128 threads, no dynamic shared memory; head_dim a multiple
 // of 8 up to 256, caches 16-byte aligned (the launcher checks both).
@@ -38,7 +41,8 @@ DEV void attn_decode(T* __restrict__ out, const float* __restrict__ q,
                      const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                      const int* __restrict__ block_tables, const int* __restrict__ q_seq,
                      const int* __restrict__ q_ctx, int q_stride, int out_stride, int n_heads,
-                     int n_kv_heads, int head_dim, int block_size, int max_blocks, float scale) {
+                     int n_kv_heads, int head_dim, int block_size, int max_blocks, float scale,
+                     int window, float softcap) {
   // One slot per lane group: (THREADS / lpk) groups of head_dim <= 8·lpk accumulators.
   __shared__ float group_acc[THREADS * 8];
   __shared__ float group_m[THREADS], group_l[THREADS], group_w[THREADS];
@@ -55,6 +59,7 @@ DEV void attn_decode(T* __restrict__ out, const float* __restrict__ q,
   const long head_off = (long)kvh * head_dim + d0;
   const int* table = block_tables + (long)q_seq[t] * max_blocks;
   const int ctx = q_ctx[t];
+  const int first = window > 0 ? max(ctx - window, 0) : 0;
 
   float qv[8], acc[8];
   {
@@ -70,7 +75,7 @@ DEV void attn_decode(T* __restrict__ out, const float* __restrict__ q,
   const int round = WARPS * keys_per_warp;
   // The loop bound is warp-uniform (every lane reaches every shuffle); keys past the context
   // are masked per lane.
-  for (int base = warp * keys_per_warp; base < ctx; base += KEYS_PER_STEP * round) {
+  for (int base = first + warp * keys_per_warp; base < ctx; base += KEYS_PER_STEP * round) {
     float kf[KEYS_PER_STEP][8], vf[KEYS_PER_STEP][8], s[KEYS_PER_STEP];
     bool valid[KEYS_PER_STEP];
     UNROLL for (int u = 0; u < KEYS_PER_STEP; ++u) {
@@ -90,6 +95,9 @@ DEV void attn_decode(T* __restrict__ out, const float* __restrict__ q,
     }
     for (int o = 1; o < lpk; o <<= 1) {
       UNROLL for (int u = 0; u < KEYS_PER_STEP; ++u) s[u] += __shfl_xor_sync(0xffffffffu, s[u], o);
+    }
+    if (softcap > 0.f) {
+      UNROLL for (int u = 0; u < KEYS_PER_STEP; ++u) s[u] = softcap * tanhf(s[u] / softcap);
     }
     // valid[0] is false only when this group has no key left (keys rise with u).
     if (valid[0]) {
@@ -141,31 +149,28 @@ DEV void attn_decode(T* __restrict__ out, const float* __restrict__ q,
 }  // namespace attn_decode_impl
 
 KERNEL_BOUNDED(attn_decode_f32, 128)(float* out, const float* q, const float* k_cache,
-                            const float* v_cache, const int* block_tables, const int* q_seq,
-                            const int* q_ctx, int q_stride, int out_stride, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                            float scale) {
+    const float* v_cache, const int* block_tables, const int* q_seq, const int* q_ctx,
+    int q_stride, int out_stride, int n_heads, int n_kv_heads, int head_dim, int block_size,
+    int max_blocks, float scale, int window, float softcap) {
   attn_decode_impl::attn_decode<float>(out, q, k_cache, v_cache, block_tables, q_seq, q_ctx,
-                                       q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                       block_size, max_blocks, scale);
+                                     q_stride, out_stride, n_heads, n_kv_heads, head_dim,
+                                     block_size, max_blocks, scale, window, softcap);
 }
 KERNEL_BOUNDED(attn_decode_bf16, 128)(bf16* out, const float* q, const bf16* k_cache,
-                             const bf16* v_cache, const int* block_tables, const int* q_seq,
-                             const int* q_ctx, int q_stride, int out_stride, int n_heads,
-                             int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                             float scale) {
+    const bf16* v_cache, const int* block_tables, const int* q_seq, const int* q_ctx,
+    int q_stride, int out_stride, int n_heads, int n_kv_heads, int head_dim, int block_size,
+    int max_blocks, float scale, int window, float softcap) {
   attn_decode_impl::attn_decode<bf16>(out, q, k_cache, v_cache, block_tables, q_seq, q_ctx,
-                                      q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                      block_size, max_blocks, scale);
+                                     q_stride, out_stride, n_heads, n_kv_heads, head_dim,
+                                     block_size, max_blocks, scale, window, softcap);
 }
 KERNEL_BOUNDED(attn_decode_f16, 128)(f16* out, const float* q, const f16* k_cache,
-                            const f16* v_cache, const int* block_tables, const int* q_seq,
-                            const int* q_ctx, int q_stride, int out_stride, int n_heads,
-                            int n_kv_heads, int head_dim, int block_size, int max_blocks,
-                            float scale) {
+    const f16* v_cache, const int* block_tables, const int* q_seq, const int* q_ctx,
+    int q_stride, int out_stride, int n_heads, int n_kv_heads, int head_dim, int block_size,
+    int max_blocks, float scale, int window, float softcap) {
   attn_decode_impl::attn_decode<f16>(out, q, k_cache, v_cache, block_tables, q_seq, q_ctx,
                                      q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                     block_size, max_blocks, scale);
+                                     block_size, max_blocks, scale, window, softcap);
 }
 
 EMU_KERNEL(attn_decode_f32)

@@ -3,7 +3,9 @@
 //
 // Tile b is tiles[4b .. 4b+4] = (first query row, query rows in the tile (1..=TILE), block-table
 // row, context length of its first query); query i of the tile sees ctx0 + i keys (positions
-// 0..ctx0+i−1, its own included: the step's keys are already in the cache). Layouts as in
+// 0..ctx0+i−1, its own included: the step's keys are already in the cache), or with a sliding
+// window w > 0 only the last w of them: the tile reads no position that none of its queries
+// sees. Scores are soft-capped when softcap > 0, as in attention_decode.cu. Layouts as in
 // attention_decode.cu: q f32 with row stride q_stride, the cache
 // [num_blocks][block_size][n_kv_heads][head_dim] of T (16-byte aligned), out T with row stride
 // out_stride, GQA by h / (n_heads / n_kv_heads).
@@ -56,7 +58,8 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
                       const T* __restrict__ k_cache, const T* __restrict__ v_cache,
                       const int* __restrict__ block_tables, const int* __restrict__ tiles,
                       int q_stride, int out_stride, int n_heads, int n_kv_heads, int head_dim,
-                      int block_size, int max_blocks, float scale) {
+                      int block_size, int max_blocks, float scale, int window,
+                      float softcap) {
   DYN_SHARED(float, smem);
   const int lpk = lanes_per_key(head_dim), kpp = 32 / lpk, hp = head_dim / lpk;
   float* q_t = smem;                        // [head_dim][TILE], scaled
@@ -76,6 +79,8 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
   const long head_off = (long)kvh * head_dim;
   // The last query's context: every key the tile needs.
   const int ctx_end = ctx0 + n_rows - 1;
+  // The first query's window: the first key the tile needs.
+  const int first = window > 0 ? max(ctx0 - window, 0) : 0;
 
   for (int i = threadIdx.x; i < TILE * head_dim; i += blockDim.x) {
     const int r = i / head_dim, d = i - r * head_dim;
@@ -91,7 +96,7 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
   }
 
   const int groups = head_dim / 8;
-  for (int c0 = 0; c0 < ctx_end; c0 += kpp) {
+  for (int c0 = first; c0 < ctx_end; c0 += kpp) {
     const int n = min(kpp, ctx_end - c0);
     __syncthreads();  // the previous pass is done with the stage (and the queries are written)
     for (int i = threadIdx.x; i < n * groups; i += blockDim.x) {
@@ -125,12 +130,16 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
     for (int o = kpp; o < 32; o <<= 1) {
       UNROLL for (int r = 0; r < QPW; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
     }
+    if (softcap > 0.f) {
+      UNROLL for (int r = 0; r < QPW; ++r) s[r] = softcap * tanhf(s[r] / softcap);
+    }
 
     const int p = c0 + kj;
     float pr[QPW];
     UNROLL for (int r = 0; r < QPW; ++r) {
       // Also false for the rows of a pass past its n keys (they hold stale values).
-      const bool ok = q0 + r < n_rows && p < ctx0 + q0 + r;
+      const int ctx = ctx0 + q0 + r;
+      const bool ok = q0 + r < n_rows && p < ctx && (window <= 0 || p >= ctx - window);
       const float sv = ok ? s[r] : neg_inf();
       float mx = sv;
       for (int o = 1; o < kpp; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
@@ -179,11 +188,13 @@ template <typename T>
 DEV void attn_prefill_any(T* out, const float* q, const T* k_cache, const T* v_cache,
                           const int* block_tables, const int* tiles, int q_stride,
                           int out_stride, int n_heads, int n_kv_heads, int head_dim,
-                          int block_size, int max_blocks, float scale) {
+                          int block_size, int max_blocks, float scale, int window,
+                          float softcap) {
 #define ATTN_PREFILL_CASE(ne)                                                                 \
   case ne:                                                                                    \
     attn_prefill<T, ne>(out, q, k_cache, v_cache, block_tables, tiles, q_stride, out_stride, \
-                        n_heads, n_kv_heads, head_dim, block_size, max_blocks, scale);        \
+                        n_heads, n_kv_heads, head_dim, block_size, max_blocks, scale, window, \
+                        softcap);                                                             \
     break;
   switch ((head_dim + 31) / 32) {
     ATTN_PREFILL_CASE(1)
@@ -203,28 +214,28 @@ DEV void attn_prefill_any(T* out, const float* q, const T* k_cache, const T* v_c
 }  // namespace attn_prefill_impl
 
 KERNEL_BOUNDED(attn_prefill_f32, 128)(float* out, const float* q, const float* k_cache,
-                             const float* v_cache, const int* block_tables, const int* tiles,
-                             int q_stride, int out_stride, int n_heads, int n_kv_heads,
-                             int head_dim, int block_size, int max_blocks, float scale) {
+    const float* v_cache, const int* block_tables, const int* tiles, int q_stride, int out_stride,
+    int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, float scale,
+    int window, float softcap) {
   attn_prefill_impl::attn_prefill_any<float>(out, q, k_cache, v_cache, block_tables, tiles,
-                                             q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                             block_size, max_blocks, scale);
+                                           q_stride, out_stride, n_heads, n_kv_heads, head_dim,
+                                           block_size, max_blocks, scale, window, softcap);
 }
 KERNEL_BOUNDED(attn_prefill_bf16, 128)(bf16* out, const float* q, const bf16* k_cache,
-                              const bf16* v_cache, const int* block_tables, const int* tiles,
-                              int q_stride, int out_stride, int n_heads, int n_kv_heads,
-                              int head_dim, int block_size, int max_blocks, float scale) {
+    const bf16* v_cache, const int* block_tables, const int* tiles, int q_stride, int out_stride,
+    int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, float scale,
+    int window, float softcap) {
   attn_prefill_impl::attn_prefill_any<bf16>(out, q, k_cache, v_cache, block_tables, tiles,
-                                            q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                            block_size, max_blocks, scale);
+                                           q_stride, out_stride, n_heads, n_kv_heads, head_dim,
+                                           block_size, max_blocks, scale, window, softcap);
 }
 KERNEL_BOUNDED(attn_prefill_f16, 128)(f16* out, const float* q, const f16* k_cache,
-                             const f16* v_cache, const int* block_tables, const int* tiles,
-                             int q_stride, int out_stride, int n_heads, int n_kv_heads,
-                             int head_dim, int block_size, int max_blocks, float scale) {
+    const f16* v_cache, const int* block_tables, const int* tiles, int q_stride, int out_stride,
+    int n_heads, int n_kv_heads, int head_dim, int block_size, int max_blocks, float scale,
+    int window, float softcap) {
   attn_prefill_impl::attn_prefill_any<f16>(out, q, k_cache, v_cache, block_tables, tiles,
                                            q_stride, out_stride, n_heads, n_kv_heads, head_dim,
-                                           block_size, max_blocks, scale);
+                                           block_size, max_blocks, scale, window, softcap);
 }
 
 EMU_KERNEL(attn_prefill_f32)

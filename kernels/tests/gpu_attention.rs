@@ -1,13 +1,18 @@
 //! `attention_decode.cu` and `attention_prefill.cu` against an f64 reference over the cache
-//! values as stored (rounded to the cache's type).
+//! values as stored (rounded to the cache's type); sliding windows and soft-capped scores are
+//! checked in `gpu_attention_window.rs`.
 #![cfg(feature = "emu")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 #[path = "gpu/util.rs"]
 mod util;
 
+#[path = "gpu/paged_cache.rs"]
+mod paged_cache;
+
 use kernels::gpu::ops::{prefill_tiles, PagedAttention, PrefillChunk, PREFILL_TILE};
 use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError};
+use paged_cache::*;
 use util::*;
 
 checks!(
@@ -19,168 +24,6 @@ checks!(
     odd_strides_and_head_sizes,
     launch_rejects_bad_shapes
 );
-
-/// A paged cache of one layer with shuffled block tables.
-struct Cache {
-    n_kv: usize,
-    hd: usize,
-    block_size: usize,
-    /// Host copies, already rounded to the cache's type.
-    k: Vec<f32>,
-    v: Vec<f32>,
-    tables: Vec<Vec<u32>>,
-    max_blocks: usize,
-    kb: GpuBuffer,
-    vb: GpuBuffer,
-    tb: GpuBuffer,
-}
-
-impl Cache {
-    /// Room for sequences of `lens` positions, blocks handed out in a shuffled order.
-    fn new(
-        gpu: &Gpu,
-        rng: &mut Rng,
-        t: GpuDType,
-        lens: &[usize],
-        n_kv: usize,
-        hd: usize,
-        block_size: usize,
-    ) -> Cache {
-        let per: Vec<usize> = lens.iter().map(|l| l.div_ceil(block_size)).collect();
-        let total: usize = per.iter().sum::<usize>() + 3;
-        let mut ids: Vec<u32> = (0..total as u32).collect();
-        for i in (1..ids.len()).rev() {
-            ids.swap(i, rng.below(i + 1));
-        }
-        let mut next = ids.into_iter();
-        let tables: Vec<Vec<u32>> = per
-            .iter()
-            .map(|&n| next.by_ref().take(n).collect())
-            .collect();
-        let max_blocks = per.iter().copied().max().unwrap_or(1).max(1);
-        let elems = total * block_size * n_kv * hd;
-        let k: Vec<f32> = rng
-            .vec(elems, 1.0)
-            .into_iter()
-            .map(|x| round(t, x))
-            .collect();
-        let v: Vec<f32> = rng
-            .vec(elems, 1.0)
-            .into_iter()
-            .map(|x| round(t, x))
-            .collect();
-        // Slots that hold no position of any sequence are NaN: a stray read poisons the row.
-        let mut k = k;
-        let mut v = v;
-        let row = n_kv * hd;
-        let mut owned = vec![false; total * block_size];
-        for (row_blocks, &len) in tables.iter().zip(lens) {
-            for p in 0..len {
-                owned[row_blocks[p / block_size] as usize * block_size + p % block_size] = true;
-            }
-        }
-        for (slot, _) in owned.iter().enumerate().filter(|(_, &o)| !o) {
-            k[slot * row..(slot + 1) * row].fill(f32::NAN);
-            v[slot * row..(slot + 1) * row].fill(f32::NAN);
-        }
-        let flat: Vec<i32> = tables
-            .iter()
-            .flat_map(|row| {
-                let mut r: Vec<i32> = row.iter().map(|&b| b as i32).collect();
-                // Padding points at a real block: a kernel that reads past the context
-                // reads wrong values rather than failing the launch.
-                r.resize(max_blocks, 0);
-                r
-            })
-            .collect();
-        Cache {
-            n_kv,
-            hd,
-            block_size,
-            kb: upload_as(gpu, t, &k),
-            vb: upload_as(gpu, t, &v),
-            tb: gpu.upload(&flat).unwrap(),
-            k,
-            v,
-            tables,
-            max_blocks,
-        }
-    }
-
-    /// The attention call over this cache for `q` (rows of `q_stride`) into `out`.
-    #[allow(clippy::too_many_arguments)]
-    fn attention(
-        &self,
-        t: GpuDType,
-        s: &Shape,
-        q: &GpuBuffer,
-        q_stride: usize,
-        out: &GpuBuffer,
-        out_stride: usize,
-        scale: f32,
-    ) -> PagedAttention {
-        PagedAttention {
-            dtype: t,
-            out: out.ptr(),
-            q: q.ptr(),
-            k_cache: self.kb.ptr(),
-            v_cache: self.vb.ptr(),
-            block_tables: self.tb.ptr(),
-            q_stride,
-            out_stride,
-            n_heads: s.n_heads,
-            n_kv_heads: s.n_kv,
-            head_dim: s.hd,
-            block_size: s.block_size,
-            max_blocks: self.max_blocks,
-            scale,
-        }
-    }
-
-    fn at(&self, seq: usize, pos: usize, kvh: usize) -> usize {
-        let b = self.tables[seq][pos / self.block_size] as usize;
-        ((b * self.block_size + pos % self.block_size) * self.n_kv + kvh) * self.hd
-    }
-
-    /// softmax(q·Kᵀ·scale)·V over positions `0..ctx` of `seq`, in f64.
-    fn reference(&self, q: &[f32], seq: usize, ctx: usize, kvh: usize, scale: f32) -> Vec<f32> {
-        let hd = self.hd;
-        let scores: Vec<f64> = (0..ctx)
-            .map(|p| {
-                let k = &self.k[self.at(seq, p, kvh)..][..hd];
-                q.iter()
-                    .zip(k)
-                    .map(|(a, b)| *a as f64 * *b as f64)
-                    .sum::<f64>()
-                    * scale as f64
-            })
-            .collect();
-        let max = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
-        let w: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();
-        let total: f64 = w.iter().sum();
-        let mut out = vec![0f64; hd];
-        for (p, wp) in w.iter().enumerate() {
-            let v = &self.v[self.at(seq, p, kvh)..][..hd];
-            for (o, x) in out.iter_mut().zip(v) {
-                *o += wp / total * *x as f64;
-            }
-        }
-        out.into_iter().map(|x| x as f32).collect()
-    }
-}
-
-struct Shape {
-    n_heads: usize,
-    n_kv: usize,
-    hd: usize,
-    block_size: usize,
-}
-
-/// Query rows with a stride wider than the heads, as the fused QKV rows are.
-fn queries(rng: &mut Rng, rows: usize, s: &Shape) -> (Vec<f32>, usize) {
-    let stride = s.n_heads * s.hd + 2 * s.n_kv * s.hd;
-    (rng.vec(rows * stride, 1.0), stride)
-}
 
 /// Decode over `(seq, ctx)` rows; checks every output row and head against the reference.
 fn run_decode(gpu: &Gpu, rng: &mut Rng, t: GpuDType, s: &Shape, lens: &[usize]) {
@@ -418,42 +261,6 @@ fn prefill_agrees_with_decode(gpu: &Gpu) {
     }
 }
 
-/// Query rows `q` (stride `q_stride`) against the reference: `rows` are `(row, seq, ctx)`;
-/// every head of those rows must match, and every other element of `out` stay poisoned.
-#[allow(clippy::too_many_arguments)]
-fn check_rows(
-    what: &str,
-    t: GpuDType,
-    s: &Shape,
-    cache: &Cache,
-    q: &[f32],
-    q_stride: usize,
-    got: &[f32],
-    out_stride: usize,
-    rows: &[(usize, usize, usize)],
-    scale: f32,
-) {
-    let group = s.n_heads / s.n_kv;
-    let mut written = vec![false; got.len()];
-    let (mut want_all, mut got_all) = (Vec::new(), Vec::new());
-    for &(r, seq, ctx) in rows {
-        for h in 0..s.n_heads {
-            let qh = &q[r * q_stride + h * s.hd..][..s.hd];
-            let want = cache.reference(qh, seq, ctx, h / group, scale);
-            want_all.extend(want.iter().map(|&x| round(t, x)));
-            let at = r * out_stride + h * s.hd;
-            got_all.extend_from_slice(&got[at..at + s.hd]);
-            written[at..at + s.hd].fill(true);
-        }
-    }
-    let stray = got
-        .iter()
-        .zip(&written)
-        .position(|(x, &w)| !w && !x.is_nan());
-    assert!(stray.is_none(), "{what}: element {stray:?} written");
-    assert_close(what, t, &got_all, &want_all);
-}
-
 /// One query over a context past 2000 positions, with sharp scores (the running maximum moves
 /// many times and the weights span many orders of magnitude), for each cache type.
 fn decode_long_context_every_type(gpu: &Gpu) {
@@ -492,6 +299,7 @@ fn decode_long_context_every_type(gpu: &Gpu) {
             out_stride,
             &[(0, 0, ctx)],
             scale,
+            Extras::default(),
         );
     }
 }
@@ -546,6 +354,7 @@ fn odd_strides_and_head_sizes(gpu: &Gpu) {
                 out_stride,
                 &dec,
                 scale,
+                Extras::default(),
             );
 
             // Prefill: all of sequence 1 from position 3 (positions 0..3 only in the cache),
@@ -602,6 +411,7 @@ fn odd_strides_and_head_sizes(gpu: &Gpu) {
                 out_stride,
                 &rows,
                 scale,
+                Extras::default(),
             );
         }
     }
@@ -650,6 +460,22 @@ fn launch_rejects_bad_shapes(gpu: &Gpu) {
         },
         PagedAttention {
             k_cache: good.k_cache.offset(2),
+            ..good
+        },
+        PagedAttention {
+            window: Some(0),
+            ..good
+        },
+        PagedAttention {
+            softcap: Some(0.0),
+            ..good
+        },
+        PagedAttention {
+            softcap: Some(f32::NAN),
+            ..good
+        },
+        PagedAttention {
+            softcap: Some(f32::INFINITY),
             ..good
         },
     ];

@@ -1,4 +1,4 @@
-//! `embedding.cu`, `rope.cu`, `kv_cache.cu`, `swiglu.cu` and `logits.cu` against CPU
+//! `embedding.cu`, `rope.cu`, `kv_cache.cu`, `glu.cu` and `logits.cu` against CPU
 //! references; the RoPE kernel against the crate's own `ops::rope`/`ops::rope_angles`, so that
 //! the GPU decoder and the CPU one agree.
 #![cfg(feature = "emu")]
@@ -8,10 +8,10 @@
 mod util;
 
 use kernels::gpu::ops::{
-    rope_inv_freq, slot_mapping, Embed, KvWrite, LogitsSoftcap, RopeQk, SwiGlu,
+    rope_inv_freq, slot_mapping, Embed, Glu, GluActivation, KvWrite, LogitsSoftcap, RopeQk,
 };
 use kernels::gpu::{Arg, Gpu, GpuDType, GpuError, Launch};
-use kernels::ops;
+use kernels::{ops, Activation};
 use util::*;
 
 checks!(
@@ -19,7 +19,7 @@ checks!(
     rope_qk,
     rope_qk_mrope,
     kv_write,
-    swiglu,
+    glu,
     logits_softcap,
     launchers_refuse_bad_shapes
 );
@@ -67,7 +67,9 @@ fn embed(gpu: &Gpu) {
             let tokb = gpu.upload(&tokens).unwrap();
             let sb = gpu.upload(&slots).unwrap();
             let mb = gpu.upload(&media).unwrap();
-            for with_media in [false, true] {
+            // Gemma's √hidden on the text rows; media rows are taken as they are.
+            let scale = (hidden as f32).sqrt();
+            for (with_media, scale) in [(false, 1.0), (true, 1.0), (false, scale), (true, scale)] {
                 let x = poisoned(gpu, GpuDType::F32, n * hidden);
                 Embed {
                     dtype: t,
@@ -78,6 +80,7 @@ fn embed(gpu: &Gpu) {
                     x: x.ptr(),
                     n_tokens: n,
                     hidden,
+                    scale,
                 }
                 .launch(gpu)
                 .unwrap();
@@ -89,13 +92,20 @@ fn embed(gpu: &Gpu) {
                         }
                         _ => {
                             let tok = tokens[r] as usize;
-                            table[tok * hidden..(tok + 1) * hidden].to_vec()
+                            table[tok * hidden..(tok + 1) * hidden]
+                                .iter()
+                                .map(|v| v * scale)
+                                .collect()
                         }
                     })
                     .collect();
-                // A copy and an exact conversion: bit for bit.
+                // A copy, an exact conversion and one f32 product, as the CPU decoder does:
+                // bit for bit.
                 let got = x.read::<f32>().unwrap();
-                assert_eq!(got, want, "{t}: {n} × {hidden}, media {with_media}");
+                assert_eq!(
+                    got, want,
+                    "{t}: {n} × {hidden}, media {with_media}, scale {scale}"
+                );
             }
         }
     }
@@ -521,23 +531,38 @@ fn kv_write(gpu: &Gpu) {
     }
 }
 
-fn swiglu(gpu: &Gpu) {
-    let mut rng = Rng::new("swiglu");
-    for t in TYPES {
+/// `act(g)` in f64.
+fn glu_reference(act: GluActivation, g: f64) -> f64 {
+    match act {
+        GluActivation::Silu => g / (1.0 + (-g).exp()),
+        GluActivation::GeluTanh => {
+            let k = (2.0 / std::f64::consts::PI).sqrt();
+            0.5 * g * (1.0 + (k * (g + 0.044715 * g * g * g)).tanh())
+        }
+    }
+}
+
+fn glu(gpu: &Gpu) {
+    let mut rng = Rng::new("glu");
+    for (t, activation) in TYPES
+        .into_iter()
+        .flat_map(|t| [(t, GluActivation::Silu), (t, GluActivation::GeluTanh)])
+    {
         for &(n, ffn) in &[(1usize, 100usize), (5, 576), (3, 1000), (2, 4096)] {
             let mut gate_up = rng.vec(n * 2 * ffn, 8.0);
-            // Saturated gates: silu's tails, including exp(−g) overflowing.
+            // Saturated gates: the tails, including silu's exp(−g) overflowing.
             gate_up[0] = -100.0;
             gate_up[1] = 100.0;
             gate_up[2] = -88.5;
             let gb = gpu.upload(&gate_up).unwrap();
             let out = poisoned(gpu, t, n * ffn);
-            SwiGlu {
+            Glu {
                 dtype: t,
                 gate_up: gb.ptr(),
                 out: out.ptr(),
                 n_tokens: n,
                 ffn,
+                activation,
             }
             .launch(gpu)
             .unwrap();
@@ -548,14 +573,22 @@ fn swiglu(gpu: &Gpu) {
             for row in gate_up.chunks_exact(2 * ffn) {
                 let (g, u) = row.split_at(ffn);
                 exact.extend(g.iter().zip(u).map(|(&g, &u)| {
-                    let (g, u) = (f64::from(g), f64::from(u));
-                    round(t, (g / (1.0 + (-g).exp()) * u) as f32)
+                    round(
+                        t,
+                        (glu_reference(activation, f64::from(g)) * f64::from(u)) as f32,
+                    )
                 }));
                 let mut g = g.to_vec();
-                ops::silu_mul(&mut g, u);
+                match activation {
+                    GluActivation::Silu => ops::silu_mul(&mut g, u),
+                    GluActivation::GeluTanh => {
+                        Activation::GeluTanh.apply(&mut g);
+                        g.iter_mut().zip(u).for_each(|(g, u)| *g *= u);
+                    }
+                }
                 cpu.extend(g.into_iter().map(|v| round(t, v)));
             }
-            let what = format!("{n} × {ffn}");
+            let what = format!("{activation:?} {n} × {ffn}");
             assert_close(&what, t, &got, &exact);
             assert_close(&format!("{what} vs ops::silu_mul"), t, &got, &cpu);
             assert_each_near(&what, &got, &exact, 2.0 * tolerance(t) as f32);
@@ -625,6 +658,7 @@ fn launchers_refuse_bad_shapes(gpu: &Gpu) {
         x: p,
         n_tokens: 1,
         hidden: 8,
+        scale: 1.0,
     };
     invalid(embed.launch(gpu), "media_slot without media");
     let rope = RopeQk {
@@ -695,12 +729,13 @@ fn launchers_refuse_bad_shapes(gpu: &Gpu) {
     );
     invalid(KvWrite { kv_dim: 0, ..kv }.launch(gpu), "empty kv_dim");
     invalid(
-        SwiGlu {
+        Glu {
             dtype: GpuDType::F16,
             gate_up: p,
             out: p,
             n_tokens: 1,
             ffn: 0,
+            activation: GluActivation::Silu,
         }
         .launch(gpu),
         "empty ffn",

@@ -29,6 +29,8 @@ fn f16_widens_exactly(gpu: &Gpu) {
             Arg::Ptr(DevicePtr::NULL),
             (&out).into(),
             Arg::I32(n as i32),
+            // No scale: the row is copied as it widens.
+            Arg::F32(1.0),
         ],
     )
     .unwrap();

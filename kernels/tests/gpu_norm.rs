@@ -1,4 +1,5 @@
-//! `rmsnorm.cu` against a CPU reference.
+//! `rmsnorm.cu` against a CPU reference: the residual add, the add of a normed delta (Gemma's
+//! post-attention and post-MLP norms), and picked rows.
 #![cfg(feature = "emu")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -34,6 +35,7 @@ fn add_rmsnorm(gpu: &Gpu) {
                 dtype: t,
                 x: xb.ptr(),
                 delta: Some(db.ptr()),
+                delta_norm: None,
                 weight: wb.ptr(),
                 out: out.ptr(),
                 rows: None,
@@ -66,6 +68,7 @@ fn add_rmsnorm(gpu: &Gpu) {
                 dtype: t,
                 x: xb.ptr(),
                 delta: None,
+                delta_norm: None,
                 weight: wb.ptr(),
                 out: out.ptr(),
                 rows: Some(pb.ptr()),
@@ -89,6 +92,81 @@ fn add_rmsnorm(gpu: &Gpu) {
                 &read_as(gpu, t, &out, rows * hidden),
                 &want,
             );
+
+            // A normed delta added to picked rows (the final norm after a sandwich-normed
+            // MLP): only those rows of x change.
+            let dw = rng.vec(hidden, 1.5);
+            let dwb = gpu.upload(&dw).unwrap();
+            let picks: Vec<i32> = (0..rows as i32).step_by(2).collect();
+            let pb = gpu.upload(&picks).unwrap();
+            let out = poisoned(gpu, t, picks.len() * hidden);
+            AddRmsNorm {
+                dtype: t,
+                x: xb.ptr(),
+                delta: Some(db.ptr()),
+                delta_norm: Some(dwb.ptr()),
+                weight: wb.ptr(),
+                out: out.ptr(),
+                rows: Some(pb.ptr()),
+                n_rows: picks.len(),
+                hidden,
+                eps,
+            }
+            .launch(gpu)
+            .unwrap();
+            let mut stream = sum.clone();
+            for &r in &picks {
+                let r = r as usize;
+                let d = reference(&delta[r * hidden..(r + 1) * hidden], &dw, eps);
+                for (x, d) in stream[r * hidden..(r + 1) * hidden].iter_mut().zip(d) {
+                    *x += d;
+                }
+            }
+            let got_x = gpu.read::<f32>(xb.ptr(), rows * hidden).unwrap();
+            assert_close(
+                "stream after a normed delta",
+                GpuDType::F32,
+                &got_x,
+                &stream,
+            );
+            let want: Vec<f32> = picks
+                .iter()
+                .flat_map(|&r| {
+                    let r = r as usize;
+                    reference(&stream[r * hidden..(r + 1) * hidden], &w, eps)
+                })
+                .map(|v| round(t, v))
+                .collect();
+            assert_close(
+                "normed delta, picked rows",
+                t,
+                &read_as(gpu, t, &out, picks.len() * hidden),
+                &want,
+            );
+            // Rows not picked are untouched, bit for bit.
+            for r in (1..rows).step_by(2) {
+                assert_eq!(
+                    &got_x[r * hidden..(r + 1) * hidden],
+                    &sum[r * hidden..(r + 1) * hidden],
+                    "row {r}"
+                );
+            }
         }
     }
+    // A delta norm needs a delta.
+    let p = gpu.zeros(64).unwrap();
+    assert!(AddRmsNorm {
+        dtype: GpuDType::F32,
+        x: p.ptr(),
+        delta: None,
+        delta_norm: Some(p.ptr()),
+        weight: p.ptr(),
+        out: p.ptr(),
+        rows: None,
+        n_rows: 1,
+        hidden: 16,
+        eps: 1e-6,
+    }
+    .launch(gpu)
+    .is_err());
 }

@@ -3,33 +3,35 @@
 //! activations in device memory, GEMMs through cuBLAS and everything else in the kernels of
 //! `kernels/cuda/`.
 //!
-//! One step, for T tokens: embedding gather (media rows copied in) → per layer: fused
-//! residual add + RMSNorm → QKV GEMM → biases, Q/K norms and RoPE → K/V into the paged cache
-//! → paged attention (decode rows and prefill tiles) → output GEMM → residual add + RMSNorm →
-//! gate/up GEMM → SwiGLU → down GEMM; then the last residual add and the final norm on the
-//! rows whose logits are wanted, the LM head GEMM, and sampling on the device.
+//! One step, for T tokens (`forward.rs`): embedding gather (media rows copied in) → per layer:
+//! fused residual add + RMSNorm → QKV GEMM → biases, Q/K norms and RoPE → K/V into the paged
+//! cache → paged attention (decode rows and prefill tiles) → output GEMM → residual add +
+//! RMSNorm → gate/up GEMM → SwiGLU or GeGLU → down GEMM; then the last residual add and the
+//! final norm on the rows whose logits are wanted, the LM head GEMM, and sampling on the
+//! device. The families' differences ride on these steps: Gemma's embedding scale in the
+//! gather, its norms of the attention's and the MLP's outputs in the residual adds, sliding
+//! windows and soft-capped scores in the attention kernels, Gemma 3's local RoPE base as a
+//! second frequency table, and soft-capped logits after the LM head.
 //!
 //! The residual stream and every GEMM output stay f32; GEMM inputs, weights and the KV cache
 //! are the model's GPU type (bf16 by default; f32 for exact parity runs).
 
 mod buffers;
+mod forward;
 mod plan;
 mod weights;
 
 use rand::rngs::StdRng;
 
-use kernels::gpu::ops::{
-    rope_inv_freq, AddRmsNorm, Embed, KvWrite, PagedAttention, RopeQk, SwiGlu,
-};
+use kernels::gpu::ops::rope_inv_freq;
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
-use kernels::gpu::{DevicePtr, Gemm, Gpu, GpuBuffer, GpuDType, GpuError};
+use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError};
 
-use super::{validate_chunks, LlamaConfig, LlamaModel, MlpActivation};
+use super::{LlamaConfig, LlamaModel};
 use crate::error::{EngineError, Result};
 use crate::model::{sample_on_host, CausalLm, DecoderInfo, KvBudget, SampleRequest, SeqChunk};
 use crate::sampling::Sampled;
 use buffers::{scratch_bytes, GpuKv, Scratch};
-use plan::StepPlan;
 use weights::GpuWeights;
 
 fn gpu_err(e: GpuError) -> EngineError {
@@ -50,6 +52,8 @@ pub struct GpuLlama {
     dtype: GpuDType,
     weights: GpuWeights,
     inv_freq: GpuBuffer,
+    /// The sliding-window layers' frequencies where their RoPE base differs (Gemma 3).
+    inv_freq_local: Option<GpuBuffer>,
     kv: Option<GpuKv>,
     scratch: Option<Scratch>,
     sampler: Option<Sampler>,
@@ -87,6 +91,12 @@ impl GpuLlama {
         let weights = weights::upload(&gpu, model, dtype)?;
         let inv_freq = rope_inv_freq(cfg.rope_base, cfg.rope_dim, model.rope_factors.as_deref());
         let inv_freq = gpu.upload(&inv_freq).map_err(gpu_err)?;
+        // As the CPU decoder: no scaling and no rope factors on the local layers.
+        let inv_freq_local = cfg
+            .local_rope_base
+            .map(|base| gpu.upload(&rope_inv_freq(base, cfg.rope_dim, None)))
+            .transpose()
+            .map_err(gpu_err)?;
         Ok(GpuLlama {
             info: model.info.clone(),
             cfg,
@@ -94,6 +104,7 @@ impl GpuLlama {
             dtype,
             weights,
             inv_freq,
+            inv_freq_local,
             kv: None,
             scratch: None,
             sampler: None,
@@ -126,259 +137,6 @@ impl GpuLlama {
         }
         Ok(())
     }
-
-    /// Run the step's layers and the LM head; the logits of `plan.logit_chunks` are in
-    /// `scratch.logits`, one row each.
-    fn run(&mut self, batch: &[SeqChunk<'_>]) -> Result<StepPlan> {
-        let (block_size, num_blocks) = match &self.kv {
-            Some(kv) => (kv.block_size, kv.num_blocks),
-            None => {
-                return Err(EngineError::Internal(
-                    "the KV cache is not allocated".into(),
-                ))
-            }
-        };
-        validate_chunks(&self.cfg, batch, block_size, num_blocks)?;
-        let pos_axes = if self.cfg.mrope_section.is_some() {
-            3
-        } else {
-            1
-        };
-        let plan = StepPlan::build(batch, block_size, pos_axes);
-        self.ensure_scratch(plan.n_rows, plan.logit_chunks.len())?;
-        let (gpu, cfg, dtype) = (&self.gpu, &self.cfg, self.dtype);
-        let (Some(s), Some(kv)) = (self.scratch.as_mut(), self.kv.as_ref()) else {
-            return Err(EngineError::Internal("GPU buffers missing".into()));
-        };
-        if plan.ints.len() > s.ints_cap {
-            s.ints_cap = plan.ints.len().next_power_of_two();
-            s.ints = gpu.alloc(s.ints_cap * 4).map_err(gpu_err)?;
-        }
-        gpu.write(s.ints.ptr(), &plan.ints).map_err(gpu_err)?;
-        let media = if plan.has_media && !plan.media.is_empty() {
-            if plan.media.len() > s.media_cap {
-                s.media_cap = plan.media.len().next_power_of_two();
-                s.media = Some(gpu.alloc(s.media_cap * 4).map_err(gpu_err)?);
-            }
-            let m = s.media.as_ref().map(|b| b.ptr()).unwrap_or_default();
-            gpu.write(m, &plan.media).map_err(gpu_err)?;
-            Some(m)
-        } else {
-            None
-        };
-        let int = |off: usize| s.ints.at(off * 4);
-        let (t, h) = (plan.n_rows, cfg.hidden);
-        let (n_heads, n_kv, hd) = (cfg.n_heads, cfg.n_kv_heads, cfg.head_dim);
-        let qkv_stride = (n_heads + 2 * n_kv) * hd;
-        let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
-        let w = &self.weights;
-
-        // `x += delta` (when given), then RMSNorm with `weight` into `out`, over every row or
-        // the rows listed.
-        let norm = |delta: Option<DevicePtr>,
-                    weight: &GpuBuffer,
-                    out: DevicePtr,
-                    rows: Option<DevicePtr>,
-                    n_rows: usize| {
-            AddRmsNorm {
-                dtype,
-                x: s.x.ptr(),
-                delta,
-                weight: weight.ptr(),
-                out,
-                rows,
-                n_rows,
-                hidden: h,
-                eps: cfg.eps,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)
-        };
-        Embed {
-            dtype,
-            table: w.embed.ptr(),
-            tokens: int(plan.at.tokens),
-            media_slot: media.map(|_| int(plan.at.media_slot)),
-            media,
-            x: s.x.ptr(),
-            n_tokens: t,
-            hidden: h,
-        }
-        .launch(gpu)
-        .map_err(gpu_err)?;
-
-        let scale = cfg.rope_attn_factor * cfg.rope_attn_factor / (hd as f32).sqrt();
-        for (li, layer) in w.layers.iter().enumerate() {
-            norm(
-                (li > 0).then(|| s.delta.ptr()),
-                &layer.attn_norm,
-                s.h.ptr(),
-                None,
-                t,
-            )?;
-            gemm(
-                gpu,
-                dtype,
-                t,
-                s.h.ptr(),
-                &layer.wqkv,
-                qkv_stride,
-                h,
-                s.qkv.ptr(),
-            )?;
-            RopeQk {
-                qkv: s.qkv.ptr(),
-                bias: layer.bias.as_ref().map(|b| b.ptr()),
-                q_norm: layer.q_norm.as_ref().map(|b| b.ptr()),
-                k_norm: layer.k_norm.as_ref().map(|b| b.ptr()),
-                inv_freq: self.inv_freq.ptr(),
-                positions: int(plan.at.positions),
-                pos_axes,
-                sections: cfg
-                    .mrope_section
-                    .map_or([cfg.rope_dim / 2, 0], |m| [m[0], m[1]]),
-                n_tokens: t,
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                rope_dim: cfg.rope_dim,
-                neox: cfg.rope_neox,
-                freq_scale: cfg.rope_freq_scale,
-                eps: cfg.eps,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
-            KvWrite {
-                dtype,
-                qkv: s.qkv.ptr(),
-                k_cache: kv.k(li),
-                v_cache: kv.v(li),
-                slots: int(plan.at.slots),
-                n_tokens: t,
-                qkv_stride,
-                k_offset: q_dim,
-                v_offset: q_dim + kv_dim,
-                kv_dim,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
-            let attn = PagedAttention {
-                dtype,
-                out: s.attn.ptr(),
-                q: s.qkv.ptr(),
-                k_cache: kv.k(li),
-                v_cache: kv.v(li),
-                block_tables: int(plan.at.tables),
-                q_stride: qkv_stride,
-                out_stride: q_dim,
-                n_heads,
-                n_kv_heads: n_kv,
-                head_dim: hd,
-                block_size: kv.block_size,
-                max_blocks: plan.max_blocks,
-                scale,
-            };
-            if plan.n_decode > 0 {
-                attn.decode(gpu, int(plan.at.q_seq), int(plan.at.q_ctx), plan.n_decode)
-                    .map_err(gpu_err)?;
-            }
-            if plan.n_tiles > 0 {
-                attn.prefill(gpu, int(plan.at.tiles), plan.n_tiles)
-                    .map_err(gpu_err)?;
-            }
-            gemm(
-                gpu,
-                dtype,
-                t,
-                s.attn.ptr(),
-                &layer.wo,
-                h,
-                q_dim,
-                s.delta.ptr(),
-            )?;
-            norm(Some(s.delta.ptr()), &layer.ffn_norm, s.h.ptr(), None, t)?;
-            gemm(
-                gpu,
-                dtype,
-                t,
-                s.h.ptr(),
-                &layer.wgu,
-                2 * cfg.ffn,
-                h,
-                s.gate_up.ptr(),
-            )?;
-            SwiGlu {
-                dtype,
-                gate_up: s.gate_up.ptr(),
-                out: s.act.ptr(),
-                n_tokens: t,
-                ffn: cfg.ffn,
-            }
-            .launch(gpu)
-            .map_err(gpu_err)?;
-            gemm(
-                gpu,
-                dtype,
-                t,
-                s.act.ptr(),
-                &layer.wdown,
-                h,
-                cfg.ffn,
-                s.delta.ptr(),
-            )?;
-        }
-        let n_logits = plan.logit_chunks.len();
-        if n_logits > 0 {
-            // The last layer's residual add happens here, for the wanted rows only.
-            norm(
-                Some(s.delta.ptr()),
-                &w.out_norm,
-                s.normed.ptr(),
-                Some(int(plan.at.logit_rows)),
-                n_logits,
-            )?;
-            gemm(
-                gpu,
-                dtype,
-                n_logits,
-                s.normed.ptr(),
-                w.lm_head(),
-                cfg.vocab,
-                h,
-                s.logits.ptr(),
-            )?;
-        }
-        Ok(plan)
-    }
-}
-
-/// `c = a · wᵀ` for `m` rows: `a` is `m × k` of `dtype`, `w` is `n × k`, `c` is f32 `m × n`.
-#[allow(clippy::too_many_arguments)]
-fn gemm(
-    gpu: &Gpu,
-    dtype: GpuDType,
-    m: usize,
-    a: DevicePtr,
-    w: &GpuBuffer,
-    n: usize,
-    k: usize,
-    c: DevicePtr,
-) -> Result<()> {
-    gpu.gemm(&Gemm {
-        m,
-        n,
-        k,
-        dtype,
-        a,
-        lda: k,
-        b: w.ptr(),
-        ldb: k,
-        c,
-        ldc: n,
-        alpha: 1.0,
-        beta: 0.0,
-    })
-    .map_err(gpu_err)
 }
 
 impl CausalLm for GpuLlama {
@@ -567,23 +325,8 @@ const GIB: f64 = (1u64 << 30) as f64;
 /// The first setting the GPU kernels do not implement, named as `config.json` names it; the
 /// bring-up then fails at the weights step, and `--device auto` serves the model on the CPU.
 fn gpu_unsupported(cfg: &LlamaConfig) -> Option<&'static str> {
-    let t = &cfg.traits;
-    [
-        (cfg.windows.iter().any(Option::is_some), "sliding_window"),
-        (cfg.local_rope_base.is_some(), "rope_local_base_freq"),
-        (t.embed_scale.is_some(), "a scaled embedding (Gemma)"),
-        (
-            t.sandwich_norms,
-            "post_attention and post_feedforward norms (Gemma)",
-        ),
-        (
-            t.activation != MlpActivation::Silu,
-            "hidden_act other than silu",
-        ),
-        (t.attn_softcap.is_some(), "attn_logit_softcapping"),
-        (t.final_softcap.is_some(), "final_logit_softcapping"),
-        (t.attn_scale.is_some(), "query_pre_attn_scalar"),
-    ]
-    .into_iter()
-    .find_map(|(on, name)| on.then_some(name))
+    // The CPU turns a local layer by each token's plain position; the GPU step has only the
+    // three M-RoPE positions at hand, which differ from it on media rows.
+    (cfg.local_rope_base.is_some() && cfg.mrope_section.is_some())
+        .then_some("rope_local_base_freq with mrope_section")
 }

@@ -4,7 +4,8 @@
 //! cache as `[num_blocks][block_size][n_kv_heads][head_dim]` of the model's type through i32
 //! block tables (`n_seqs × max_blocks`, row-major), and write the output rows in the model's
 //! type. Query head `h` reads KV head `h / (n_heads / n_kv_heads)`. The step's own keys and
-//! values must already be in the cache.
+//! values must already be in the cache. A layer with a sliding window reads only the
+//! positions its queries see; soft-capped scores are capped before the softmax.
 
 use super::{grid_x, grid_yz, int};
 use crate::gpu::{Arg, DevicePtr, Gpu, GpuDType, GpuError, Launch, Result};
@@ -73,6 +74,11 @@ pub struct PagedAttention {
     pub block_size: usize,
     pub max_blocks: usize,
     pub scale: f32,
+    /// A sliding window: a query at position `p` sees positions `p - w + 1 ..= p` only.
+    /// `None`: every earlier position.
+    pub window: Option<usize>,
+    /// Scores (already scaled) become `c · tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
 }
 
 impl PagedAttention {
@@ -93,6 +99,14 @@ impl PagedAttention {
         }
         if self.max_blocks == 0 {
             return Err(GpuError::Invalid("block tables with no column".into()));
+        }
+        if self.window == Some(0) {
+            return Err(GpuError::Invalid("a sliding window of 0 positions".into()));
+        }
+        if let Some(c) = self.softcap.filter(|c| !(*c > 0.0 && c.is_finite())) {
+            return Err(GpuError::Invalid(format!(
+                "attention softcap {c} must be positive and finite"
+            )));
         }
         // Cache rows are read 16 bytes at a time (head_dim is a multiple of 8 elements).
         if !self.k_cache.0.is_multiple_of(16) || !self.v_cache.0.is_multiple_of(16) {
@@ -124,13 +138,17 @@ impl PagedAttention {
             Arg::I32(int("block_size", self.block_size)?),
             Arg::I32(int("max_blocks", self.max_blocks)?),
             Arg::F32(self.scale),
+            // 0 stands for no window and no cap in the kernels.
+            Arg::I32(int("window", self.window.unwrap_or(0))?),
+            Arg::F32(self.softcap.unwrap_or(0.0)),
         ]);
         Ok(args)
     }
 
     /// Decode: each of `n_queries` rows attends to its own sequence's first `q_ctx[t]`
     /// positions. `q_seq` (i32 per row) names its block-table row; `q_ctx` (i32 per row) how
-    /// many positions it sees (its position + 1, at least 1).
+    /// many positions precede it, itself included (its position + 1): it sees all of them, or
+    /// the last `w` with a window `w`.
     pub fn decode(
         &self,
         gpu: &Gpu,
@@ -154,7 +172,7 @@ impl PagedAttention {
     }
 
     /// Prefill: `tiles` (i32 `n_tiles × 4`) from [`prefill_tiles`]; query `i` of a tile sees
-    /// `ctx0 + i` positions.
+    /// `ctx0 + i` positions (the last `w` of them with a window `w`).
     pub fn prefill(&self, gpu: &Gpu, tiles: DevicePtr, n_tiles: usize) -> Result<()> {
         let args = self.args(&[tiles])?;
         let shared = prefill_shared_bytes(self.head_dim);

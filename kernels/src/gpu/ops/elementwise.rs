@@ -1,7 +1,7 @@
 //! Launchers for the elementwise kernels: `embedding.cu` (token and media rows into the residual
 //! stream), `rope.cu` (QKV bias, Q/K norms and rotary embeddings), `kv_cache.cu` (keys and
-//! values into the paged cache), `swiglu.cu` (SiLU·mul) and `logits.cu` (soft-capping); with the
-//! host-side tables they need ([`rope_inv_freq`], [`slot_mapping`]).
+//! values into the paged cache), `glu.cu` (SiLU·mul or GELU·mul) and `logits.cu`
+//! (soft-capping); with the host-side tables they need ([`rope_inv_freq`], [`slot_mapping`]).
 
 use super::{grid_x, grid_yz, int, opt};
 use crate::gpu::{Arg, DevicePtr, Gpu, GpuDType, GpuError, Launch, Result};
@@ -31,7 +31,8 @@ fn nonzero(what: &str, v: usize) -> Result<()> {
 }
 
 /// Row `t` of the f32 residual stream `x` (`n_tokens × hidden`) becomes the embedding of
-/// `tokens[t]` (a row of `table`, `vocab × hidden` of `dtype`, converted to f32), or, when
+/// `tokens[t]` (a row of `table`, `vocab × hidden` of `dtype`, converted to f32 and multiplied
+/// by `scale`), or, when
 /// `media_slot[t] >= 0`, row `media_slot[t]` of `media` (f32, `hidden` wide: an encoder's output
 /// for a placeholder token).
 ///
@@ -54,6 +55,8 @@ pub struct Embed {
     pub x: DevicePtr,
     pub n_tokens: usize,
     pub hidden: usize,
+    /// Multiplies the table rows (not the media rows): Gemma's √hidden, else 1.
+    pub scale: f32,
 }
 
 impl Embed {
@@ -74,6 +77,7 @@ impl Embed {
                 opt(self.media),
                 Arg::Ptr(self.x),
                 Arg::I32(int("hidden", self.hidden)?),
+                Arg::F32(self.scale),
             ],
         )
     }
@@ -280,10 +284,19 @@ impl KvWrite {
     }
 }
 
-/// `out[t][i] = silu(gate_up[t][i]) · gate_up[t][ffn + i]` with `silu(g) = g / (1 + e^−g)`
-/// (as [`crate::ops::silu_mul`]), stored as `dtype`.
+/// The activation of a gated MLP's gate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum GluActivation {
+    /// `silu(g) = g / (1 + e^−g)` (SwiGLU, as [`crate::ops::silu_mul`]).
+    #[default]
+    Silu,
+    /// GELU with the tanh approximation (GeGLU, `gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+/// `out[t][i] = act(gate_up[t][i]) · gate_up[t][ffn + i]`, stored as `dtype`.
 #[derive(Debug, Clone, Copy)]
-pub struct SwiGlu {
+pub struct Glu {
     /// Storage type of `out`.
     pub dtype: GpuDType,
     /// f32 `n_tokens × 2·ffn`: each row the gate, then the up projection.
@@ -292,19 +305,21 @@ pub struct SwiGlu {
     pub out: DevicePtr,
     pub n_tokens: usize,
     pub ffn: usize,
+    pub activation: GluActivation,
 }
 
-impl SwiGlu {
+impl Glu {
     pub fn launch(&self, gpu: &Gpu) -> Result<()> {
-        nonzero("swiglu: ffn", self.ffn)?;
-        int("swiglu: 2·ffn", 2 * self.ffn)?;
+        nonzero("glu: ffn", self.ffn)?;
+        int("glu: 2·ffn", 2 * self.ffn)?;
         gpu.launch(
-            &format!("swiglu_{}", self.dtype.suffix()),
+            &format!("glu_{}", self.dtype.suffix()),
             row_launch(self.n_tokens, self.ffn)?,
             &[
                 Arg::Ptr(self.gate_up),
                 Arg::Ptr(self.out),
                 Arg::I32(int("ffn", self.ffn)?),
+                Arg::I32(i32::from(self.activation == GluActivation::GeluTanh)),
             ],
         )
     }

@@ -141,6 +141,7 @@ mod tests {
                 x: p,
                 n_tokens: 3,
                 hidden: wide,
+                scale: 8.0,
             }
             .launch(&gpu)
             .unwrap();
@@ -158,19 +159,21 @@ mod tests {
             }
             .launch(&gpu)
             .unwrap();
-            SwiGlu {
+            Glu {
                 dtype,
                 gate_up: p,
                 out: p,
                 n_tokens: 3,
                 ffn: wide,
+                activation: GluActivation::GeluTanh,
             }
             .launch(&gpu)
             .unwrap();
             AddRmsNorm {
                 dtype,
                 x: p,
-                delta: None,
+                delta: Some(p),
+                delta_norm: Some(p),
                 weight: p,
                 out: p,
                 rows: None,
@@ -195,6 +198,8 @@ mod tests {
                 block_size: 16,
                 max_blocks: 8,
                 scale: 1.0,
+                window: Some(4096),
+                softcap: Some(50.0),
             };
             attn.decode(&gpu, p, p, 5).unwrap();
             attn.prefill(&gpu, p, 2).unwrap();

@@ -25,6 +25,9 @@ pub(super) struct GpuLayer {
     pub q_norm: Option<GpuBuffer>,
     pub k_norm: Option<GpuBuffer>,
     pub wo: GpuBuffer,
+    /// Gemma 2/3: the norms of the attention's and the MLP's outputs, f32.
+    pub post_attn_norm: Option<GpuBuffer>,
+    pub post_ffn_norm: Option<GpuBuffer>,
     pub ffn_norm: GpuBuffer,
     /// `[gate; up]`, `2·ffn × hidden`.
     pub wgu: GpuBuffer,
@@ -169,6 +172,10 @@ fn upload_f32(gpu: &Gpu, v: &[f32]) -> Result<GpuBuffer> {
     gpu.upload(v).map_err(gpu_err)
 }
 
+fn upload_opt(gpu: &Gpu, v: Option<&[f32]>) -> Result<Option<GpuBuffer>> {
+    v.map(|v| upload_f32(gpu, v)).transpose()
+}
+
 fn upload_layer(
     gpu: &Gpu,
     src: &Source<'_>,
@@ -194,17 +201,11 @@ fn upload_layer(
         attn_norm: upload_f32(gpu, &l.attn_norm)?,
         wqkv: upload_matrix(gpu, src, &[&l.wq, &l.wk, &l.wv], dtype, progress)?,
         bias,
-        q_norm: l
-            .q_norm
-            .as_deref()
-            .map(|v| upload_f32(gpu, v))
-            .transpose()?,
-        k_norm: l
-            .k_norm
-            .as_deref()
-            .map(|v| upload_f32(gpu, v))
-            .transpose()?,
+        q_norm: upload_opt(gpu, l.q_norm.as_deref())?,
+        k_norm: upload_opt(gpu, l.k_norm.as_deref())?,
         wo: upload_matrix(gpu, src, &[&l.wo], dtype, progress)?,
+        post_attn_norm: upload_opt(gpu, l.post_attn_norm.as_deref())?,
+        post_ffn_norm: upload_opt(gpu, l.post_ffn_norm.as_deref())?,
         ffn_norm: upload_f32(gpu, &l.ffn_norm)?,
         wgu: upload_matrix(gpu, src, &[&l.w_gate, &l.w_up], dtype, progress)?,
         wdown: upload_matrix(gpu, src, &[&l.w_down], dtype, progress)?,
