@@ -11,6 +11,7 @@
 //! the sequence: a preempted sequence is recomputed without sampling again, so its matcher is
 //! advanced exactly once per generated token.
 
+use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -25,6 +26,7 @@ use crate::error::{EngineError, Result};
 /// Compiles grammars for one model's vocabulary.
 pub struct GuideFactory {
     factory: ParserFactory,
+    env: TokEnv,
     /// The trie's EOS id; every model EOS id maps to it when the matcher advances.
     eos: u32,
 }
@@ -116,7 +118,7 @@ impl GuideFactory {
             .map_err(|_| unsupported("the grammar engine failed to start".into()))?
             .map_err(|e| unsupported(e.to_string()))?;
         factory.quiet();
-        Ok(GuideFactory { factory, eos })
+        Ok(GuideFactory { factory, env, eos })
     }
 
     /// Compile `c` into a fresh matcher; an unsupported or malformed grammar is an
@@ -239,6 +241,44 @@ struct Guide {
     /// The next token's mask, computed ahead while the forward pass runs
     /// ([`TokenRules::prepare_mask`]).
     ready: Option<llguidance::toktrie::SimpleVob>,
+    /// JSON constraints: what closes the reply when `max_tokens` is about to run out.
+    closer: Option<Closer>,
+}
+
+/// Ends a JSON reply that would otherwise be cut by `max_tokens`: once a free token would
+/// leave too few tokens for the shortest valid completion, the rest of the reply is that
+/// completion (`json_close`), one forced token per step.
+struct Closer {
+    schema: serde_json::Value,
+    env: TokEnv,
+    /// Tokens the sequence may generate in all.
+    budget: usize,
+    generated: Vec<u32>,
+    forced: VecDeque<u32>,
+    /// True once the reply was closed early by the budget.
+    closed: bool,
+}
+
+/// Completions are only worked out this close to the budget (in tokens): no schema's shortest
+/// completion in practice needs more, and before it the closer costs nothing.
+const CLOSE_WINDOW: usize = 256;
+
+/// How many tokens before the last moment a reply closes when the ending after the sampled
+/// token cannot be worked out (inside a `pattern` string, say).
+const UNKNOWN_MARGIN: usize = 8;
+
+impl Closer {
+    /// The tokens of the shortest valid completion after `tokens`, if this can tell.
+    fn completion_after(&self, tokens: &[u32]) -> Option<Vec<u32>> {
+        let trie = self.env.tok_trie();
+        let text = String::from_utf8_lossy(&trie.decode(tokens)).into_owned();
+        let tail = crate::json_close::shortest_completion(&self.schema, &text)?;
+        Some(self.env.tokenize_bytes(tail.as_bytes()))
+    }
+
+    fn remaining(&self) -> usize {
+        self.budget.saturating_sub(self.generated.len())
+    }
 }
 
 impl std::fmt::Debug for TokenRules {
@@ -301,10 +341,22 @@ pub fn prepare(
         None => None,
         Some(c) => {
             let factory = guides()?;
+            let closer = json_schema_of(c).map(|schema| Closer {
+                schema,
+                env: factory.env.clone(),
+                budget: params.max_tokens,
+                generated: Vec::new(),
+                forced: VecDeque::new(),
+                closed: false,
+            });
+            if let Some(closer) = &closer {
+                refuse_a_budget_below_the_shortest_reply(closer, params.max_tokens)?;
+            }
             Some(Guide {
                 matcher: factory.compile(c)?,
                 eos: factory.eos,
                 ready: None,
+                closer,
             })
         }
     };
@@ -319,6 +371,32 @@ pub fn prepare(
         logit_bias: params.logit_bias.clone(),
         output: Vec::new(),
     })))
+}
+
+/// The JSON Schema a JSON constraint holds (`json_object` is any object).
+fn json_schema_of(c: &Constraint) -> Option<serde_json::Value> {
+    match c {
+        Constraint::JsonObject => Some(serde_json::json!({"type": "object"})),
+        Constraint::JsonSchema(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// A `max_tokens` that cannot hold the shortest reply the schema accepts is the request's
+/// error, not a reply cut short.
+fn refuse_a_budget_below_the_shortest_reply(closer: &Closer, max_tokens: usize) -> Result<()> {
+    if let Some(shortest) = closer.completion_after(&[]) {
+        if shortest.len() > max_tokens {
+            return Err(EngineError::invalid(
+                format!(
+                    "max_tokens ({max_tokens}) is too small for the shortest JSON the schema accepts ({} tokens)",
+                    shortest.len()
+                ),
+                Some("max_tokens"),
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// vLLM's `SamplingParams.update_from_tokenizer`: each word as given (left-stripped) and with
@@ -424,6 +502,15 @@ impl TokenRules {
             } else {
                 Vec::new()
             };
+            // A forced completion allows its next token only (the logprobs stay the model's).
+            if let Some(next) = g.closer.as_ref().and_then(|c| c.forced.front()) {
+                let keep = logits.get(*next as usize).copied();
+                logits.fill(f32::NEG_INFINITY);
+                if let Some(l) = keep {
+                    logits[*next as usize] = if l.is_finite() { l } else { 0.0 };
+                }
+                return Ok(());
+            }
             let words = mask.as_slice();
             for (w, chunk) in logits.chunks_mut(32).enumerate() {
                 let bits = words.get(w).copied().unwrap_or(0);
@@ -463,6 +550,56 @@ impl TokenRules {
         self.guide.is_some()
     }
 
+    /// The token to emit in place of `token`, sampled under the grammar's mask, when taking it
+    /// would leave too few tokens for the shortest valid completion: the first token of that
+    /// completion, whose rest is forced from then on. `None`: keep `token`.
+    pub fn close_before(&mut self, token: u32, eos_ids: &[u32]) -> Option<u32> {
+        let g = self.guide.as_mut()?;
+        let c = g.closer.as_mut()?;
+        if !c.forced.is_empty() || eos_ids.contains(&token) || c.remaining() > CLOSE_WINDOW {
+            return None;
+        }
+        let mut after = c.generated.clone();
+        after.push(token);
+        let left_after = c.remaining().saturating_sub(1);
+        let after = c.completion_after(&after);
+        if after.as_ref().is_some_and(|tail| tail.len() <= left_after) {
+            return None;
+        }
+        let now = c.completion_after(&c.generated)?;
+        if now.is_empty() || now.len() > c.remaining() {
+            return None;
+        }
+        // Where the ending after this token cannot be worked out, close only once the budget
+        // is near (within a few tokens of what closing needs now).
+        if after.is_none() && now.len() + UNKNOWN_MARGIN < c.remaining() {
+            return None;
+        }
+        // Only a completion the grammar takes whole is forced.
+        if g.matcher.validate_tokens(&now).ok()? != now.len() {
+            return None;
+        }
+        c.forced = now.into();
+        c.closed = true;
+        c.forced.front().copied()
+    }
+
+    /// True when the budget closed the reply early ([`TokenRules::close_before`]).
+    pub fn was_closed(&self) -> bool {
+        self.guide
+            .as_ref()
+            .and_then(|g| g.closer.as_ref())
+            .is_some_and(|c| c.closed)
+    }
+
+    /// The number of tokens the sequence may generate (`max_tokens` as the scheduler clamped
+    /// it to the context).
+    pub fn set_budget(&mut self, budget: usize) {
+        if let Some(c) = self.guide.as_mut().and_then(|g| g.closer.as_mut()) {
+            c.budget = budget;
+        }
+    }
+
     /// Advance with the sampled token.
     pub fn record(&mut self, token: u32, eos_ids: &[u32]) -> Result<()> {
         if self.bad_words.iter().any(|w| w.len() > 1) {
@@ -471,6 +608,12 @@ impl TokenRules {
         if let Some(g) = &mut self.guide {
             // A mask computed ahead belongs to the position just filled.
             g.ready = None;
+            if let Some(c) = &mut g.closer {
+                if c.forced.front() == Some(&token) {
+                    c.forced.pop_front();
+                }
+                c.generated.push(token);
+            }
             if g.matcher.is_stopped() {
                 return Ok(());
             }

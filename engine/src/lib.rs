@@ -31,6 +31,7 @@ mod fault;
 pub mod gguf;
 pub mod handle;
 pub mod hf;
+mod json_close;
 pub mod metrics;
 pub mod model;
 pub mod models;

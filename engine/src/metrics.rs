@@ -26,6 +26,8 @@ pub const INTER_TOKEN_LATENCY: &str = "vllm:inter_token_latency_seconds";
 pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
 pub const REQUEST_QUEUE_TIME: &str = "vllm:request_queue_time_seconds";
 pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
+/// Structured replies closed early so that `max_tokens` would not cut them (ours: vLLM has none).
+pub const FORCED_CLOSINGS: &str = "gateway:structured_output_forced_closings_total";
 
 /// vLLM's bucket boundaries for time to first token, so its Grafana dashboards read ours.
 pub const TTFT_BUCKETS: &[f64] = &[
@@ -132,6 +134,11 @@ pub fn describe() {
         Unit::Count,
         "Cumulative number of preemption from the engine."
     );
+    describe_counter!(
+        FORCED_CLOSINGS,
+        Unit::Count,
+        "Structured-output replies completed with the shortest valid ending because max_tokens was about to cut them."
+    );
 }
 
 /// The vLLM label value of a finish reason.
@@ -161,6 +168,7 @@ pub struct ModelMetrics {
     e2e: Histogram,
     queue_time: Histogram,
     preemptions: Counter,
+    forced_closings: Counter,
 }
 
 impl ModelMetrics {
@@ -180,8 +188,14 @@ impl ModelMetrics {
             e2e: metrics::histogram!(E2E_REQUEST_LATENCY, "model_name" => name.clone()),
             queue_time: metrics::histogram!(REQUEST_QUEUE_TIME, "model_name" => name.clone()),
             preemptions: metrics::counter!(NUM_PREEMPTIONS, "model_name" => name.clone()),
+            forced_closings: metrics::counter!(FORCED_CLOSINGS, "model_name" => name.clone()),
             model_name: name,
         }
+    }
+
+    /// A structured reply closed early by its budget.
+    pub fn forced_closing(&self) {
+        self.forced_closings.increment(1);
     }
 
     pub fn model_name(&self) -> &str {

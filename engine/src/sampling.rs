@@ -97,6 +97,20 @@ impl SequenceSampler {
         self
     }
 
+    /// The tokens this sequence may generate (`max_tokens` clamped to the context), which a
+    /// JSON reply must close within.
+    pub fn with_budget(mut self, budget: usize) -> Self {
+        if let Some(r) = &mut self.rules {
+            r.set_budget(budget);
+        }
+        self
+    }
+
+    /// True when `max_tokens` closed a structured reply early: it ends as `length`.
+    pub fn was_closed_by_budget(&self) -> bool {
+        self.rules.as_ref().is_some_and(|r| r.was_closed())
+    }
+
     /// True when the request has token rules (a device sampler cannot apply them: such rows
     /// are sampled on the host).
     pub fn needs_host(&self) -> bool {
@@ -188,6 +202,12 @@ impl SequenceSampler {
             ),
             None => EngineError::Internal(format!("no finite logit to sample from (vocab {vocab})")),
         })?;
+        // A JSON reply about to outrun max_tokens closes instead (its logprob is the model's).
+        let token = self
+            .rules
+            .as_mut()
+            .and_then(|r| r.close_before(token, eos_ids))
+            .unwrap_or(token);
         let logprobs = logprobs.map(|(norm, top)| StepLogprobs {
             token_id: token,
             logprob: norm.get(token as usize).unwrap_or(f32::NEG_INFINITY),

@@ -239,7 +239,9 @@ impl Engine {
         let prompt_len = sub.prompt_ids.len();
         let room = self.cfg.max_model_len.saturating_sub(prompt_len);
         let max_tokens = sub.params.max_tokens.min(room);
-        let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids).with_rules(sub.rules);
+        let sampler = SequenceSampler::new(&sub.params, &sub.prompt_ids)
+            .with_rules(sub.rules)
+            .with_budget(max_tokens);
         let prompt_lp = sub.params.prompt_logprobs.map(|k| (vec![None], k));
         let seq = Sequence {
             id: sub.seq_id,
@@ -559,6 +561,9 @@ impl Engine {
             self.metrics.generation_tokens(1);
             let finish = Self::check_finish(seq, &self.eos, self.cfg.max_model_len, token);
             let done = finish.is_some();
+            if done && seq.sampler.was_closed_by_budget() {
+                self.metrics.forced_closing();
+            }
             let _ = seq.events.send(SeqEvent::Token {
                 id: token,
                 logprobs: sampled.logprobs,
@@ -597,8 +602,13 @@ impl Engine {
                 // The grammar takes nothing more (its mask would allow only EOS), whatever
                 // min_tokens or ignore_eos say. Ending here saves the EOS step; as for an EOS
                 // stop, the stop reason is null (an EOS token itself stays out of the text).
-                let eos_token = eos.contains(&token).then_some(StopReason::Eos);
-                (FinishReason::Stop, eos_token)
+                // A reply the budget closed early is still one that ran out of tokens.
+                if seq.sampler.was_closed_by_budget() {
+                    (FinishReason::Length, None)
+                } else {
+                    let eos_token = eos.contains(&token).then_some(StopReason::Eos);
+                    (FinishReason::Stop, eos_token)
+                }
             } else if generated < params.min_tokens {
                 return None;
             } else if !params.ignore_eos && eos.contains(&token) {

@@ -333,3 +333,119 @@ fn unsupported_and_malformed_constraints_are_invalid_requests() {
         m.check_constraint(&ok).unwrap();
     }
 }
+
+/// Realistic schemas whose every part the closer can finish (no `pattern` or `format`: a
+/// reply cut inside one of those is not forced).
+fn closable_schemas() -> Vec<Value> {
+    let s = |max: u64| json!({"type": "string", "maxLength": max});
+    vec![
+        json!({"type": "object", "properties": {"name": s(24), "age": {"type": "integer", "minimum": 18, "maximum": 99}, "email": s(32)}, "required": ["name", "age"]}),
+        json!({"type": "object", "properties": {"title": s(40), "tags": {"type": "array", "items": s(12), "minItems": 2, "maxItems": 5}}, "required": ["title", "tags"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"status": {"enum": ["open", "closed", "pending"]}, "priority": {"type": "integer", "minimum": 1, "maximum": 5}}, "required": ["status", "priority"]}),
+        json!({"type": "object", "properties": {"user": {"type": "object", "properties": {"id": {"type": "integer"}, "name": s(20)}, "required": ["id", "name"]}, "active": {"type": "boolean"}}, "required": ["user", "active"]}),
+        json!({"type": "object", "properties": {"items": {"type": "array", "items": {"type": "object", "properties": {"sku": s(10), "qty": {"type": "integer", "minimum": 1}}, "required": ["sku", "qty"]}, "minItems": 1}}, "required": ["items"]}),
+        json!({"type": "object", "properties": {"lat": {"type": "number", "minimum": -90, "maximum": 90}, "lon": {"type": "number", "minimum": -180, "maximum": 180}, "label": s(30)}, "required": ["lat", "lon"]}),
+        json!({"type": "object", "properties": {"answer": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 20}]}, "confidence": {"type": "number", "minimum": 0, "maximum": 1}}, "required": ["answer", "confidence"]}),
+        json!({"$defs": {"city": {"type": "object", "properties": {"name": s(20), "country": s(20)}, "required": ["name", "country"]}}, "type": "object", "properties": {"from": {"$ref": "#/$defs/city"}, "to": {"$ref": "#/$defs/city"}}, "required": ["from", "to"]}),
+        json!({"type": "object", "properties": {"summary": {"type": "string", "minLength": 10, "maxLength": 80}, "words": {"type": "integer", "minimum": 0}}, "required": ["summary", "words"]}),
+        json!({"type": "array", "items": {"type": "object", "properties": {"step": {"type": "integer"}, "text": s(30)}, "required": ["step", "text"]}, "minItems": 2, "maxItems": 4}),
+        json!({"type": "object", "properties": {"ok": {"type": "boolean"}, "errors": {"type": "array", "items": s(20)}, "meta": {"type": "object", "properties": {"version": s(8)}}}, "required": ["ok", "errors"]}),
+    ]
+}
+
+/// [`run`], or `None` when the request is refused for a `max_tokens` below the shortest
+/// valid reply.
+async fn run_or_refused(
+    m: &ModelHandle,
+    prompt_ids: Vec<u32>,
+    params: SamplingParams,
+) -> Option<Out> {
+    let req = GenerateRequest {
+        request_id: "structured".into(),
+        prompt_ids: prompt_ids.clone(),
+        params: params.clone(),
+        cache_salt: None,
+        media: None,
+    };
+    match m.generate(req) {
+        Err(EngineError::InvalidRequest { param, .. })
+            if param.as_deref() == Some("max_tokens") =>
+        {
+            None
+        }
+        Err(e) => panic!("{e}"),
+        Ok(_) => Some(run(m, prompt_ids, params).await),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_reply_closes_validly_whatever_max_tokens_allows() {
+    let m = model();
+    let prompt = chat(
+        &m,
+        "Answer with a long, detailed JSON object about a city trip.",
+    );
+    let mut tasks = Vec::new();
+    for (i, schema) in closable_schemas().into_iter().enumerate() {
+        for max_tokens in [16, 32] {
+            for t in [0.0, 1.0] {
+                let params = constrained(Constraint::JsonSchema(schema.clone()), t, max_tokens);
+                let (m, prompt, schema) = (m.clone(), prompt.clone(), schema.clone());
+                tasks.push(tokio::spawn(async move {
+                    let out = run_or_refused(&m, prompt, params).await;
+                    (i, schema, max_tokens, t, out)
+                }));
+            }
+        }
+    }
+    let (mut closed, mut served, mut refused) = (0, 0, 0);
+    let mut served_schemas = std::collections::BTreeSet::new();
+    for task in tasks {
+        let (i, schema, max_tokens, t, out) = task.await.unwrap();
+        let Some(out) = out else {
+            refused += 1;
+            continue;
+        };
+        served += 1;
+        served_schemas.insert(i);
+        let what = format!("schema {i}, max_tokens {max_tokens}, t={t}: {:?}", out.text);
+        let value: Value =
+            serde_json::from_str(&out.text).unwrap_or_else(|e| panic!("{what}: {e}"));
+        let validator = jsonschema::validator_for(&schema).unwrap();
+        assert!(validator.is_valid(&value), "{what} does not validate");
+        assert!(out.ids.len() <= max_tokens, "{what}");
+        if out.reason == FinishReason::Length {
+            closed += 1;
+        }
+    }
+    eprintln!(
+        "{served} replies ({closed} closed by their budget), all valid; {refused} requests refused as below the shortest reply"
+    );
+    assert_eq!(
+        served_schemas.len(),
+        closable_schemas().len(),
+        "every schema served"
+    );
+    assert!(closed > 0, "no budget was tight enough to close a reply");
+}
+
+#[test]
+fn a_max_tokens_below_the_shortest_valid_reply_is_refused_naming_it() {
+    let m = model();
+    let schema = json!({"type": "object", "properties": {"first_name": {"type": "string"}, "last_name": {"type": "string"}}, "required": ["first_name", "last_name"]});
+    let params = constrained(Constraint::JsonSchema(schema), 0.0, 3);
+    let req = GenerateRequest {
+        request_id: "too-small".into(),
+        prompt_ids: chat(&m, "hi"),
+        params,
+        cache_salt: None,
+        media: None,
+    };
+    match m.generate(req) {
+        Err(EngineError::InvalidRequest { message, param }) => {
+            assert_eq!(param.as_deref(), Some("max_tokens"), "{message}");
+            assert!(message.contains("max_tokens"), "{message}");
+        }
+        other => panic!("expected a refusal, got {:?}", other.map(|_| ())),
+    }
+}
