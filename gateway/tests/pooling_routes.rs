@@ -392,6 +392,21 @@ async fn a_bi_encoder_keeps_scoring_by_cosine() {
     assert_eq!(best["index"], 1);
     // The same text on both sides: cosine 1.
     assert!((f(&best["relevance_score"]) - 1.0).abs() < 1e-5, "{body}");
+    // use_activation on an embedding model is its normalisation.
+    let mut norms = Vec::new();
+    for activation in [true, false] {
+        let (status, body) = post(
+            &app,
+            "/v1/embeddings",
+            json!({"model": "minilm", "input": "a cat", "use_activation": activation}),
+        )
+        .await;
+        assert_eq!(status, 200, "{body}");
+        let v = body["data"][0]["embedding"].as_array().unwrap();
+        norms.push(v.iter().map(|x| f(x) * f(x)).sum::<f64>().sqrt());
+    }
+    assert!((norms[0] - 1.0).abs() < 1e-5, "{norms:?}");
+    assert!((norms[1] - 1.0).abs() > 1e-2, "{norms:?}");
     // Without a model, /score takes the first model that scores: the cross-encoder here.
     let (status, body) = post(&app, "/score", json!({"text_1": "a", "text_2": "b"})).await;
     assert_eq!(status, 200, "{body}");
