@@ -371,6 +371,26 @@ async fn each_model_refuses_the_tasks_it_cannot_do() {
             Some("dimensions"),
         ),
     ];
+    let long = "zebras graze quietly. ".repeat(2000);
+    let too_long = [
+        (
+            "/score",
+            json!({"model": "tiny-reranker", "text_1": "a", "text_2": long}),
+        ),
+        (
+            "/classify",
+            json!({"model": "tiny-classifier", "input": long}),
+        ),
+    ];
+    for (path, body) in too_long {
+        let (status, got) = post(&app, path, body).await;
+        assert_refused(
+            status,
+            &got,
+            "This model's maximum context length is 128 tokens. However, you requested at least",
+            Some(if path == "/score" { "text_2" } else { "input" }),
+        );
+    }
     for (path, body, starts, param) in cases {
         let (status, got) = post(&app, path, body.clone()).await;
         assert_refused(status, &got, starts, param);

@@ -227,6 +227,9 @@ impl ModelHandle {
             texts
                 .iter()
                 .map(|t| {
+                    if limit.is_none() {
+                        self.check_bytes(t.len(), opts.field)?;
+                    }
                     let ids = self.encode(t, opts.add_special_tokens)?;
                     self.fit(ids, limit, opts.add_special_tokens, opts.field)
                 })
@@ -266,6 +269,19 @@ impl ModelHandle {
         })
     }
 
+    /// Refuses, before tokenising it, a text whose byte length alone proves it too long.
+    fn check_bytes(&self, bytes: usize, field: &'static str) -> Result<()> {
+        let max_len = self.card().max_model_len;
+        let at_least = self.min_tokens_for(bytes);
+        if at_least > max_len {
+            return Err(EngineError::invalid(
+                format!("This model's maximum context length is {max_len} tokens. However, you requested at least {at_least} tokens in the input ({bytes} bytes of text). Please reduce the length of the input."),
+                Some(field),
+            ));
+        }
+        Ok(())
+    }
+
     fn check_length(&self, len: usize, field: &'static str) -> Result<()> {
         let max_len = self.card().max_model_len;
         if len > max_len {
@@ -287,6 +303,9 @@ impl ModelHandle {
         limit: Option<usize>,
         opts: PoolOptions,
     ) -> Result<EncodedInput> {
+        if limit.is_none() {
+            self.check_bytes(query.len() + document.len(), opts.field)?;
+        }
         let tok = self.tokenizer();
         let failed =
             |e: tokenizers::Error| EngineError::Internal(format!("tokenisation failed: {e}"));
