@@ -103,7 +103,12 @@ pub fn detect(path: &Path) -> CheckpointKind {
         return CheckpointKind::Decoder;
     }
     let model_type = cfg.model_type.as_deref().unwrap_or("");
-    if ENCODER_MODEL_TYPES.contains(&model_type) || BERT_ARCHITECTURES.contains(&arch) {
+    if ENCODER_MODEL_TYPES.contains(&model_type)
+        || BERT_ARCHITECTURES.contains(&arch)
+        || CLASSIFIER_ARCHITECTURES
+            .iter()
+            .any(|(name, _)| *name == arch)
+    {
         return CheckpointKind::Encoder;
     }
     CheckpointKind::Unknown
@@ -396,6 +401,12 @@ mod tests {
         .unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Encoder);
         std::fs::write(dir.join("config.json"), r#"{"model_type": "xlm-roberta"}"#).unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Encoder);
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"architectures": ["XLMRobertaForSequenceClassification"]}"#,
+        )
+        .unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Encoder);
         std::fs::write(dir.join("config.json"), r#"{"model_type": "whisper"}"#).unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Unknown);

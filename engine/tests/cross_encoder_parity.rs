@@ -332,3 +332,25 @@ async fn the_front_door_scores_and_classifies_from_text() {
         }
     }
 }
+
+#[test]
+fn a_head_that_does_not_fit_its_labels_is_a_load_error_naming_the_tensor() {
+    let src = dir("tiny-classifier");
+    let tmp = std::env::temp_dir().join(format!("engine-ce-labels-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&tmp);
+    std::fs::create_dir_all(&tmp).unwrap();
+    for name in ["model.safetensors", "tokenizer.json"] {
+        std::fs::copy(src.join(name), tmp.join(name)).unwrap();
+    }
+    let mut cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    cfg["id2label"] = serde_json::json!({"0": "no", "1": "yes"});
+    cfg.as_object_mut().unwrap().remove("label2id");
+    std::fs::write(tmp.join("config.json"), cfg.to_string()).unwrap();
+    let err = load_encoder(&tmp)
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(err.contains("classifier.weight"), "{err}");
+    let _ = std::fs::remove_dir_all(&tmp);
+}
