@@ -9,12 +9,13 @@ logprobs at every position of a fixed 48-token prompt, on the stored bf16 weight
 Deterministic: fixed seed, one thread.
 """
 
-import json
 import os
 import shutil
 
 import torch
 import transformers
+
+from tiny_top5 import top5, write_reference
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 OUT = os.path.join(ROOT, "tests", "data", "tiny-phi3")
@@ -42,21 +43,8 @@ def main():
         if os.path.exists(p):
             os.remove(p)
     model = transformers.AutoModelForCausalLM.from_pretrained(OUT, dtype=torch.float32).eval()
-    with torch.no_grad():
-        lp = torch.log_softmax(model(torch.tensor([PROMPT])).logits[0].double(), dim=-1)
-    rows = []
-    for pos in range(len(PROMPT)):
-        v, i = torch.topk(lp[pos], 5)
-        rows.append([[int(a), round(float(b), 6)] for a, b in zip(i, v)])
-    ref = {
-        "made_by": f"scripts/make_tiny_phi3.py (transformers {transformers.__version__}, "
-                   f"torch {torch.__version__.split('+')[0]}, CPU, float32 on the bf16 weights)",
-        "prompt_ids": PROMPT,
-        "top5": rows,
-    }
-    with open(os.path.join(OUT, "reference.json"), "w") as f:
-        json.dump(ref, f, indent=1)
-        f.write("\n")
+    write_reference(os.path.join(OUT, "reference.json"), "scripts/make_tiny_phi3.py",
+                    "CPU, float32 on the bf16 weights", PROMPT, top5(model, PROMPT))
     print("wrote", OUT, sorted(os.listdir(OUT)))
 
 

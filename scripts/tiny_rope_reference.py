@@ -18,6 +18,8 @@ import tempfile
 import torch
 import transformers
 
+from tiny_top5 import top5
+
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TINY = os.path.join(ROOT, "tests", "data", "tiny-llama")
 
@@ -49,14 +51,7 @@ def run(variant, scaling):
         model.eval()
         got = model.config.rope_parameters if hasattr(model.config, "rope_parameters") else None
         print(variant, "transformers reads", got)
-        with torch.no_grad():
-            logits = model(torch.tensor([PROMPT])).logits[0].double()
-        lp = torch.log_softmax(logits, dim=-1)
-        rows = []
-        for pos in range(len(PROMPT)):
-            v, i = torch.topk(lp[pos], 5)
-            rows.append([[int(a), round(float(b), 6)] for a, b in zip(i, v)])
-        return rows
+        return top5(model, PROMPT)
 
 
 def main():

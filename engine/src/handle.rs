@@ -258,7 +258,11 @@ impl EngineHandle {
         let device_label = device.label();
         for spec in models {
             tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
-            let model = load(spec, config, &device_label)?;
+            let mut model = load(spec, config, &device_label)?;
+            if let LoadedModel::Decoder(d) = &mut model {
+                let max_len = start::resolve_max_len(config, d.model.info().max_position);
+                d.model.fit_context(max_len);
+            }
             let kv = match (&device, model) {
                 (Device::Gpu(gpu), LoadedModel::Decoder(mut d)) => {
                     d.model.set_activation_mode(config.activation_mode);

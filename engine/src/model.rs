@@ -345,6 +345,11 @@ pub trait CausalLm: Send {
     /// Choose the activation precision; models without a choice ignore it.
     fn set_activation_mode(&mut self, _mode: ActivationMode) {}
 
+    /// Told the longest sequence it will serve (`--max-model-len` within its own limit) before
+    /// it is placed on a device: a model whose numbers depend on it (LongRoPE's long or short
+    /// factors, dynamic NTK's base) fixes them here, once, for every sequence.
+    fn fit_context(&mut self, _max_len: usize) {}
+
     /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into the
     /// cache and returns, per chunk, the logits (length `vocab_size`) of its last token when
     /// `want_logits` is set.

@@ -8,7 +8,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::model::{ActivationMode, KvBudget, SeqChunk};
+use engine::model::ActivationMode;
 use serde_json::Value;
 
 mod reference;
@@ -19,55 +19,21 @@ fn tiny() -> PathBuf {
 
 /// The tiny Llama in a folder of its own, with `rope_scaling` set to `scaling`.
 fn variant(name: &str, scaling: &Value) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("rope-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    for f in [
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ] {
-        std::fs::copy(tiny().join(f), dir.join(f)).unwrap();
-    }
-    let mut config: Value =
-        serde_json::from_slice(&std::fs::read(tiny().join("config.json")).unwrap()).unwrap();
-    let obj = config.as_object_mut().unwrap();
-    obj.remove("rope_parameters");
-    obj.insert("rope_theta".into(), 10000.0.into());
-    obj.insert("rope_scaling".into(), scaling.clone());
-    std::fs::write(
-        dir.join("config.json"),
-        serde_json::to_vec(&config).unwrap(),
+    edited(
+        "tiny-llama",
+        &format!("rope-{name}"),
+        &serde_json::json!({"rope_theta": 10000.0, "rope_scaling": scaling}),
     )
-    .unwrap();
-    dir
 }
 
 /// Our logprobs at every position of `prompt`, in f32.
 fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
     let mut m = engine::hf::load_decoder(dir).unwrap().model;
     m.set_activation_mode(ActivationMode::F32);
-    let block = 16;
-    let blocks = prompt.len().div_ceil(block);
-    m.allocate_kv(block, &KvBudget::tokens(blocks * block))
-        .unwrap();
-    let table: Vec<u32> = (0..blocks as u32).collect();
-    let rows = m
-        .forward_rows(
-            &[SeqChunk {
-                tokens: prompt,
-                start_pos: 0,
-                block_table: &table,
-                want_logits: true,
-                media: None,
-            }],
-            &[true],
-        )
-        .unwrap()
-        .remove(0)
-        .unwrap();
-    let vocab = rows.len() / prompt.len();
-    rows.chunks(vocab).map(reference::log_softmax).collect()
+    reference::logits_by_chunks(m.as_mut(), prompt, prompt.len())
+        .iter()
+        .map(|r| reference::log_softmax(r))
+        .collect()
 }
 
 #[test]
@@ -101,5 +67,75 @@ fn an_incomplete_llama3_scaling_is_refused_naming_the_key() {
     let dir = variant("llama3-missing", &scaling);
     let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
     assert!(err.contains("low_freq_factor"), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// `folder`'s checkpoint in a folder of its own with `edit`'s keys in its config.json (its own
+/// RoPE keys removed first).
+fn edited(folder: &str, name: &str, edit: &Value) -> PathBuf {
+    let src = tiny().join("..").join(folder);
+    let dir = std::env::temp_dir().join(format!("ctx-rope-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    for f in [
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ] {
+        std::fs::copy(src.join(f), dir.join(f)).unwrap();
+    }
+    let mut config = reference::load(&src.join("config.json"));
+    let obj = config.as_object_mut().unwrap();
+    for key in ["rope_scaling", "rope_theta", "rope_parameters"] {
+        obj.remove(key);
+    }
+    for (k, v) in edit.as_object().unwrap() {
+        obj.insert(k.clone(), v.clone());
+    }
+    std::fs::write(
+        dir.join("config.json"),
+        serde_json::to_vec(&config).unwrap(),
+    )
+    .unwrap();
+    dir
+}
+
+#[test]
+fn context_dependent_rope_is_fitted_to_the_served_context() {
+    let reference = reference::load(&tiny().join("../context_rope_reference.json"));
+    let prompt = reference::prompt(&reference);
+    for (name, v) in reference["variants"].as_object().unwrap() {
+        let dir = edited(v["folder"].as_str().unwrap(), name, &v["config"]);
+        // Serving 48 tokens: LongRoPE's long factors, dynamic NTK's base grown for 48; served
+        // no longer than the pretrained 32: the short factors and the plain base.
+        for (context, tokens, key) in [(48, &prompt[..], "long"), (32, &prompt[..24], "short")] {
+            let mut m = engine::hf::load_decoder(&dir).unwrap().model;
+            m.set_activation_mode(ActivationMode::F32);
+            m.fit_context(context);
+            let ours: Vec<Vec<f64>> = reference::logits_by_chunks(m.as_mut(), tokens, tokens.len())
+                .iter()
+                .map(|r| reference::log_softmax(r))
+                .collect();
+            let worst = reference::largest_difference(&ours, &v[key]);
+            eprintln!("{name}, context {context}: largest top-5 logprob difference {worst:.2e}");
+            assert!(worst < 1e-3, "{name}, context {context}: {worst}");
+        }
+        // The long and the short settings differ here, so the choice is tested.
+        let long_first = &v["long"][20][0][1];
+        assert_ne!(long_first, &v["short"][20][0][1], "{name}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn an_incomplete_longrope_is_refused_naming_the_key() {
+    let dir = edited(
+        "tiny-phi3",
+        "longrope-missing",
+        &serde_json::json!({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+            "rope_theta": 10000.0}, "original_max_position_embeddings": 32}),
+    );
+    let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
+    assert!(err.contains("long_factor"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

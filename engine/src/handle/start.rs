@@ -16,7 +16,7 @@ use crate::metrics::ModelMetrics;
 use crate::model::{EncoderHead, KvBudget, LoadedDecoder, LoadedEncoder};
 use crate::scheduler::{Engine, SchedulerConfig, Shared};
 
-fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
+pub(super) fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
     config.max_model_len.map_or(model_max, |m| m.min(model_max))
 }
 

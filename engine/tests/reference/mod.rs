@@ -2,6 +2,7 @@
 //! `rope_reference.json`): a prompt, and transformers' top-5 logprobs at each of its positions.
 #![allow(dead_code, clippy::unwrap_used)]
 
+use engine::model::{CausalLm, KvBudget, SeqChunk};
 use serde_json::Value;
 
 /// The reference file at `path`, parsed.
@@ -42,4 +43,34 @@ pub fn largest_difference(ours: &[Vec<f64>], top5: &Value) -> f64 {
         }
     }
     worst
+}
+
+/// Logits of every position of `prompt`, fed in chunks of `chunk` tokens (each chunk asking
+/// for all its rows), on a fresh cache.
+pub fn logits_by_chunks(m: &mut dyn CausalLm, prompt: &[u32], chunk: usize) -> Vec<Vec<f32>> {
+    let block = 16;
+    let blocks = prompt.len().div_ceil(block);
+    m.allocate_kv(block, &KvBudget::tokens(blocks * block))
+        .unwrap();
+    let table: Vec<u32> = (0..blocks as u32).collect();
+    let mut rows = Vec::new();
+    for (i, tokens) in prompt.chunks(chunk).enumerate() {
+        let out = m
+            .forward_rows(
+                &[SeqChunk {
+                    tokens,
+                    start_pos: i * chunk,
+                    block_table: &table,
+                    want_logits: true,
+                    media: None,
+                }],
+                &[true],
+            )
+            .unwrap()
+            .remove(0)
+            .unwrap();
+        let vocab = out.len() / tokens.len();
+        rows.extend(out.chunks(vocab).map(<[f32]>::to_vec));
+    }
+    rows
 }

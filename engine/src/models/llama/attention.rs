@@ -1,8 +1,10 @@
 //! Causal multi-head attention (with grouped KV heads) over the paged KV cache.
 //!
 //! The keys and values of the current chunk must already be in the cache. A query at
-//! position `p` attends to positions `0..=p` of its own sequence, read through the sequence's
-//! block table. Two paths, both parallel over (chunk, KV head, block of queries):
+//! position `p` attends to positions `0..=p` of its own sequence (`p - w + 1..=p` in a layer
+//! with a sliding window `w`), read through the sequence's block table; positions outside the
+//! window are never read, so a window works the same after chunked prefill or a prefix-cache
+//! hit. Two paths, both parallel over (chunk, KV head, block of queries):
 //! - short chunks (decode): direct dot products against the cached keys, block by block;
 //! - long chunks (prefill): the task gathers its KV head's keys and values into contiguous
 //!   buffers and runs `Q·Kᵀ` and `P·V` as GEMMs for all query heads of the group.
@@ -65,6 +67,24 @@ pub(crate) struct AttnShape {
     pub head_dim: usize,
     pub block_size: usize,
     pub scale: f32,
+    /// The layer's sliding window (`None`: every earlier position).
+    pub window: Option<usize>,
+    /// Scores become `c · tanh(s / c)` before the softmax (Gemma 2).
+    pub softcap: Option<f32>,
+}
+
+impl AttnShape {
+    /// The first position a query at `pos` sees.
+    fn first_visible(&self, pos: usize) -> usize {
+        self.window.map_or(0, |w| (pos + 1).saturating_sub(w))
+    }
+
+    /// Scaled (and soft-capped) scores in place.
+    fn finish_scores(&self, scores: &mut [f32]) {
+        if let Some(cap) = self.softcap {
+            scores.iter_mut().for_each(|s| *s = cap * (*s / cap).tanh());
+        }
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -159,22 +179,25 @@ fn attend_typed<T: KvElem>(
     });
 }
 
-/// Visit cache positions `0..ctx` of a sequence block by block: `f(first position, offset
+/// Visit cache positions `from..to` of a sequence block by block: `f(first position, offset
 /// of that position's token in the layer buffer, number of positions in this block)`.
 fn for_each_block(
     table: &[u32],
     block_size: usize,
     token_stride: usize,
-    ctx: usize,
+    from: usize,
+    to: usize,
     mut f: impl FnMut(usize, usize, usize),
 ) {
-    let mut pos = 0;
-    for &b in table {
-        if pos >= ctx {
-            break;
-        }
-        let n = block_size.min(ctx - pos);
-        f(pos, b as usize * block_size * token_stride, n);
+    let mut pos = from;
+    while pos < to {
+        let (block, within) = (pos / block_size, pos % block_size);
+        let n = (block_size - within).min(to - pos);
+        f(
+            pos,
+            (table[block] as usize * block_size + within) * token_stride,
+            n,
+        );
         pos += n;
     }
 }
@@ -203,36 +226,41 @@ fn direct_task<T: KvElem>(
     row.resize(hd, 0.0);
     for i in i0..i1 {
         let ctx = ch.start_pos + i + 1;
-        if scores.len() < ctx {
-            scores.resize(ctx, 0.0);
+        let lo = shape.first_visible(ctx - 1);
+        if scores.len() < ctx - lo {
+            scores.resize(ctx - lo, 0.0);
         }
         let t = ch.row + i;
         for h in kvh * group..(kvh + 1) * group {
             let qv = &q[t * q_stride + h * hd..][..hd];
-            let sc = &mut scores[..ctx];
+            let sc = &mut scores[..ctx - lo];
             for_each_block(
                 ch.block_table,
                 shape.block_size,
                 kv_stride,
+                lo,
                 ctx,
                 |p0, off, n| {
                     for j in 0..n {
                         let o = off + j * kv_stride + kvh * hd;
-                        sc[p0 + j] = ops::dot(qv, T::row(&k_cache[o..o + hd], row)) * shape.scale;
+                        sc[p0 - lo + j] =
+                            ops::dot(qv, T::row(&k_cache[o..o + hd], row)) * shape.scale;
                     }
                 },
             );
+            shape.finish_scores(sc);
             ops::softmax(sc);
             acc.fill(0.0);
             for_each_block(
                 ch.block_table,
                 shape.block_size,
                 kv_stride,
+                lo,
                 ctx,
                 |p0, off, n| {
                     for j in 0..n {
                         let o = off + j * kv_stride + kvh * hd;
-                        ops::axpy(sc[p0 + j], T::row(&v_cache[o..o + hd], row), acc);
+                        ops::axpy(sc[p0 - lo + j], T::row(&v_cache[o..o + hd], row), acc);
                     }
                 },
             );
@@ -263,8 +291,10 @@ fn gemm_task<T: KvElem>(
     let kv_stride = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
     let nq = i1 - i0;
-    // The last query of the block sees the most positions.
+    // The last query of the block sees the furthest position, the first the earliest.
     let ctx = ch.start_pos + i1;
+    let lo = shape.first_visible(ch.start_pos + i0);
+    let width = ctx - lo;
     let TaskScratch {
         scores,
         acc,
@@ -273,21 +303,21 @@ fn gemm_task<T: KvElem>(
         row,
     } = s;
     row.resize(hd, 0.0);
-    keys.resize(ctx * hd, 0.0);
-    values.resize(ctx * hd, 0.0);
-    scores.resize(nq * ctx, 0.0);
+    keys.resize(width * hd, 0.0);
+    values.resize(width * hd, 0.0);
+    scores.resize(nq * width, 0.0);
     for_each_block(
         ch.block_table,
         shape.block_size,
         kv_stride,
+        lo,
         ctx,
         |p0, off, n| {
             for j in 0..n {
                 let o = off + j * kv_stride + kvh * hd;
-                keys[(p0 + j) * hd..(p0 + j + 1) * hd]
-                    .copy_from_slice(T::row(&k_cache[o..o + hd], row));
-                values[(p0 + j) * hd..(p0 + j + 1) * hd]
-                    .copy_from_slice(T::row(&v_cache[o..o + hd], row));
+                let r = p0 - lo + j;
+                keys[r * hd..(r + 1) * hd].copy_from_slice(T::row(&k_cache[o..o + hd], row));
+                values[r * hd..(r + 1) * hd].copy_from_slice(T::row(&v_cache[o..o + hd], row));
             }
         },
     );
@@ -296,7 +326,7 @@ fn gemm_task<T: KvElem>(
         let qh = &q[t0 * q_stride + h * hd..];
         kernels::gemm_abt(
             nq,
-            ctx,
+            width,
             hd,
             shape.scale,
             qh,
@@ -304,16 +334,20 @@ fn gemm_task<T: KvElem>(
             keys,
             hd,
             scores,
-            ctx,
+            width,
         );
         for r in 0..nq {
-            let visible = ch.start_pos + i0 + r + 1;
-            let row = &mut scores[r * ctx..(r + 1) * ctx];
-            ops::softmax(&mut row[..visible]);
-            row[visible..].fill(0.0);
+            // This query sees positions first..end, at columns first - lo..end - lo.
+            let pos = ch.start_pos + i0 + r;
+            let (first, end) = (shape.first_visible(pos) - lo, pos + 1 - lo);
+            let row = &mut scores[r * width..(r + 1) * width];
+            row[..first].fill(0.0);
+            shape.finish_scores(&mut row[first..end]);
+            ops::softmax(&mut row[first..end]);
+            row[end..].fill(0.0);
         }
         acc.resize(nq * hd, 0.0);
-        kernels::gemm_ab(nq, hd, ctx, scores, ctx, values, hd, acc, hd);
+        kernels::gemm_ab(nq, hd, width, scores, width, values, hd, acc, hd);
         for r in 0..nq {
             // SAFETY: row t0 + r, head h of `out` belongs to this task only (bounds asserted
             // in attend).

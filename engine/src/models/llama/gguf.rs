@@ -5,7 +5,10 @@ use std::sync::{Arc, Mutex};
 
 use kernels::{DType, QMatrix};
 
-use super::{load_layer, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
+use super::{
+    gemma, load_layer, ContextRope, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight,
+    WeightSource,
+};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::model::{ActivationMode, DecoderInfo};
@@ -15,10 +18,12 @@ use crate::tokenizer::GgufTokenizer;
 fn rope_is_neox(arch: &str) -> Option<bool> {
     match arch {
         "llama" | "mistral" | "granite" => Some(false),
-        "qwen2" | "qwen3" => Some(true),
+        "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => Some(true),
         _ => None,
     }
 }
+
+const SUPPORTED: &str = "llama, mistral, granite, qwen2, qwen3, gemma2, gemma3, phi3";
 
 /// Loading helpers over one GGUF file.
 struct Loader<'a> {
@@ -54,8 +59,60 @@ impl Loader<'_> {
         })
     }
 
-    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`).
+    /// A 2-D weight of `rows × cols` (GGML dims `[cols, rows]`), or its rows inside the
+    /// fused matrix that holds it (Phi-3's `attn_qkv`, and `ffn_up` holding gate then up).
     fn matrix(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
+        if let Some(w) = self.fused(name, rows, cols)? {
+            return Ok(w);
+        }
+        self.whole(name, rows, cols)
+    }
+
+    fn fused(&self, name: &str, rows: usize, cols: usize) -> Result<Option<Weight>> {
+        let Some((layer, part)) = name
+            .rsplit_once('.')
+            .and_then(|(rest, _)| rest.rsplit_once('.'))
+        else {
+            return Ok(None);
+        };
+        let has = |p: &str| self.g.tensor(&format!("{layer}.{p}.weight")).is_some();
+        let total_rows = |p: &str| -> u64 {
+            self.g
+                .tensor(&format!("{layer}.{p}.weight"))
+                .and_then(|t| t.dims.get(1).copied())
+                .unwrap_or(0)
+        };
+        // (fused tensor, rows of the whole, first row of this part)
+        let (fused, total, first) = match part {
+            "attn_q" | "attn_k" | "attn_v" if !has(part) && has("attn_qkv") => {
+                // Rows q, then k and v of equal size: k and v count back from the end.
+                let total = total_rows("attn_qkv") as usize;
+                let first = match part {
+                    "attn_q" => 0,
+                    "attn_k" => total.saturating_sub(2 * rows),
+                    _ => total.saturating_sub(rows),
+                };
+                ("attn_qkv", total, first)
+            }
+            "ffn_gate" if !has("ffn_gate") && total_rows("ffn_up") == 2 * rows as u64 => {
+                ("ffn_up", 2 * rows, 0)
+            }
+            "ffn_up" if !has("ffn_gate") && total_rows("ffn_up") == 2 * rows as u64 => {
+                ("ffn_up", 2 * rows, rows)
+            }
+            _ => return Ok(None),
+        };
+        let whole = self.whole(&format!("{layer}.{fused}.weight"), total, cols)?;
+        let row_bytes = whole.len / total.max(1);
+        Ok(Some(Weight {
+            rows,
+            start: whole.start + first * row_bytes,
+            len: rows * row_bytes,
+            ..whole
+        }))
+    }
+
+    fn whole(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
         let dtype = self.dtype(name)?;
         let t = self.info(name)?;
         if t.dims != [cols as u64, rows as u64] {
@@ -117,7 +174,7 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         .to_string();
     let rope_neox = rope_is_neox(&arch).ok_or_else(|| {
         g.error(format!(
-            "unsupported architecture '{arch}' (supported: llama, mistral, granite, qwen2, qwen3)"
+            "unsupported architecture '{arch}' (supported: {SUPPORTED})"
         ))
     })?;
     let l = Loader { g };
@@ -196,6 +253,26 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         }
         None => return Err(g.error("missing tensor 'token_embd.weight'")),
     };
+    let (traits, windows, local_rope_base) =
+        match gemma::gguf_traits(g, &arch, [hidden, n_layers, n_heads, head_dim])? {
+            Some(gm) => (gm.traits, gm.windows, gm.local_rope_base),
+            // Phi-3's window as transformers applies it (llama.cpp turns Phi SWA off).
+            None if arch == "phi3" => {
+                let windows = match g.get_u64(&key("attention.sliding_window"))? {
+                    Some(w) if w > 0 && (w as usize) < max_position => {
+                        vec![Some(w as usize); n_layers]
+                    }
+                    _ => Vec::new(),
+                };
+                (FamilyTraits::default(), windows, None)
+            }
+            None => (FamilyTraits::default(), Vec::new(), None),
+        };
+    // LongRoPE's (Phi-3): 1 where the file has none.
+    let rope_attn_factor = g
+        .get_f64(&key("rope.scaling.attn_factor"))?
+        .filter(|a| *a > 0.0)
+        .map_or(1.0, |a| a as f32);
     Ok(LlamaConfig {
         architecture: arch,
         hidden,
@@ -210,9 +287,12 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         rope_dim,
         rope_neox,
         rope_freq_scale,
-        rope_attn_factor: 1.0,
+        rope_attn_factor,
         max_position,
         mrope_section: None,
+        traits,
+        windows,
+        local_rope_base,
     })
 }
 
@@ -231,6 +311,7 @@ impl LlamaModel {
         };
         let output_norm = l.vector("output_norm.weight", h)?;
         let rope_factors = l.optional_vector("rope_freqs.weight", cfg.rope_dim / 2)?;
+        let context_rope = longrope(g, &l, &cfg)?;
         let layers = (0..cfg.n_layers)
             .map(|i| load_layer(&l, &cfg, |part| format!("blk.{i}.{}", part.gguf())))
             .collect::<Result<Vec<_>>>()?;
@@ -257,7 +338,7 @@ impl LlamaModel {
             elapsed_ms = t0.elapsed().as_millis() as u64,
             "built Llama-family decoder"
         );
-        Ok(LlamaModel {
+        let mut model = LlamaModel {
             info,
             cfg,
             maps: vec![Arc::clone(g.mmap())],
@@ -265,9 +346,37 @@ impl LlamaModel {
             output,
             output_norm,
             rope_factors,
+            context_rope,
             layers,
             activation_mode: ActivationMode::default(),
             state: Mutex::new(StepState::default()),
-        })
+        };
+        let max_position = model.cfg.max_position;
+        crate::model::CausalLm::fit_context(&mut model, max_position);
+        Ok(model)
     }
+}
+
+/// Phi-3's LongRoPE in GGUF: `rope_factors_long` and `rope_factors_short`, picked by the
+/// served context against `rope.scaling.original_context_length` (as llama.cpp picks by its
+/// context size).
+fn longrope(g: &GgufFile, l: &Loader<'_>, cfg: &LlamaConfig) -> Result<Option<ContextRope>> {
+    let n = cfg.rope_dim / 2;
+    let (Some(long), Some(short)) = (
+        l.optional_vector("rope_factors_long.weight", n)?,
+        l.optional_vector("rope_factors_short.weight", n)?,
+    ) else {
+        return Ok(None);
+    };
+    let original = g
+        .get_u64(&format!(
+            "{}.rope.scaling.original_context_length",
+            cfg.architecture
+        ))?
+        .ok_or_else(|| g.error("rope_factors_long without rope.scaling.original_context_length"))?;
+    Ok(Some(ContextRope::LongRope {
+        short,
+        long,
+        original: original as usize,
+    }))
 }

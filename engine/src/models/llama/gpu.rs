@@ -24,7 +24,7 @@ use kernels::gpu::ops::{
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
 use kernels::gpu::{DevicePtr, Gemm, Gpu, GpuBuffer, GpuDType, GpuError};
 
-use super::{validate_chunks, LlamaConfig, LlamaModel};
+use super::{validate_chunks, LlamaConfig, LlamaModel, MlpActivation};
 use crate::error::{EngineError, Result};
 use crate::model::{sample_on_host, CausalLm, DecoderInfo, KvBudget, SampleRequest, SeqChunk};
 use crate::sampling::Sampled;
@@ -76,6 +76,12 @@ impl GpuLlama {
                     "head dim {} is not supported by the GPU attention kernels (a multiple of 8, at most 256)",
                     cfg.head_dim
                 ),
+            ));
+        }
+        if let Some(what) = gpu_unsupported(&cfg) {
+            return Err(EngineError::load(
+                gpu.info().label(),
+                format!("{what} is not supported by the GPU decoder (it runs on the CPU)"),
             ));
         }
         let weights = weights::upload(&gpu, model, dtype)?;
@@ -557,3 +563,27 @@ impl CausalLm for GpuLlama {
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
+
+/// The first setting the GPU kernels do not implement, named as `config.json` names it; the
+/// bring-up then fails at the weights step, and `--device auto` serves the model on the CPU.
+fn gpu_unsupported(cfg: &LlamaConfig) -> Option<&'static str> {
+    let t = &cfg.traits;
+    [
+        (cfg.windows.iter().any(Option::is_some), "sliding_window"),
+        (cfg.local_rope_base.is_some(), "rope_local_base_freq"),
+        (t.embed_scale.is_some(), "a scaled embedding (Gemma)"),
+        (
+            t.sandwich_norms,
+            "post_attention and post_feedforward norms (Gemma)",
+        ),
+        (
+            t.activation != MlpActivation::Silu,
+            "hidden_act other than silu",
+        ),
+        (t.attn_softcap.is_some(), "attn_logit_softcapping"),
+        (t.final_softcap.is_some(), "final_logit_softcapping"),
+        (t.attn_scale.is_some(), "query_pre_attn_scalar"),
+    ]
+    .into_iter()
+    .find_map(|(on, name)| on.then_some(name))
+}

@@ -1,0 +1,459 @@
+//! One step of the decoder on the CPU: embeddings and rotary angles, the layers, and the
+//! LM head over the rows whose logits are wanted.
+
+use kernels::{ops, Activation, MatmulJob};
+
+use super::attention::{self, AttnShape, ChunkSpan};
+use super::{LlamaConfig, LlamaModel, MlpActivation, Scratch};
+use crate::error::{EngineError, Result};
+use crate::model::{PagedKvCache, SeqChunk};
+
+impl LlamaModel {
+    /// One step; `all_rows[i]` (when present) asks for chunk `i`'s logits at every token,
+    /// as [`CausalLm::forward_rows`] returns them.
+    pub(super) fn run(
+        &self,
+        batch: &[SeqChunk<'_>],
+        all_rows: &[bool],
+        kv: &mut PagedKvCache,
+        s: &mut Scratch,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let cfg = &self.cfg;
+        let (h, hd) = (cfg.hidden, cfg.head_dim);
+        let q_dim = cfg.n_heads * hd;
+        let kv_dim = cfg.n_kv_heads * hd;
+        let half = cfg.rope_dim / 2;
+        let t_total: usize = batch.iter().map(|c| c.tokens.len()).sum();
+
+        let mut spans = Vec::with_capacity(batch.len());
+        let mut row = 0;
+        for c in batch {
+            spans.push(ChunkSpan {
+                row,
+                len: c.tokens.len(),
+                start_pos: c.start_pos,
+                block_table: c.block_table,
+            });
+            row += c.tokens.len();
+        }
+
+        s.x.resize(t_total * h, 0.0);
+        s.h.resize(t_total * h, 0.0);
+        s.q.resize(t_total * q_dim, 0.0);
+        s.k.resize(t_total * kv_dim, 0.0);
+        s.v.resize(t_total * kv_dim, 0.0);
+        s.attn.resize(t_total * q_dim, 0.0);
+        s.gate.resize(t_total * cfg.ffn, 0.0);
+        s.up.resize(t_total * cfg.ffn, 0.0);
+        s.cos.resize(t_total * half, 0.0);
+        s.sin.resize(t_total * half, 0.0);
+        let local_base = cfg.local_rope_base;
+        let local_len = if local_base.is_some() {
+            t_total * half
+        } else {
+            0
+        };
+        s.cos_local.resize(local_len, 0.0);
+        s.sin_local.resize(local_len, 0.0);
+
+        // Embeddings (only the looked-up rows are dequantised; media rows are copied from the
+        // encoder's output) and rotary angles.
+        let embd = self.qm(&self.token_embd)?;
+        let mut mrope = MropeScratch::default();
+        for (c, span) in batch.iter().zip(&spans) {
+            let mut media_rows = c
+                .media
+                .map(|m| m.rows.iter().zip(m.embeds.chunks_exact(h)))
+                .into_iter()
+                .flatten()
+                .peekable();
+            for (i, &tok) in c.tokens.iter().enumerate() {
+                let t = span.row + i;
+                let x = &mut s.x[t * h..(t + 1) * h];
+                match media_rows.next_if(|(r, _)| **r as usize == i) {
+                    Some((_, e)) => x.copy_from_slice(e),
+                    None => {
+                        embd.dequantize_row_into(tok as usize, x);
+                        if let Some(scale) = cfg.traits.embed_scale {
+                            x.iter_mut().for_each(|v| *v *= scale);
+                        }
+                    }
+                }
+                if let Some(base) = local_base {
+                    ops::rope_angles(
+                        c.start_pos + i,
+                        base,
+                        cfg.rope_dim,
+                        1.0,
+                        None,
+                        &mut s.cos_local[t * half..(t + 1) * half],
+                        &mut s.sin_local[t * half..(t + 1) * half],
+                    );
+                }
+                let (cos, sin) = (
+                    &mut s.cos[t * half..(t + 1) * half],
+                    &mut s.sin[t * half..(t + 1) * half],
+                );
+                match (cfg.mrope_section, c.media) {
+                    (Some(sections), Some(m)) => {
+                        let pos = match m.positions {
+                            Some(p) => p[i].map(|v| v as i64),
+                            None => [(c.start_pos + i) as i64 + m.position_delta; 3],
+                        };
+                        mrope.angles(cfg, self.rope_factors.as_deref(), sections, pos, cos, sin);
+                    }
+                    _ => ops::rope_angles(
+                        c.start_pos + i,
+                        cfg.rope_base,
+                        cfg.rope_dim,
+                        cfg.rope_freq_scale,
+                        self.rope_factors.as_deref(),
+                        cos,
+                        sin,
+                    ),
+                }
+            }
+        }
+
+        let base_scale = cfg.traits.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        // Rows of the attention's and the MLP's normed outputs (sandwich norms).
+        let mut normed = vec![0f32; h];
+        for (li, layer) in self.layers.iter().enumerate() {
+            let window = cfg.window(li);
+            // Gemma 3's sliding layers turn with their own base and no scaling: YaRN's
+            // attention factor belongs to the scaled RoPE only.
+            let local = window.is_some() && local_base.is_some();
+            let (cos_all, sin_all, attn_factor) = if local {
+                (&s.cos_local, &s.sin_local, 1.0)
+            } else {
+                (&s.cos, &s.sin, cfg.rope_attn_factor)
+            };
+            let shape = AttnShape {
+                n_heads: cfg.n_heads,
+                n_kv_heads: cfg.n_kv_heads,
+                head_dim: hd,
+                block_size: kv.block_size,
+                scale: attn_factor * attn_factor * base_scale,
+                window,
+                softcap: cfg.traits.attn_softcap,
+            };
+            for t in 0..t_total {
+                ops::rmsnorm(
+                    &s.x[t * h..(t + 1) * h],
+                    &layer.attn_norm,
+                    cfg.eps,
+                    &mut s.h[t * h..(t + 1) * h],
+                );
+            }
+            self.matmul_multi(
+                &s.h,
+                t_total,
+                &mut [
+                    MatmulJob {
+                        w: self.qm(&layer.wq)?,
+                        out: &mut s.q,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.wk)?,
+                        out: &mut s.k,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.wv)?,
+                        out: &mut s.v,
+                    },
+                ],
+                false,
+            )?;
+            for t in 0..t_total {
+                let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
+                let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
+                let v = &mut s.v[t * kv_dim..(t + 1) * kv_dim];
+                if let Some(b) = &layer.bq {
+                    ops::add_assign(q, b);
+                }
+                if let Some(b) = &layer.bk {
+                    ops::add_assign(k, b);
+                }
+                if let Some(b) = &layer.bv {
+                    ops::add_assign(v, b);
+                }
+                if let Some(w) = &layer.q_norm {
+                    head_norm(q, w, hd, cfg.eps);
+                }
+                if let Some(w) = &layer.k_norm {
+                    head_norm(k, w, hd, cfg.eps);
+                }
+                let cos = &cos_all[t * half..(t + 1) * half];
+                let sin = &sin_all[t * half..(t + 1) * half];
+                ops::rope(q, cfg.n_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
+                ops::rope(k, cfg.n_kv_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
+            }
+            // Store this step's keys and values, then attend over the cache.
+            for span in &spans {
+                for i in 0..span.len {
+                    let t = span.row + i;
+                    let off = kv.offset(span.block_table, span.start_pos + i);
+                    kv.k[li].write(off, &s.k[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.v[li].write(off, &s.v[t * kv_dim..(t + 1) * kv_dim]);
+                }
+            }
+            attention::attend(&shape, &spans, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
+            match &layer.post_attn_norm {
+                None => self.matmul(&s.attn, t_total, &layer.wo, &mut s.x, true)?,
+                Some(w) => {
+                    self.matmul(&s.attn, t_total, &layer.wo, &mut s.h, false)?;
+                    add_normed(&mut s.x, &s.h, w, cfg.eps, &mut normed);
+                }
+            }
+
+            for t in 0..t_total {
+                ops::rmsnorm(
+                    &s.x[t * h..(t + 1) * h],
+                    &layer.ffn_norm,
+                    cfg.eps,
+                    &mut s.h[t * h..(t + 1) * h],
+                );
+            }
+            self.matmul_multi(
+                &s.h,
+                t_total,
+                &mut [
+                    MatmulJob {
+                        w: self.qm(&layer.w_gate)?,
+                        out: &mut s.gate,
+                    },
+                    MatmulJob {
+                        w: self.qm(&layer.w_up)?,
+                        out: &mut s.up,
+                    },
+                ],
+                false,
+            )?;
+            match cfg.traits.activation {
+                MlpActivation::Silu => ops::silu_mul(&mut s.gate, &s.up),
+                MlpActivation::GeluTanh => {
+                    Activation::GeluTanh.apply(&mut s.gate);
+                    s.gate.iter_mut().zip(&s.up).for_each(|(g, u)| *g *= u);
+                }
+            }
+            match &layer.post_ffn_norm {
+                None => self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?,
+                Some(w) => {
+                    self.matmul(&s.gate, t_total, &layer.w_down, &mut s.h, false)?;
+                    add_normed(&mut s.x, &s.h, w, cfg.eps, &mut normed);
+                }
+            }
+        }
+
+        // Final norm and LM head for the rows whose logits are wanted: each sampling chunk's
+        // last row, then the other rows of the chunks that want all of theirs (prompt
+        // logprobs). The sampling rows go through the head on their own, as in a step without
+        // prompt logprobs: the quantised path depends on the row count, and asking for prompt
+        // logprobs must not change what is sampled.
+        let every = |ci: usize| all_rows.get(ci).copied().unwrap_or(false);
+        let sampling: Vec<usize> = (0..batch.len())
+            .filter(|&ci| batch[ci].want_logits)
+            .collect();
+        let extra: Vec<(usize, std::ops::Range<usize>)> = (0..batch.len())
+            .filter(|&ci| every(ci))
+            .map(|ci| {
+                let end = spans[ci].row + spans[ci].len - usize::from(batch[ci].want_logits);
+                (ci, spans[ci].row..end)
+            })
+            .collect();
+        let last_rows: Vec<usize> = sampling
+            .iter()
+            .map(|&ci| spans[ci].row + spans[ci].len - 1)
+            .collect();
+        let sampled = self.lm_head(s, &last_rows)?;
+        let extra_rows: Vec<usize> = extra.iter().flat_map(|(_, r)| r.clone()).collect();
+        let mut rows = self.lm_head(s, &extra_rows)?;
+        let vocab = cfg.vocab;
+        let mut results: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
+        if let ([ci], []) = (&sampling[..], &extra[..]) {
+            results[*ci] = Some(sampled);
+            return Ok(results);
+        }
+        let mut at = 0;
+        for (ci, r) in extra {
+            let mut mine = if at == 0 && r.len() * vocab == rows.len() {
+                std::mem::take(&mut rows)
+            } else {
+                rows[at * vocab..(at + r.len()) * vocab].to_vec()
+            };
+            at += r.len();
+            if let Ok(j) = sampling.binary_search(&ci) {
+                mine.extend_from_slice(&sampled[j * vocab..(j + 1) * vocab]);
+            }
+            results[ci] = Some(mine);
+        }
+        for (j, &ci) in sampling.iter().enumerate() {
+            if results[ci].is_none() {
+                results[ci] = Some(sampled[j * vocab..(j + 1) * vocab].to_vec());
+            }
+        }
+        Ok(results)
+    }
+
+    /// The final norm and the LM head over rows `rows` of the step's hidden states: one
+    /// logits row each, in that order.
+    fn lm_head(&self, s: &Scratch, rows: &[usize]) -> Result<Vec<f32>> {
+        let (h, n) = (self.cfg.hidden, rows.len());
+        if n == 0 {
+            return Ok(Vec::new());
+        }
+        let mut normed = vec![0f32; n * h];
+        for (j, &t) in rows.iter().enumerate() {
+            ops::rmsnorm(
+                &s.x[t * h..(t + 1) * h],
+                &self.output_norm,
+                self.cfg.eps,
+                &mut normed[j * h..(j + 1) * h],
+            );
+        }
+        let mut logits = vec![0f32; n * self.cfg.vocab];
+        // The LM head sees only the logit rows: a prefill step's head is decode-sized.
+        self.matmul(&normed, n, &self.output, &mut logits, false)?;
+        if let Some(cap) = self.cfg.traits.final_softcap {
+            logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
+        }
+        Ok(logits)
+    }
+}
+
+/// Checks a step's chunks against the model and a cache of `num_blocks` blocks of
+/// `block_size` tokens: token ids, positions, media rows and block tables.
+pub(super) fn validate_chunks(
+    cfg: &LlamaConfig,
+    batch: &[SeqChunk<'_>],
+    block_size: usize,
+    num_blocks: usize,
+) -> Result<()> {
+    for (i, c) in batch.iter().enumerate() {
+        if c.tokens.is_empty() {
+            return Err(EngineError::Internal(format!(
+                "batch chunk {i} has no tokens"
+            )));
+        }
+        if let Some(m) = &c.media {
+            let rows_ok = m.rows.windows(2).all(|w| w[0] < w[1])
+                && m.rows.last().is_none_or(|&r| (r as usize) < c.tokens.len());
+            if !rows_ok || m.embeds.len() != m.rows.len() * cfg.hidden {
+                return Err(EngineError::Internal(format!(
+                    "batch chunk {i}: {} media rows with {} values do not fit its {} tokens of width {}",
+                    m.rows.len(),
+                    m.embeds.len(),
+                    c.tokens.len(),
+                    cfg.hidden
+                )));
+            }
+            if m.positions.is_some_and(|p| p.len() != c.tokens.len()) {
+                return Err(EngineError::Internal(format!(
+                    "batch chunk {i}: M-RoPE positions do not cover its {} tokens",
+                    c.tokens.len()
+                )));
+            }
+        }
+        if let Some(&t) = c.tokens.iter().find(|&&t| t as usize >= cfg.vocab) {
+            return Err(EngineError::invalid(
+                format!(
+                    "token id {t} is out of range for a vocabulary of {} tokens",
+                    cfg.vocab
+                ),
+                Some("prompt"),
+            ));
+        }
+        let end = c.start_pos + c.tokens.len();
+        if end > cfg.max_position {
+            return Err(EngineError::invalid(
+                format!(
+                    "sequence length {end} exceeds the model's maximum of {} positions",
+                    cfg.max_position
+                ),
+                None,
+            ));
+        }
+        let needed = end.div_ceil(block_size);
+        if c.block_table.len() < needed {
+            return Err(EngineError::Internal(format!(
+                "block table of chunk {i} has {} blocks, {needed} needed for {end} positions",
+                c.block_table.len()
+            )));
+        }
+        if let Some(b) = c.block_table[..needed]
+            .iter()
+            .find(|&&b| b as usize >= num_blocks)
+        {
+            return Err(EngineError::Internal(format!(
+                "block id {b} is outside the cache's {} blocks",
+                num_blocks
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `x[t] += rmsnorm(y[t]) · w` for every row `t`: a residual add through a norm of the branch's
+/// output (Gemma's post-attention and post-MLP norms).
+fn add_normed(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, row: &mut [f32]) {
+    let h = w.len();
+    for (xt, yt) in x.chunks_exact_mut(h).zip(y.chunks_exact(h)) {
+        ops::rmsnorm(yt, w, eps, row);
+        ops::add_assign(xt, row);
+    }
+}
+
+/// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
+fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
+    let mut tmp = vec![0f32; hd];
+    for head in x.chunks_exact_mut(hd) {
+        ops::rmsnorm(head, w, eps, &mut tmp);
+        head.copy_from_slice(&tmp);
+    }
+}
+
+/// M-RoPE angles: each position's angles computed once, then frequency `j` takes the
+/// temporal, row or column one by the section it falls in.
+#[derive(Default)]
+struct MropeScratch {
+    cos: [Vec<f32>; 3],
+    sin: [Vec<f32>; 3],
+}
+
+impl MropeScratch {
+    fn angles(
+        &mut self,
+        cfg: &LlamaConfig,
+        factors: Option<&[f32]>,
+        sections: [usize; 3],
+        pos: [i64; 3],
+        cos: &mut [f32],
+        sin: &mut [f32],
+    ) {
+        let half = cfg.rope_dim / 2;
+        for ((c, sn), &p) in self.cos.iter_mut().zip(&mut self.sin).zip(&pos) {
+            c.resize(half, 0.0);
+            sn.resize(half, 0.0);
+            ops::rope_angles(
+                p.max(0) as usize,
+                cfg.rope_base,
+                cfg.rope_dim,
+                cfg.rope_freq_scale,
+                factors,
+                c,
+                sn,
+            );
+        }
+        let mut axis = 0;
+        let mut left = sections[0];
+        for j in 0..half {
+            while left == 0 && axis < 2 {
+                axis += 1;
+                left = sections[axis];
+            }
+            left = left.saturating_sub(1);
+            cos[j] = self.cos[axis][j];
+            sin[j] = self.sin[axis][j];
+        }
+    }
+}
