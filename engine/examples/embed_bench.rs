@@ -4,14 +4,19 @@
 //! tokenisation with truncation at 256 included in the timed pass, median of 3 passes after one
 //! warm-up. Prints one JSON line.
 //!
+//! `--workload rerank` runs a cross-encoder instead, comparable to `scripts/rerank_bench.py
+//! peer`: the (query, passage) pairs of the model folder's `pairs.json` (written with the
+//! checkpoint by `scripts/rerank_bench.py make`), each batch's pairs tokenised together as the
+//! peer's tokenizer call does, then scored; a "sentence" in the output is a pair.
+//!
 //! Run: `cargo run --release -p engine --example embed_bench -- [--model-dir DIR] [--threads N]
-//! [--runs N] [--batch-size N] [--workload short|long]`
+//! [--runs N] [--batch-size N] [--workload short|long|rerank]`
 
 use std::path::PathBuf;
 use std::time::Instant;
 
 use engine::hf::load_encoder;
-use engine::model::LoadedEncoder;
+use engine::model::{EncoderInput, LoadedEncoder};
 
 const WORDS: &str = "the of and to in a is that for it as was with be by on not he this are or his from at which but have an \
     they you were her all she there would their we him been has when who will more no if out so said what up \
@@ -152,7 +157,8 @@ struct Args {
     threads: usize,
     runs: usize,
     batch_size: usize,
-    /// Only the workloads whose name starts with this (`short`, `long`); all when empty.
+    /// Only the workloads whose name starts with this (`short`, `long`; `rerank` for a
+    /// cross-encoder); the first two when empty.
     workload: String,
 }
 
@@ -175,8 +181,10 @@ fn parse_args() -> Result<Args, String> {
             "--runs" => args.runs = number()?.max(1),
             "--batch-size" => args.batch_size = number()?.max(1),
             "--workload" => {
-                if !matches!(value.as_str(), "short" | "long") {
-                    return Err(format!("--workload: expected short or long, got {value}"));
+                if !matches!(value.as_str(), "short" | "long" | "rerank") {
+                    return Err(format!(
+                        "--workload: expected short, long or rerank, got {value}"
+                    ));
                 }
                 args.workload = value;
             }
@@ -186,9 +194,64 @@ fn parse_args() -> Result<Args, String> {
     Ok(args)
 }
 
+/// What a workload runs: sentences to embed, or pairs for a cross-encoder to score.
+enum Inputs {
+    Texts(Vec<String>),
+    Pairs(Vec<(String, String)>),
+}
+
+impl Inputs {
+    fn len(&self) -> usize {
+        match self {
+            Inputs::Texts(t) => t.len(),
+            Inputs::Pairs(p) => p.len(),
+        }
+    }
+}
+
+fn pass(enc: &LoadedEncoder, inputs: &Inputs, batch_size: usize) -> Result<usize, String> {
+    match inputs {
+        Inputs::Texts(texts) => pass_texts(enc, texts, batch_size),
+        Inputs::Pairs(pairs) => pass_pairs(enc, pairs, batch_size),
+    }
+}
+
+/// One pass over pairs: each batch tokenised at once (pair template, token type ids), then
+/// scored by the model's head. Returns the number of tokens.
+fn pass_pairs(
+    enc: &LoadedEncoder,
+    pairs: &[(String, String)],
+    batch_size: usize,
+) -> Result<usize, String> {
+    let mut tokens = 0;
+    for chunk in pairs.chunks(batch_size) {
+        let inputs: Vec<(&str, &str)> = chunk
+            .iter()
+            .map(|(q, d)| (q.as_str(), d.as_str()))
+            .collect();
+        let encodings = enc
+            .tokenizer
+            .encode_batch(inputs, true)
+            .map_err(|e| e.to_string())?;
+        let batch: Vec<EncoderInput<'_>> = encodings
+            .iter()
+            .map(|e| EncoderInput {
+                ids: e.get_ids(),
+                type_ids: Some(e.get_type_ids()),
+            })
+            .collect();
+        tokens += batch.iter().map(|b| b.ids.len()).sum::<usize>();
+        let scores = enc.model.forward(&batch).map_err(|e| e.to_string())?;
+        if scores.len() != batch.len() {
+            return Err("wrong number of scores".into());
+        }
+    }
+    Ok(tokens)
+}
+
 /// One full pass: tokenise (truncating at the model's max_seq_len, as sentence-transformers)
 /// and embed in batches. Returns the number of tokens.
-fn pass(enc: &LoadedEncoder, texts: &[String], batch_size: usize) -> Result<usize, String> {
+fn pass_texts(enc: &LoadedEncoder, texts: &[String], batch_size: usize) -> Result<usize, String> {
     let max = enc.model.info().max_seq_len;
     let mut tokens = 0;
     for chunk in texts.chunks(batch_size) {
@@ -226,10 +289,22 @@ fn main() -> Result<(), String> {
     let t_load = Instant::now();
     let enc = load_encoder(&args.model_dir).map_err(|e| e.to_string())?;
     let load_s = t_load.elapsed().as_secs_f64();
-    let workloads = [
-        ("short_256x12w", make_texts(256, 12, 1)),
-        ("long_64x200w", make_texts(64, 200, 2)),
-    ];
+    let workloads = if args.workload == "rerank" {
+        let path = args.model_dir.join("pairs.json");
+        let text = std::fs::read_to_string(&path).map_err(|e| {
+            format!(
+                "{}: {e} (write it with scripts/rerank_bench.py make)",
+                path.display()
+            )
+        })?;
+        let pairs = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+        vec![("rerank_pairs", Inputs::Pairs(pairs))]
+    } else {
+        vec![
+            ("short_256x12w", Inputs::Texts(make_texts(256, 12, 1))),
+            ("long_64x200w", Inputs::Texts(make_texts(64, 200, 2))),
+        ]
+    };
     let mut results = serde_json::Map::new();
     for (name, texts) in &workloads {
         if !name.starts_with(args.workload.as_str()) {

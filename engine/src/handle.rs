@@ -6,13 +6,12 @@
 //! async side) and cancels its sequence when dropped.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::mpsc::{Sender, SyncSender, TrySendError};
+use std::sync::mpsc::{Sender, SyncSender};
 use std::sync::Arc;
 use std::time::Instant;
 
 use tokenizers::Tokenizer;
 use tokio::sync::mpsc::unbounded_channel;
-use tokio::sync::oneshot;
 
 use crate::api::{ChatTemplateOptions, Constraint, GenerateRequest, ModelCard};
 use crate::block_manager::HashContext;
@@ -29,6 +28,7 @@ mod front_door;
 mod load;
 mod media_worker;
 mod place;
+mod pool;
 mod start;
 mod stream;
 
@@ -38,6 +38,7 @@ pub use front_door::{
 };
 use load::load;
 use media_worker::MediaWorker;
+pub use pool::{pair_indices, PoolInput, PoolOptions, PoolTask, Pooled};
 use start::{start_decoder, start_encoder};
 pub use stream::GenerationStream;
 
@@ -182,6 +183,9 @@ struct EncoderBackend {
     alive: Arc<AtomicBool>,
     max_seq_len: usize,
     hidden_size: usize,
+    head: crate::model::EncoderHead,
+    /// Sentence vectors are normalised unless a request says otherwise.
+    normalize: bool,
 }
 
 impl Drop for DecoderBackend {
@@ -686,63 +690,5 @@ impl ModelHandle {
             return Err(EngineError::Stopped);
         }
         Ok(stream)
-    }
-
-    pub async fn embed(&self, inputs: Vec<Vec<u32>>) -> Result<Vec<Vec<f32>>> {
-        let Backend::Encoder(e) = &self.inner.backend else {
-            return Err(EngineError::UnsupportedTask {
-                task: "embed".into(),
-            });
-        };
-        if inputs.is_empty() {
-            return Ok(Vec::new());
-        }
-        let vocab = self.inner.tokenizer.get_vocab_size(true);
-        for (i, input) in inputs.iter().enumerate() {
-            if input.is_empty() {
-                return Err(EngineError::invalid(
-                    format!("input {i} is empty"),
-                    Some("input"),
-                ));
-            }
-            if input.len() > e.max_seq_len {
-                return Err(EngineError::invalid(
-                    format!(
-                        "This model's maximum context length is {} tokens. However, input {i} has {} tokens.",
-                        e.max_seq_len,
-                        input.len()
-                    ),
-                    Some("input"),
-                ));
-            }
-            if let Some(bad) = input.iter().find(|&&id| id as usize >= vocab) {
-                return Err(EngineError::invalid(
-                    format!("Token id {bad} is out of vocabulary"),
-                    Some("input"),
-                ));
-            }
-        }
-        let started = Instant::now();
-        let tokens: usize = inputs.iter().map(Vec::len).sum();
-        let (reply, wait) = oneshot::channel();
-        match e.jobs.try_send(EmbedJob { inputs, reply }) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => {
-                return Err(EngineError::Overloaded(
-                    "the embedding queue is full".into(),
-                ))
-            }
-            Err(TrySendError::Disconnected(_)) => return Err(EngineError::Stopped),
-        }
-        let vectors = wait
-            .await
-            .map_err(|_| EngineError::Internal("the embedding worker stopped".into()))??;
-        // Counted like a finished generation, so the request and token counters cover every
-        // model a dashboard shows; a request whose client left is not counted.
-        self.inner.metrics.prompt_tokens(tokens);
-        self.inner
-            .metrics
-            .request_finished(crate::api::FinishReason::Stop, started.elapsed());
-        Ok(vectors)
     }
 }

@@ -2,11 +2,12 @@
 //! `tokenizer_config.json`, the chat template, and the sentence-transformers files of encoders.
 //!
 //! - [`detect`] tells what a model path holds, for the engine's dispatch.
-//! - [`load_encoder`] loads a BERT-family embedding model ready to serve.
+//! - [`load_encoder`] loads a BERT-family embedding model or sequence classifier ready to serve.
 //! - [`load_decoder`] loads a Llama-family decoder; [`decoder_from_weights`] the same from
 //!   weights already mapped (the weight cache).
 //! - [`load_tokenizer`], [`read_chat_template`], [`read_special_tokens`] serve the decoder loaders.
 
+mod classifier;
 mod config;
 pub mod hub;
 mod sentence_transformers;
@@ -14,13 +15,14 @@ mod weights;
 
 use std::path::Path;
 
+pub use self::classifier::classifier_info;
 pub use self::config::{HfConfig, TokenIds};
 pub use self::sentence_transformers::SentenceTransformersConfig;
 pub use self::weights::{F32Tensor, RawTensor, SafetensorsWeights};
 
 use crate::error::{EngineError, Result};
-use crate::model::{LoadedEncoder, Pooling};
-use crate::models::bert::BertEncoder;
+use crate::model::{EncoderHead, LoadedEncoder, Pooling};
+use crate::models::bert::{BertEncoder, ClassifierLayout, EncoderSpec};
 
 /// What a model path holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -35,8 +37,8 @@ pub enum CheckpointKind {
     Unknown,
 }
 
-/// Encoder families by `model_type`. Only `bert` loads today; the others are recognised so
-/// that their load error says what is missing.
+/// Encoder families by `model_type`. BERT embedders and BERT, RoBERTa and XLM-R classifiers
+/// load; the others are recognised so that their load error says what is missing.
 const ENCODER_MODEL_TYPES: &[&str] = &[
     "bert",
     "roberta",
@@ -50,8 +52,21 @@ const ENCODER_MODEL_TYPES: &[&str] = &[
     "deberta-v2",
 ];
 
-/// Architectures [`load_encoder`] accepts.
+/// Embedding architectures [`load_encoder`] accepts.
 const BERT_ARCHITECTURES: &[&str] = &["BertModel", "BertForMaskedLM", "BertForPreTraining"];
+
+/// Sequence-classification architectures [`load_encoder`] accepts, with their head's layout.
+const CLASSIFIER_ARCHITECTURES: &[(&str, ClassifierLayout)] = &[
+    ("BertForSequenceClassification", ClassifierLayout::Bert),
+    (
+        "XLMRobertaForSequenceClassification",
+        ClassifierLayout::Roberta,
+    ),
+    (
+        "RobertaForSequenceClassification",
+        ClassifierLayout::Roberta,
+    ),
+];
 
 /// Tells whether `path` is an encoder folder, a decoder folder or a GGUF file. Never fails:
 /// anything unreadable is [`CheckpointKind::Unknown`].
@@ -88,58 +103,92 @@ pub fn detect(path: &Path) -> CheckpointKind {
         return CheckpointKind::Decoder;
     }
     let model_type = cfg.model_type.as_deref().unwrap_or("");
-    if ENCODER_MODEL_TYPES.contains(&model_type) || BERT_ARCHITECTURES.contains(&arch) {
+    if ENCODER_MODEL_TYPES.contains(&model_type)
+        || BERT_ARCHITECTURES.contains(&arch)
+        || CLASSIFIER_ARCHITECTURES
+            .iter()
+            .any(|(name, _)| *name == arch)
+    {
         return CheckpointKind::Encoder;
     }
     CheckpointKind::Unknown
 }
 
-/// Loads an encoder folder: a BERT model from `config.json` and its safetensors, pooling and
+/// Loads an encoder folder. An embedding model (`BertModel` and friends): pooling and
 /// normalisation from the sentence-transformers files (without them: [CLS] pooling and
-/// normalisation, as vLLM does for a plain `BertModel`), and `tokenizer.json` with padding and
-/// truncation off. `max_seq_len` is `sentence_bert_config.json`'s `max_seq_length` if present,
-/// else `max_position_embeddings`.
+/// normalisation, as vLLM does for a plain `BertModel`). A sequence classifier (BERT, RoBERTa,
+/// XLM-R `*ForSequenceClassification`): its head, labels and activations from `config.json`.
+/// `tokenizer.json` with padding and truncation off. `max_seq_len` is
+/// `sentence_bert_config.json`'s `max_seq_length` if present, else what the position table
+/// holds.
 pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
     let cfg = HfConfig::from_dir(dir)?;
     let arch = cfg.architecture().to_string();
     let model_type = cfg.model_type.clone().unwrap_or_default();
+    let classifier = CLASSIFIER_ARCHITECTURES
+        .iter()
+        .find(|(name, _)| *name == arch)
+        .map(|&(_, layout)| layout);
     let is_bert = if arch.is_empty() {
         model_type == "bert"
     } else {
         BERT_ARCHITECTURES.contains(&arch.as_str())
     };
-    if !is_bert {
+    if !is_bert && classifier.is_none() {
+        let supported: Vec<&str> = BERT_ARCHITECTURES
+            .iter()
+            .copied()
+            .chain(CLASSIFIER_ARCHITECTURES.iter().map(|(name, _)| *name))
+            .collect();
         return Err(EngineError::load(
             dir.join("config.json").display().to_string(),
             format!(
                 "unsupported encoder architecture `{}` (model_type `{model_type}`); supported: {}",
                 if arch.is_empty() { "?" } else { &arch },
-                BERT_ARCHITECTURES.join(", ")
+                supported.join(", ")
             ),
         ));
     }
     let st = SentenceTransformersConfig::from_dir(dir)?;
     let max_position = cfg.require(cfg.max_position_embeddings, "max_position_embeddings")?;
+    let max_len = max_position.saturating_sub(crate::models::bert::position_offset(&cfg));
     let max_seq_len = match st.max_seq_length {
-        Some(n) if n > max_position => {
+        Some(n) if n > max_len => {
             tracing::warn!(
                 max_seq_length = n,
-                max_position,
-                "sentence_bert_config max_seq_length exceeds max_position_embeddings; using the latter"
+                max_len,
+                "sentence_bert_config max_seq_length exceeds what max_position_embeddings holds; using the latter"
             );
-            max_position
+            max_len
         }
         Some(n) => n,
-        None => max_position,
+        None => max_len,
     };
-    let (pooling, normalize) = if st.present {
-        (st.pooling.unwrap_or(Pooling::Mean), st.normalize)
-    } else {
-        tracing::info!("no modules.json: using [CLS] pooling with normalisation");
-        (Pooling::Cls, true)
+    let (pooling, normalize, head) = match classifier {
+        Some(_) => (
+            Pooling::Cls,
+            false,
+            EncoderHead::Classify(classifier_info(&cfg).map_err(|e| in_dir(dir, e))?),
+        ),
+        None if st.present => (
+            st.pooling.unwrap_or(Pooling::Mean),
+            st.normalize,
+            EncoderHead::Embed,
+        ),
+        None => {
+            tracing::info!("no modules.json: using [CLS] pooling with normalisation");
+            (Pooling::Cls, true, EncoderHead::Embed)
+        }
     };
     let weights = SafetensorsWeights::open(dir)?;
-    let model = BertEncoder::load(&cfg, &weights, pooling, normalize, max_seq_len)?;
+    let spec = EncoderSpec {
+        pooling,
+        normalize,
+        head,
+        classifier_layout: classifier.unwrap_or(ClassifierLayout::Bert),
+        max_seq_len,
+    };
+    let model = BertEncoder::load(&cfg, &weights, spec)?;
     let tokenizer = load_tokenizer(dir)?;
     Ok(LoadedEncoder {
         model: Box::new(model),
@@ -150,6 +199,16 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
             arch
         },
     })
+}
+
+/// A `config.json` error with the folder's file named.
+fn in_dir(dir: &Path, e: EngineError) -> EngineError {
+    match e {
+        EngineError::Load { reason, .. } => {
+            EngineError::load(dir.join("config.json").display().to_string(), reason)
+        }
+        other => other,
+    }
 }
 
 /// Loads a decoder folder (`config.json`, safetensors, `tokenizer.json`, the chat template
@@ -342,6 +401,12 @@ mod tests {
         .unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Encoder);
         std::fs::write(dir.join("config.json"), r#"{"model_type": "xlm-roberta"}"#).unwrap();
+        assert_eq!(detect(&dir), CheckpointKind::Encoder);
+        std::fs::write(
+            dir.join("config.json"),
+            r#"{"architectures": ["XLMRobertaForSequenceClassification"]}"#,
+        )
+        .unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Encoder);
         std::fs::write(dir.join("config.json"), r#"{"model_type": "whisper"}"#).unwrap();
         assert_eq!(detect(&dir), CheckpointKind::Unknown);

@@ -15,6 +15,13 @@ use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::sampling::{Sampled, SequenceSampler};
 
+mod encoder;
+
+pub use encoder::{
+    l2_normalize, ClassActivation, ClassifierInfo, EmbeddingModel, EncoderHead, EncoderInfo,
+    EncoderInput, LoadedEncoder, Pooling,
+};
+
 /// Shape facts the scheduler and the KV cache need about a decoder.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DecoderInfo {
@@ -461,35 +468,6 @@ pub fn host_kv_blocks(block_size: usize, budget: &KvBudget) -> usize {
     budget.tokens.unwrap_or(DEFAULT_CPU_KV_TOKENS) / block_size.max(1)
 }
 
-/// How an encoder turns token states into one vector.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Pooling {
-    Mean,
-    Cls,
-    LastToken,
-}
-
-/// Shape facts about an embedding model.
-#[derive(Debug, Clone, PartialEq)]
-pub struct EncoderInfo {
-    pub hidden_size: usize,
-    /// Longest input in tokens, [CLS] and [SEP] included (sentence-transformers'
-    /// `max_seq_length` where the checkpoint has one).
-    pub max_seq_len: usize,
-    pub pooling: Pooling,
-    /// L2-normalise the pooled vector (a Normalize module in modules.json).
-    pub normalize: bool,
-}
-
-/// A BERT-family encoder producing pooled sentence vectors.
-pub trait EmbeddingModel: Send + Sync {
-    fn info(&self) -> &EncoderInfo;
-
-    /// Embed a batch of already tokenised inputs (special tokens included, each no longer
-    /// than `max_seq_len`). Returns one pooled (and, if configured, normalised) vector each.
-    fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>>;
-}
-
 /// A decoder checkpoint loaded with everything needed to serve it.
 pub struct LoadedDecoder {
     pub model: Box<dyn CausalLm>,
@@ -505,13 +483,4 @@ pub struct LoadedDecoder {
     pub architecture: String,
     /// The vision or audio encoders of a multimodal checkpoint.
     pub media: Option<Box<crate::models::media::MediaEncoders>>,
-}
-
-/// An encoder checkpoint loaded with everything needed to serve it.
-pub struct LoadedEncoder {
-    pub model: Box<dyn EmbeddingModel>,
-    /// Truncation and padding already set as the model expects (truncation off here: the
-    /// gateway decides; padding off).
-    pub tokenizer: tokenizers::Tokenizer,
-    pub architecture: String,
 }

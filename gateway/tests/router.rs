@@ -3,22 +3,19 @@
 //! committed checkpoint (`tests/data/tiny-llama`), which starts in milliseconds.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod common;
+
 use std::sync::Arc;
-use std::time::Duration;
 
 use axum::body::Body;
 use axum::http::Request;
-use clap::Parser;
-use gateway::app::{app, HttpLimits};
-use gateway::cli::{Cli, Command};
-use gateway::state::{AppState, Settings};
+use common::{call, App};
+use gateway::state::AppState;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
 use tower::ServiceExt;
 
 const MODEL: &str = "tiny";
-
-type App = gateway::http::front::Front<gateway::app::Dispatch>;
 
 /// The app as `gateway serve --model tests/data/tiny-llama --served-model-name tiny <extra>`
 /// builds it.
@@ -39,36 +36,7 @@ fn server_and_state(extra: &[&str]) -> (App, Arc<AppState>) {
         "cpu".into(),
     ];
     argv.extend(extra.iter().map(|s| s.to_string()));
-    let Command::Serve(args) = Cli::try_parse_from(argv).unwrap().command else {
-        panic!("not a serve command");
-    };
-    let settings = Settings::from_args(&args).unwrap();
-    let engine = engine::handle::EngineHandle::start(&settings.models, &settings.engine).unwrap();
-    let state = Arc::new(AppState::new(&args, settings, engine, None).unwrap());
-    let app = app(
-        state.clone(),
-        HttpLimits {
-            max_concurrent: args.max_concurrent_requests,
-            timeout: Duration::from_secs(args.request_timeout),
-        },
-    );
-    (app, state)
-}
-
-async fn call(app: &App, method: &str, path: &str, body: Option<Value>) -> (u16, Value) {
-    let req = Request::builder()
-        .method(method)
-        .uri(path)
-        .header("content-type", "application/json")
-        .body(body.map_or_else(Body::empty, |b| Body::from(b.to_string())))
-        .unwrap();
-    let resp = app.clone().oneshot(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (
-        status,
-        serde_json::from_slice(&bytes).unwrap_or(Value::Null),
-    )
+    common::app_from_args(argv)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

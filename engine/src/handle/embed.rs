@@ -9,10 +9,26 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::error::{EngineError, Result};
-use crate::model::EmbeddingModel;
+use crate::model::{EmbeddingModel, EncoderInput};
 
+/// One tokenised input: ids and, for a pair, each token's segment.
+pub(super) struct EncodedInput {
+    pub(super) ids: Vec<u32>,
+    pub(super) type_ids: Option<Vec<u32>>,
+}
+
+impl EncodedInput {
+    fn view(&self) -> EncoderInput<'_> {
+        EncoderInput {
+            ids: &self.ids,
+            type_ids: self.type_ids.as_deref(),
+        }
+    }
+}
+
+/// A request's inputs; the reply holds the head's raw output for each, in order.
 pub(super) struct EmbedJob {
-    pub(super) inputs: Vec<Vec<u32>>,
+    pub(super) inputs: Vec<EncodedInput>,
     pub(super) reply: oneshot::Sender<Result<Vec<Vec<f32>>>>,
 }
 
@@ -58,8 +74,7 @@ pub(super) fn embed_worker(
         }
         // Round-robin over the jobs, one input each per turn, up to the token budget (a batch
         // always has at least one input).
-        let mut batch: Vec<Vec<u32>> = Vec::new();
-        let mut owners: Vec<usize> = Vec::new();
+        let mut picks: Vec<(usize, usize)> = Vec::new();
         let mut tokens = 0usize;
         'fill: loop {
             let mut took = false;
@@ -67,12 +82,11 @@ pub(super) fn embed_worker(
                 let Some(input) = a.job.inputs.get(a.next) else {
                     continue;
                 };
-                if !batch.is_empty() && tokens + input.len() > batch_tokens {
+                if !picks.is_empty() && tokens + input.ids.len() > batch_tokens {
                     break 'fill;
                 }
-                tokens += input.len();
-                batch.push(input.clone());
-                owners.push(k);
+                tokens += input.ids.len();
+                picks.push((k, a.next));
                 a.next += 1;
                 took = true;
             }
@@ -80,8 +94,16 @@ pub(super) fn embed_worker(
                 break;
             }
         }
-        match catch_unwind(AssertUnwindSafe(|| model.embed(&batch))) {
-            Ok(Ok(vectors)) if vectors.len() == batch.len() => {
+        let batch: Vec<EncoderInput<'_>> = picks
+            .iter()
+            .map(|&(k, i)| active[k].job.inputs[i].view())
+            .collect();
+        let result = catch_unwind(AssertUnwindSafe(|| model.forward(&batch)));
+        let batch_len = batch.len();
+        drop(batch);
+        let owners: Vec<usize> = picks.iter().map(|&(k, _)| k).collect();
+        match result {
+            Ok(Ok(vectors)) if vectors.len() == batch_len => {
                 for (vector, k) in vectors.into_iter().zip(owners) {
                     active[k].done.push(vector);
                 }
@@ -91,7 +113,7 @@ pub(super) fn embed_worker(
                     Ok(Ok(v)) => format!(
                         "embedding model returned {} vectors for {} inputs",
                         v.len(),
-                        batch.len()
+                        batch_len
                     ),
                     Ok(Err(e)) => format!("embedding failed: {e}"),
                     Err(_) => "embedding model panicked".to_string(),

@@ -13,7 +13,7 @@ use crate::api::{ModelCard, Task};
 use crate::chat_template::ChatTemplate;
 use crate::error::{EngineError, Result};
 use crate::metrics::ModelMetrics;
-use crate::model::{KvBudget, LoadedDecoder, LoadedEncoder};
+use crate::model::{EncoderHead, KvBudget, LoadedDecoder, LoadedEncoder};
 use crate::scheduler::{Engine, SchedulerConfig, Shared};
 
 pub(super) fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {
@@ -187,7 +187,7 @@ pub(super) fn start_encoder(
                 root: spec.path.clone(),
                 max_model_len,
                 device: "cpu".into(),
-                tasks: vec![Task::Embed, Task::Score],
+                tasks: encoder_tasks(&info.head),
                 input_modalities: vec!["text".into()],
             },
             tokenizer: Arc::new(e.tokenizer),
@@ -200,9 +200,21 @@ pub(super) fn start_encoder(
                 alive,
                 max_seq_len: max_model_len,
                 hidden_size: info.hidden_size,
+                head: info.head.clone(),
+                normalize: info.normalize,
             }),
         }),
     })
+}
+
+/// What an encoder serves: an embedding model embeds and scores (by cosine); a classifier
+/// classifies, and scores pairs with its head when it has a single label (a cross-encoder).
+fn encoder_tasks(head: &EncoderHead) -> Vec<Task> {
+    match head {
+        EncoderHead::Embed => vec![Task::Embed, Task::Score],
+        EncoderHead::Classify(c) if c.labels.len() == 1 => vec![Task::Classify, Task::Score],
+        EncoderHead::Classify(_) => vec![Task::Classify],
+    }
 }
 
 /// The longest vocabulary entry in bytes (added tokens included).

@@ -54,6 +54,14 @@ pub struct HfConfig {
     pub bos_token_id: Option<TokenIds>,
     pub eos_token_id: Option<TokenIds>,
     pub torch_dtype: Option<String>,
+    /// Sequence classification: one name per label, keyed by the label id as a string.
+    pub id2label: Option<std::collections::BTreeMap<String, String>>,
+    pub num_labels: Option<usize>,
+    pub problem_type: Option<String>,
+    /// What sentence-transformers records for a CrossEncoder (`activation_fn`), in its
+    /// current and its older key.
+    pub sentence_transformers: Option<serde_json::Value>,
+    pub sbert_ce_default_activation_function: Option<String>,
 }
 
 impl HfConfig {

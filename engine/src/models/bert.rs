@@ -1,8 +1,11 @@
-//! BERT-family encoder (BERT, MiniLM, ...) for sentence embeddings.
+//! BERT-family encoder (BERT, MiniLM, RoBERTa, XLM-R) for sentence embeddings and sequence
+//! classification.
 //!
 //! Word + position + token-type embeddings and LayerNorm, then post-LN transformer layers
-//! (self-attention, GELU feed-forward), then pooling (mean over the tokens, [CLS] or last
-//! token) and an optional L2 normalisation.
+//! (self-attention, GELU feed-forward), then the head ([`head`]): pooling (mean over the
+//! tokens, [CLS] or last token), or a classification head over the first token. RoBERTa and
+//! XLM-R differ from BERT only in their positions, which count from `pad_token_id + 1` (their
+//! position table reserves the rows below), and in having a single token type.
 //!
 //! A batch is run without padding: it is cut into chunks of whole sequences with about the same
 //! number of tokens (at least one per thread when the batch is big enough), and the tokens of a
@@ -13,22 +16,23 @@
 //! bound it), each forward pass mostly on one thread; a batch too small to cut runs its layers'
 //! loops in parallel instead.
 
+mod chunks;
 mod dense;
+mod head;
 
 use std::sync::Mutex;
 
 use kernels::{add_layer_norm, gemm_packed, softmax_rows, Activation, PackedB};
 use rayon::prelude::*;
 
+use self::chunks::plan_chunks;
 use self::dense::{activation_from_hf, internal, Dense};
+pub use self::head::ClassifierLayout;
+use self::head::Head;
 use crate::error::{EngineError, Result};
 use crate::hf::{HfConfig, SafetensorsWeights};
-use crate::model::{EmbeddingModel, EncoderInfo, Pooling};
+use crate::model::{EmbeddingModel, EncoderHead, EncoderInfo, EncoderInput, Pooling};
 
-/// Most tokens run through the layers at once; larger batches are split (by sequence).
-const CHUNK_TOKENS: usize = 2048;
-/// Fewest tokens per chunk worth a forward pass of its own on one thread.
-const MIN_CHUNK_TOKENS: usize = 96;
 /// Rows per task for the row-wise operations (LayerNorm, activation).
 const ROWS_PER_TASK: usize = 32;
 
@@ -40,6 +44,9 @@ struct Dims {
     intermediate: usize,
     vocab: usize,
     max_position: usize,
+    /// Row of the position table for position 0 (RoBERTa: `pad_token_id + 1`).
+    position_offset: usize,
+    type_vocab: usize,
     eps: f32,
     act: Activation,
 }
@@ -47,8 +54,8 @@ struct Dims {
 struct Embeddings {
     word: Vec<f32>,
     position: Vec<f32>,
-    /// Row 0 of the token-type table (single-segment inputs).
-    token_type0: Vec<f32>,
+    /// `[type_vocab][hidden]`.
+    token_type: Vec<f32>,
     ln_g: Vec<f32>,
     ln_b: Vec<f32>,
 }
@@ -87,6 +94,7 @@ pub struct BertEncoder {
     dims: Dims,
     emb: Embeddings,
     layers: Vec<Layer>,
+    head: Head,
     workspaces: Mutex<Vec<Workspace>>,
 }
 
@@ -100,7 +108,8 @@ impl std::fmt::Debug for BertEncoder {
     }
 }
 
-/// Reads tensors with the checkpoint's prefix (`bert.` in `BertForMaskedLM` and friends).
+/// Reads tensors with the checkpoint's prefix (`bert.` in `BertForMaskedLM` and friends,
+/// `roberta.` in `XLMRobertaForSequenceClassification`; empty for the top level).
 struct Reader<'a> {
     weights: &'a SafetensorsWeights,
     prefix: &'static str,
@@ -133,16 +142,38 @@ impl Reader<'_> {
     }
 }
 
+/// What the loader decides about an encoder beyond its `config.json`.
+#[derive(Debug, Clone)]
+pub struct EncoderSpec {
+    pub pooling: Pooling,
+    /// Normalise sentence vectors by default.
+    pub normalize: bool,
+    pub head: EncoderHead,
+    /// Where a classification head's tensors are (with [`EncoderHead::Classify`]).
+    pub classifier_layout: ClassifierLayout,
+    pub max_seq_len: usize,
+}
+
+/// The row of the position table that position 0 takes: RoBERTa-style models (RoBERTa,
+/// XLM-R, CamemBERT) count positions from `pad_token_id + 1`, BERT from 0.
+pub fn position_offset(cfg: &HfConfig) -> usize {
+    match cfg.model_type.as_deref() {
+        Some("roberta" | "xlm-roberta" | "camembert") => cfg.pad_token_id.unwrap_or(1) as usize + 1,
+        _ => 0,
+    }
+}
+
 impl BertEncoder {
     /// Builds the encoder from a parsed `config.json` and the checkpoint's weights. Every
     /// missing or misshaped tensor is a `Load` error naming it.
-    pub fn load(
-        cfg: &HfConfig,
-        weights: &SafetensorsWeights,
-        pooling: Pooling,
-        normalize: bool,
-        max_seq_len: usize,
-    ) -> Result<Self> {
+    pub fn load(cfg: &HfConfig, weights: &SafetensorsWeights, spec: EncoderSpec) -> Result<Self> {
+        let EncoderSpec {
+            pooling,
+            normalize,
+            head,
+            classifier_layout,
+            max_seq_len,
+        } = spec;
         let hidden = cfg.require(cfg.hidden_size, "hidden_size")?;
         let layers_n = cfg.require(cfg.num_hidden_layers, "num_hidden_layers")?;
         let heads = cfg.require(cfg.num_attention_heads, "num_attention_heads")?;
@@ -172,30 +203,34 @@ impl BertEncoder {
                 format!("hidden_size {hidden} is not a multiple of num_attention_heads {heads}"),
             ));
         }
-        if max_seq_len == 0 || max_seq_len > max_position {
+        let position_offset = position_offset(cfg);
+        let max_len = max_position.saturating_sub(position_offset);
+        if max_seq_len == 0 || max_seq_len > max_len {
             return Err(EngineError::load(
                 "config.json",
-                format!("max_seq_len {max_seq_len} is outside 1..={max_position} (max_position_embeddings)"),
+                format!("max_seq_len {max_seq_len} is outside 1..={max_len} (max_position_embeddings {max_position}, positions from {position_offset})"),
             ));
         }
-        let prefix = if weights.contains("bert.embeddings.word_embeddings.weight") {
-            "bert."
-        } else {
-            ""
-        };
+        let prefix = ["bert.", "roberta."]
+            .into_iter()
+            .find(|p| weights.contains(&format!("{p}embeddings.word_embeddings.weight")))
+            .unwrap_or("");
         let r = Reader { weights, prefix };
+        let root = Reader {
+            weights,
+            prefix: "",
+        };
         let (ln_g, ln_b) = r.layer_norm("embeddings.LayerNorm", hidden)?;
-        let token_types = r.get(
-            "embeddings.token_type_embeddings.weight",
-            &[type_vocab, hidden],
-        )?;
         let emb = Embeddings {
             word: r.get("embeddings.word_embeddings.weight", &[vocab, hidden])?,
             position: r.get(
                 "embeddings.position_embeddings.weight",
                 &[max_position, hidden],
             )?,
-            token_type0: token_types[..hidden].to_vec(),
+            token_type: r.get(
+                "embeddings.token_type_embeddings.weight",
+                &[type_vocab, hidden],
+            )?,
             ln_g,
             ln_b,
         };
@@ -239,8 +274,16 @@ impl BertEncoder {
             intermediate,
             vocab,
             max_position,
+            position_offset,
+            type_vocab,
             eps,
             act,
+        };
+        let head_impl = match &head {
+            EncoderHead::Embed => Head::Pool(pooling),
+            EncoderHead::Classify(c) => {
+                Head::classifier(classifier_layout, &r, &root, hidden, c.labels.len())?
+            }
         };
         tracing::info!(
             hidden,
@@ -249,6 +292,10 @@ impl BertEncoder {
             max_seq_len,
             ?pooling,
             normalize,
+            labels = match &head {
+                EncoderHead::Embed => 0,
+                EncoderHead::Classify(c) => c.labels.len(),
+            },
             "loaded BERT encoder"
         );
         Ok(BertEncoder {
@@ -257,22 +304,46 @@ impl BertEncoder {
                 max_seq_len,
                 pooling,
                 normalize,
+                head,
             },
             dims,
             emb,
             layers,
+            head: head_impl,
             workspaces: Mutex::new(Vec::new()),
         })
     }
 
-    fn check_input(&self, index: usize, ids: &[u32]) -> Result<()> {
+    fn check_input(&self, index: usize, input: &EncoderInput<'_>) -> Result<()> {
+        let ids = input.ids;
+        if let Some(types) = input.type_ids {
+            if types.len() != ids.len() {
+                return Err(EngineError::Internal(format!(
+                    "input {index}: {} token type ids for {} tokens",
+                    types.len(),
+                    ids.len()
+                )));
+            }
+            if let Some(&bad) = types.iter().find(|&&t| t as usize >= self.dims.type_vocab) {
+                return Err(EngineError::invalid(
+                    format!(
+                        "token type id {bad} in input {index} is out of range (the model has {} token types)",
+                        self.dims.type_vocab
+                    ),
+                    Some("input"),
+                ));
+            }
+        }
         if ids.is_empty() {
             return Err(EngineError::invalid(
                 format!("input {index} has no tokens"),
                 Some("input"),
             ));
         }
-        let max = self.info.max_seq_len.min(self.dims.max_position);
+        let max = self
+            .info
+            .max_seq_len
+            .min(self.dims.max_position - self.dims.position_offset);
         if ids.len() > max {
             return Err(EngineError::invalid(
                 format!(
@@ -294,14 +365,14 @@ impl BertEncoder {
         Ok(())
     }
 
-    /// Runs the layers over packed sequences and returns one pooled vector per sequence.
-    fn forward(&self, seqs: &[&[u32]]) -> Result<Vec<Vec<f32>>> {
-        let total: usize = seqs.iter().map(|s| s.len()).sum();
+    /// Runs the layers and the head over packed sequences: one result per sequence.
+    fn run_chunk(&self, seqs: &[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        let total: usize = seqs.iter().map(|s| s.ids.len()).sum();
         let mut spans = Vec::with_capacity(seqs.len());
         let mut t0 = 0;
         for s in seqs {
-            spans.push((t0, s.len()));
-            t0 += s.len();
+            spans.push((t0, s.ids.len()));
+            t0 += s.ids.len();
         }
         let mut ws = self
             .workspaces
@@ -323,7 +394,7 @@ impl BertEncoder {
 
     fn forward_in(
         &self,
-        seqs: &[&[u32]],
+        seqs: &[EncoderInput<'_>],
         spans: &[(usize, usize)],
         total: usize,
         ws: &mut Workspace,
@@ -361,25 +432,20 @@ impl BertEncoder {
             self.residual_norm(tmp, x, &layer.ln2_g, &layer.ln2_b);
             std::mem::swap(&mut x, &mut tmp);
         }
-        Ok(spans
-            .iter()
-            .map(|&(t0, len)| self.pool(&x[t0 * h..(t0 + len) * h], len))
-            .collect())
+        self.head.apply(x, spans, h)
     }
 
-    fn embed_tokens(&self, seqs: &[&[u32]], x: &mut [f32]) {
+    fn embed_tokens(&self, seqs: &[EncoderInput<'_>], x: &mut [f32]) {
         let h = self.dims.hidden;
+        let offset = self.dims.position_offset;
         let mut rows = x.chunks_exact_mut(h);
         for s in seqs {
-            for (pos, (&id, row)) in s.iter().zip(rows.by_ref()).enumerate() {
+            for (pos, (&id, row)) in s.ids.iter().zip(rows.by_ref()).enumerate() {
                 let word = &self.emb.word[id as usize * h..(id as usize + 1) * h];
-                let position = &self.emb.position[pos * h..(pos + 1) * h];
-                for (((o, &w), &p), &t) in row
-                    .iter_mut()
-                    .zip(word)
-                    .zip(position)
-                    .zip(&self.emb.token_type0)
-                {
+                let position = &self.emb.position[(pos + offset) * h..(pos + offset + 1) * h];
+                let kind = s.type_ids.map_or(0, |t| t[pos] as usize);
+                let token_type = &self.emb.token_type[kind * h..(kind + 1) * h];
+                for (((o, &w), &p), &t) in row.iter_mut().zip(word).zip(position).zip(token_type) {
                     *o = w + p + t;
                 }
             }
@@ -457,28 +523,6 @@ impl BertEncoder {
                 }
             });
     }
-
-    fn pool(&self, rows: &[f32], len: usize) -> Vec<f32> {
-        let h = self.dims.hidden;
-        let mut v = match self.info.pooling {
-            Pooling::Cls => rows[..h].to_vec(),
-            Pooling::LastToken => rows[(len - 1) * h..len * h].to_vec(),
-            Pooling::Mean => {
-                let mut sum = vec![0.0f32; h];
-                for row in rows.chunks_exact(h) {
-                    sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
-                }
-                let inv = 1.0 / len as f32;
-                sum.iter_mut().for_each(|s| *s *= inv);
-                sum
-            }
-        };
-        if self.info.normalize {
-            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-12);
-            v.iter_mut().for_each(|x| *x /= norm);
-        }
-        v
-    }
 }
 
 impl EmbeddingModel for BertEncoder {
@@ -486,22 +530,20 @@ impl EmbeddingModel for BertEncoder {
         &self.info
     }
 
-    fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
-        for (i, ids) in batch.iter().enumerate() {
-            self.check_input(i, ids)?;
+    fn forward(&self, batch: &[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>> {
+        for (i, input) in batch.iter().enumerate() {
+            self.check_input(i, input)?;
         }
         // Longest first, so chunks hold sequences of similar length and the attention tasks of
         // a chunk are evenly sized.
         let mut order: Vec<usize> = (0..batch.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(batch[i].len()));
-        let lens: Vec<usize> = order.iter().map(|&i| batch[i].len()).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(batch[i].ids.len()));
+        let lens: Vec<usize> = order.iter().map(|&i| batch[i].ids.len()).collect();
         let chunks = plan_chunks(&lens, rayon::current_num_threads());
         let run = |range: &std::ops::Range<usize>| {
-            let seqs: Vec<&[u32]> = order[range.clone()]
-                .iter()
-                .map(|&i| batch[i].as_slice())
-                .collect();
-            self.forward(&seqs)
+            let seqs: Vec<EncoderInput<'_>> =
+                order[range.clone()].iter().map(|&i| batch[i]).collect();
+            self.run_chunk(&seqs)
         };
         // Chunks run side by side, one forward pass per thread; the layers' own parallel loops
         // then mostly stay on their thread, and a thread that finishes early steals from them.
@@ -513,110 +555,5 @@ impl EmbeddingModel for BertEncoder {
             }
         }
         Ok(out)
-    }
-}
-
-/// Splits sequences (lengths sorted longest first) into consecutive chunks of at most
-/// [`CHUNK_TOKENS`] tokens each (a single longer sequence is a chunk of its own). When the
-/// batch is big enough, it makes at least one chunk per thread (a multiple of `threads`), so
-/// that each thread runs whole forward passes of its own, and it cuts where the running token
-/// count comes closest to an even share.
-fn plan_chunks(lens: &[usize], threads: usize) -> Vec<std::ops::Range<usize>> {
-    if lens.is_empty() {
-        return Vec::new();
-    }
-    let total: usize = lens.iter().sum();
-    let parallel = threads.min(total / MIN_CHUNK_TOKENS).min(lens.len()).max(1);
-    let count = total
-        .div_ceil(CHUNK_TOKENS)
-        .max(1)
-        .next_multiple_of(parallel)
-        .min(lens.len());
-    let mut chunks = Vec::with_capacity(count);
-    let (mut start, mut done, mut in_chunk) = (0, 0, 0);
-    for (i, &len) in lens.iter().enumerate() {
-        if i > start {
-            // The running total at which the current chunk would end with an even share.
-            let goal = total * (chunks.len() + 1) / count;
-            let before = goal.abs_diff(done);
-            let after = goal.abs_diff(done + len);
-            if in_chunk + len > CHUNK_TOKENS || (before < after && chunks.len() + 1 < count) {
-                chunks.push(start..i);
-                start = i;
-                in_chunk = 0;
-            }
-        }
-        done += len;
-        in_chunk += len;
-    }
-    chunks.push(start..lens.len());
-    chunks
-}
-
-#[cfg(test)]
-mod chunk_tests {
-    use super::*;
-
-    fn tokens(lens: &[usize], chunks: &[std::ops::Range<usize>]) -> Vec<usize> {
-        chunks
-            .iter()
-            .map(|r| lens[r.clone()].iter().sum())
-            .collect()
-    }
-
-    #[test]
-    fn chunks_cover_every_sequence_once_in_order() {
-        for (lens, threads) in [
-            (vec![256; 64], 2),
-            (vec![15; 32], 2),
-            (vec![15; 32], 8),
-            (vec![300, 200, 100, 5, 5, 5, 1], 3),
-            (vec![7], 4),
-            ((1..200).rev().collect::<Vec<_>>(), 2),
-        ] {
-            let chunks = plan_chunks(&lens, threads);
-            let mut next = 0;
-            for r in &chunks {
-                assert_eq!(r.start, next, "{lens:?}");
-                assert!(r.end > r.start, "{lens:?}");
-                next = r.end;
-            }
-            assert_eq!(next, lens.len());
-            for (r, t) in chunks.iter().zip(tokens(&lens, &chunks)) {
-                assert!(t <= CHUNK_TOKENS || r.len() == 1, "{lens:?}: {t} tokens");
-            }
-        }
-        assert!(plan_chunks(&[], 2).is_empty());
-    }
-
-    #[test]
-    fn big_batches_give_each_thread_an_even_share() {
-        // The long benchmark batch: 32 sequences of about 204 tokens -> 4 chunks on 2 threads.
-        let lens = vec![204; 32];
-        let chunks = plan_chunks(&lens, 2);
-        assert_eq!(tokens(&lens, &chunks), vec![1632; 4]);
-        // 32 short sentences: one chunk per thread, even.
-        let lens = vec![15; 32];
-        assert_eq!(tokens(&lens, &plan_chunks(&lens, 2)), vec![240, 240]);
-        // Sorted, uneven lengths: shares within one sequence of even.
-        let lens: Vec<usize> = (10..90).rev().collect();
-        let chunks = plan_chunks(&lens, 4);
-        assert_eq!(chunks.len(), 4);
-        let even = lens.iter().sum::<usize>() / 4;
-        for t in tokens(&lens, &chunks) {
-            assert!(t.abs_diff(even) <= 90, "{t} vs {even}");
-        }
-    }
-
-    #[test]
-    fn small_batches_stay_one_chunk() {
-        // Too few tokens to split: one chunk, parallel inside the layers instead.
-        assert_eq!(plan_chunks(&[40, 30, 20], 2), vec![0..3]);
-        assert_eq!(plan_chunks(&[256], 8), vec![0..1]);
-        // A chunk never passes CHUNK_TOKENS, whatever the thread count.
-        let lens = vec![256; 64];
-        let chunks = plan_chunks(&lens, 1);
-        assert_eq!(chunks.len(), 8);
-        assert!(tokens(&lens, &chunks).iter().all(|&t| t == 2048));
     }
 }

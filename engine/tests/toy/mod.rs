@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use engine::error::{EngineError, Result};
 use engine::model::{
-    host_kv_blocks, CausalLm, DecoderInfo, EmbeddingModel, EncoderInfo, KvBudget, PagedKvCache,
-    Pooling, SeqChunk,
+    host_kv_blocks, CausalLm, DecoderInfo, EmbeddingModel, EncoderHead, EncoderInfo, EncoderInput,
+    KvBudget, PagedKvCache, Pooling, SeqChunk,
 };
 
 /// `<s>` and `</s>` follow the 256 byte tokens.
@@ -204,6 +204,7 @@ impl ToyEmbedder {
                 max_seq_len: 16,
                 pooling: Pooling::Mean,
                 normalize: false,
+                head: EncoderHead::Embed,
             },
             delay,
             batches: Arc::new(AtomicUsize::new(0)),
@@ -216,12 +217,15 @@ impl EmbeddingModel for ToyEmbedder {
         &self.info
     }
 
-    fn embed(&self, batch: &[Vec<u32>]) -> Result<Vec<Vec<f32>>> {
+    fn forward(&self, batch: &[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>> {
         self.batches.fetch_add(1, Ordering::SeqCst);
         std::thread::sleep(self.delay);
         Ok(batch
             .iter()
-            .map(|ids| vec![ids.len() as f32, ids.iter().map(|&i| i as f32).sum()])
+            .map(|input| {
+                let ids = input.ids;
+                vec![ids.len() as f32, ids.iter().map(|&i| i as f32).sum()]
+            })
             .collect())
     }
 }

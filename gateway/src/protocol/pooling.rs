@@ -150,6 +150,15 @@ pub struct ScoreData {
     pub score: f64,
 }
 
+/// One input's classification: the label of the largest probability, and all of them.
+#[derive(Debug, Serialize)]
+pub struct ClassificationData {
+    pub index: usize,
+    pub label: Option<String>,
+    pub probs: Vec<f64>,
+    pub num_classes: usize,
+}
+
 #[derive(Debug, Serialize)]
 pub struct RerankResponse {
     pub id: String,
@@ -160,6 +169,7 @@ pub struct RerankResponse {
 
 #[derive(Debug, Serialize)]
 pub struct RerankUsage {
+    pub prompt_tokens: usize,
     pub total_tokens: usize,
 }
 

@@ -5,66 +5,20 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::{header, HeaderValue};
 use axum::response::{IntoResponse, Response};
-use axum::Json;
 use engine::api::Task;
-use engine::handle::ModelHandle;
+use engine::handle::{ModelHandle, PoolInput, PoolOptions};
 
-use super::pooling_common::{self, Encoding, OutputFormat};
+use super::pooling_common::{self, pool_input, Encoding, OutputFormat};
 use super::{require_task, resolve_model, RequestId};
-use crate::error::{ApiError, ApiResult};
+use crate::error::ApiResult;
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
-use crate::protocol::{now_secs, Usage};
+use crate::protocol::Usage;
 use crate::state::AppState;
 
 crate::pooling_policy_request!(EmbeddingRequest);
-
-/// Token ids for `input` or chat-style `messages`.
-pub fn inputs_of(
-    state: &AppState,
-    model: &ModelHandle,
-    input: Option<&EmbedInput>,
-    messages: Option<&Vec<crate::protocol::chat::ChatMessage>>,
-    fields: &PoolingFields,
-) -> ApiResult<Vec<Vec<u32>>> {
-    match (input, messages) {
-        (Some(input), None) => pooling_common::tokenize_input(model, input, fields),
-        (None, Some(messages)) => {
-            let parsed = super::messages::parse_messages(messages)?;
-            super::chat::check_text_only(model, &parsed, "This route")?;
-            let prompt = super::chat::render(
-                state,
-                model,
-                &parsed.template_messages(messages),
-                &super::chat::RenderOptions {
-                    add_generation_prompt: false,
-                    ..Default::default()
-                },
-            )?;
-            pooling_common::tokenize_texts(model, &[prompt], fields)
-        }
-        (Some(_), Some(_)) => Err(ApiError::bad_request(
-            "Give either `input` or `messages`, not both.",
-            Some("input"),
-        )),
-        (None, None) => Err(ApiError::bad_request(
-            "`input` (or `messages`) is required.",
-            Some("input"),
-        )),
-    }
-}
-
-/// Run the encoder; the usage counts every input token.
-pub async fn embed_all(
-    model: &ModelHandle,
-    inputs: Vec<Vec<u32>>,
-) -> ApiResult<(Vec<Vec<f32>>, usize)> {
-    let tokens = inputs.iter().map(Vec::len).sum();
-    let vectors = model.embed(inputs).await?;
-    Ok((vectors, tokens))
-}
 
 /// The `bytes` / `bytes_only` answer: raw vectors, metadata in a header (or none).
 pub fn bytes_response(
@@ -97,49 +51,42 @@ pub async fn handler(
     let model = resolve_model(&state, req.model.as_deref(), Task::Embed)?;
     require_task(&model, Task::Embed, "Embeddings")?;
     req.pooling.check_dimensions(&model)?;
-    let inputs = inputs_of(
-        &state,
-        &model,
-        req.input.as_ref(),
-        req.messages.as_ref(),
-        &req.pooling,
-    )?;
+    let input = pool_input(&state, &model, req.input.as_ref(), req.messages.as_ref())?;
+    let opts = req
+        .pooling
+        .pool_options(engine::handle::PoolTask::Embed, "input");
     let id = format!("embd-{}", rid);
-    embed_and_respond(&model, inputs, fmt, id, |index, embedding| EmbeddingData {
-        index,
-        object: "embedding",
-        embedding,
+    pool_and_respond(&model, input, opts, fmt, id, |index, embedding| {
+        EmbeddingData {
+            index,
+            object: "embedding",
+            embedding,
+        }
     })
     .await
 }
 
-/// Embed the inputs and answer: raw bytes for `bytes`/`bytes_only`, else a list of
-/// `make(index, encoded vector)` with the usage.
-pub async fn embed_and_respond<T: serde::Serialize>(
+/// Pool the input and answer: raw bytes for `bytes`/`bytes_only`, else a list of
+/// `make(index, encoded row)` with the usage.
+pub async fn pool_and_respond<T: serde::Serialize>(
     model: &ModelHandle,
-    inputs: Vec<Vec<u32>>,
+    input: PoolInput,
+    opts: PoolOptions,
     fmt: OutputFormat,
     id: String,
     make: fn(usize, serde_json::Value) -> T,
 ) -> ApiResult<Response> {
-    let (vectors, tokens) = embed_all(model, inputs).await?;
+    let pooled = model.pool(input, opts).await?;
+    let (rows, tokens) = (pooled.rows, pooled.prompt_tokens);
     let served = model.card().name.clone();
     if matches!(fmt.encoding, Encoding::Bytes | Encoding::BytesOnly) {
-        let meta = serde_json::json!({"model": served, "usage": Usage::new(tokens, 0), "count": vectors.len()});
-        return Ok(bytes_response(&vectors, fmt, meta));
+        let meta = serde_json::json!({"model": served, "usage": Usage::new(tokens, 0), "count": rows.len()});
+        return Ok(bytes_response(&rows, fmt, meta));
     }
-    let data = vectors
+    let data = rows
         .iter()
         .enumerate()
         .map(|(index, v)| make(index, pooling_common::encode_vector(v, fmt)))
         .collect();
-    Ok(Json(ListResponse {
-        id,
-        object: "list",
-        created: now_secs(),
-        model: served,
-        data,
-        usage: Usage::new(tokens, 0),
-    })
-    .into_response())
+    Ok(pooling_common::list_response(id, model, data, tokens))
 }

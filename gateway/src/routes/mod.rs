@@ -94,6 +94,14 @@ pub fn task_name(task: Task) -> &'static str {
     }
 }
 
+/// vLLM's refusal of a pooling task the model cannot do, listing those it can.
+pub fn unsupported_task(task: &str, supported: &[&str], param: Option<&str>) -> ApiError {
+    ApiError::bad_request(
+        format!("Unsupported task: '{task}' Supported tasks: {supported:?}"),
+        param,
+    )
+}
+
 /// 400 when the model cannot do the task the route needs.
 pub fn require_task(model: &ModelHandle, task: Task, api: &str) -> ApiResult<()> {
     if model.card().tasks.contains(&task) {

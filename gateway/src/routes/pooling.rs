@@ -1,13 +1,17 @@
-//! `POST /pooling`: generic pooling; `task` embed is supported on embedding models.
+//! `POST /pooling`: generic pooling; `task` embed on embedding models, classify on classifiers
+//! (the probabilities, or the logits with `use_activation: false`). Without `task`, the
+//! model's own: classify on a classifier, else embed.
 
 use std::sync::Arc;
 
 use axum::extract::State;
 use axum::response::Response;
 use engine::api::Task;
+use engine::handle::PoolTask;
 
-use super::embeddings::{embed_and_respond, inputs_of};
-use super::{resolve_model, RequestId};
+use super::embeddings::pool_and_respond;
+use super::pooling_common::pool_input;
+use super::{resolve_model, unsupported_task, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
@@ -39,28 +43,33 @@ pub async fn handler(
     }
     let req = run_policies(&state, req, key).await?.req;
     let model = resolve_model(&state, req.model.as_deref(), Task::Embed)?;
-    let task = req.task.as_deref().unwrap_or("embed");
-    if task != "embed" || !model.card().tasks.contains(&Task::Embed) {
-        let supported: Vec<&str> = if model.card().tasks.contains(&Task::Embed) {
-            vec!["embed"]
-        } else {
-            vec![]
-        };
+    let tasks = &model.card().tasks;
+    let supported: Vec<&str> = [(Task::Embed, "embed"), (Task::Classify, "classify")]
+        .iter()
+        .filter(|(t, _)| tasks.contains(t))
+        .map(|&(_, name)| name)
+        .collect();
+    let task = match req.task.as_deref() {
+        Some(task) => task,
+        None => supported.first().copied().unwrap_or("embed"),
+    };
+    let pool_task = match task {
+        "embed" if supported.contains(&"embed") => PoolTask::Embed,
+        "classify" if supported.contains(&"classify") => PoolTask::Classify,
+        _ => return Err(unsupported_task(task, &supported, Some("task"))),
+    };
+    if pool_task == PoolTask::Embed {
+        req.pooling.check_dimensions(&model)?;
+    } else if req.pooling.dimensions.is_some() {
         return Err(ApiError::bad_request(
-            format!("Unsupported task: '{task}' Supported tasks: {supported:?}"),
-            Some("task"),
+            "`dimensions` applies to embeddings; task classify returns one value per label.",
+            Some("dimensions"),
         ));
     }
-    req.pooling.check_dimensions(&model)?;
-    let inputs = inputs_of(
-        &state,
-        &model,
-        req.input.as_ref(),
-        req.messages.as_ref(),
-        &req.pooling,
-    )?;
+    let input = pool_input(&state, &model, req.input.as_ref(), req.messages.as_ref())?;
+    let opts = req.pooling.pool_options(pool_task, "input");
     let id = format!("pool-{}", rid);
-    embed_and_respond(&model, inputs, fmt, id, |index, data| PoolingData {
+    pool_and_respond(&model, input, opts, fmt, id, |index, data| PoolingData {
         index,
         object: "pooling",
         data,

@@ -1,12 +1,18 @@
 //! What the pooling family (embeddings, pooling, score, rerank, classify) shares: field
-//! checks, tokenization with the model's length limit, vector encodings.
+//! checks, the request's input and options as the engine's pooling call takes them, vector
+//! encodings.
 
+use axum::response::{IntoResponse, Response};
+use axum::Json;
 use base64::Engine as _;
-use engine::handle::ModelHandle;
+use engine::handle::{ModelHandle, PoolInput, PoolOptions, PoolTask};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
-use crate::protocol::pooling::{EmbedInput, PoolingFields};
+use crate::protocol::chat::ChatMessage;
+use crate::protocol::pooling::{EmbedInput, ListResponse, PoolingFields};
+use crate::protocol::{now_secs, Usage};
+use crate::state::AppState;
 
 /// How vectors go out on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,98 +124,108 @@ impl PoolingFields {
     }
 }
 
-/// Token ids for one input, within the model's length. Too long: a 400 unless
-/// `truncate_prompt_tokens` asks for truncation, which keeps the head of the text and the
-/// closing special token (as sentence-transformers does for BERT inputs).
-pub fn fit(
+/// The request's `input` or chat-style `messages` as the engine's pooling input. Chats are
+/// rendered by the engine with the model's template (no generation prompt), text only.
+pub fn pool_input(
+    state: &AppState,
     model: &ModelHandle,
-    mut ids: Vec<u32>,
-    truncate: Option<i64>,
-    closing_special: bool,
-) -> ApiResult<Vec<u32>> {
-    let max_len = model.card().max_model_len;
-    let limit = match truncate {
-        None => {
-            if ids.len() > max_len {
-                return Err(ApiError::bad_request(
-                    format!(
-                        "This model's maximum context length is {max_len} tokens. However, you requested {} tokens in the input for embedding generation. Please reduce the length of the input.",
-                        ids.len()
-                    ),
-                    Some("input"),
-                ));
-            }
-            return Ok(ids);
-        }
-        Some(-1) => max_len,
-        Some(k) if k as usize > max_len => {
-            return Err(ApiError::bad_request(
-                "truncate_prompt_tokens value is greater than max_model_len. Please request a smaller truncation size.",
-                Some("truncate_prompt_tokens"),
-            ))
-        }
-        Some(k) => k as usize,
-    };
-    if ids.len() > limit {
-        if closing_special && limit >= 2 {
-            let last = ids[ids.len() - 1];
-            ids.truncate(limit - 1);
-            ids.push(last);
-        } else {
-            ids.truncate(limit);
-        }
-    }
-    Ok(ids)
-}
-
-/// Tokenize texts for an encoder (special tokens included), fitting each to the model.
-pub fn tokenize_texts(
-    model: &ModelHandle,
-    texts: &[String],
-    fields: &PoolingFields,
-) -> ApiResult<Vec<Vec<u32>>> {
-    let add_special = fields.add_special_tokens.unwrap_or(true);
-    let bytes = texts.iter().map(String::len).sum();
-    engine::handle::off_reactor(bytes, || {
-        texts
-            .iter()
-            .map(|t| {
-                let ids = model.encode(t, add_special)?;
-                fit(model, ids, fields.truncate_prompt_tokens, add_special)
+    input: Option<&EmbedInput>,
+    messages: Option<&Vec<ChatMessage>>,
+) -> ApiResult<PoolInput> {
+    match (input, messages) {
+        (Some(input), None) => Ok(match input.clone() {
+            EmbedInput::Text(t) => PoolInput::Texts(vec![t]),
+            EmbedInput::Texts(ts) => PoolInput::Texts(ts),
+            EmbedInput::Ids(ids) => PoolInput::Ids(vec![ids]),
+            EmbedInput::IdLists(lists) => PoolInput::Ids(lists),
+        }),
+        (None, Some(messages)) => {
+            let parsed = super::messages::parse_messages(messages)?;
+            super::chat::check_text_only(model, &parsed, "This route")?;
+            let template = super::chat::template_options(
+                state,
+                &super::chat::RenderOptions {
+                    add_generation_prompt: false,
+                    ..Default::default()
+                },
+            );
+            Ok(PoolInput::Chat {
+                messages: Value::Array(parsed.template_messages(messages)),
+                template: Box::new(template),
             })
-            .collect()
-    })
+        }
+        (Some(_), Some(_)) => Err(ApiError::bad_request(
+            "Give either `input` or `messages`, not both.",
+            Some("input"),
+        )),
+        (None, None) => Err(ApiError::bad_request(
+            "`input` (or `messages`) is required.",
+            Some("input"),
+        )),
+    }
 }
 
-/// Token ids for an `input` field.
-pub fn tokenize_input(
-    model: &ModelHandle,
-    input: &EmbedInput,
-    fields: &PoolingFields,
-) -> ApiResult<Vec<Vec<u32>>> {
-    let check = |ids: &[i64]| -> ApiResult<Vec<u32>> { Ok(model.token_ids(ids, "input")?) };
-    match input {
-        EmbedInput::Text(t) => tokenize_texts(model, std::slice::from_ref(t), fields),
-        EmbedInput::Texts(ts) if ts.is_empty() => Err(ApiError::bad_request(
-            "input must not be empty.",
-            Some("input"),
-        )),
-        EmbedInput::Texts(ts) => tokenize_texts(model, ts, fields),
-        EmbedInput::Ids(ids) => Ok(vec![fit(
-            model,
-            check(ids)?,
-            fields.truncate_prompt_tokens,
-            false,
-        )?]),
-        EmbedInput::IdLists(lists) if lists.is_empty() => Err(ApiError::bad_request(
-            "input must not be empty.",
-            Some("input"),
-        )),
-        EmbedInput::IdLists(lists) => lists
-            .iter()
-            .map(|ids| fit(model, check(ids)?, fields.truncate_prompt_tokens, false))
-            .collect(),
+impl PoolingFields {
+    /// What the shared fields ask of the engine for `task`; `field` is named in input errors.
+    pub fn pool_options(&self, task: PoolTask, field: &'static str) -> PoolOptions {
+        PoolOptions {
+            task,
+            add_special_tokens: self.add_special_tokens.unwrap_or(true),
+            truncate_prompt_tokens: self.truncate_prompt_tokens,
+            use_activation: self.use_activation,
+            field,
+        }
     }
+
+    /// Score, rerank and classify answer numbers, not vectors: the vector format fields would
+    /// change nothing, so they are refused rather than ignored.
+    pub fn refuse_vector_formats(&self, route: &str) -> ApiResult<()> {
+        let set = [
+            ("encoding_format", self.encoding_format.is_some()),
+            ("embed_dtype", self.embed_dtype.is_some()),
+            ("endianness", self.endianness.is_some()),
+            ("dimensions", self.dimensions.is_some()),
+        ];
+        match set.iter().find(|(_, on)| *on) {
+            Some((name, _)) => Err(ApiError::bad_request(
+                format!("`{name}` applies to embedding vectors; {route} returns plain numbers."),
+                Some(name),
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+/// The pooling family's list answer (`object: "list"`), usage counting every input token.
+pub fn list_response<T: serde::Serialize>(
+    id: String,
+    model: &ModelHandle,
+    data: Vec<T>,
+    prompt_tokens: usize,
+) -> Response {
+    Json(ListResponse {
+        id,
+        object: "list",
+        created: now_secs(),
+        model: model.card().name.clone(),
+        data,
+        usage: Usage::new(prompt_tokens, 0),
+    })
+    .into_response()
+}
+
+/// The index of the largest value (the first on ties).
+pub fn argmax(v: &[f32]) -> usize {
+    v.iter()
+        .enumerate()
+        .fold((0, f32::NEG_INFINITY), |best, (i, &x)| {
+            if x > best.1 {
+                (i, x)
+            } else {
+                best
+            }
+        })
+        .0
 }
 
 fn to_bytes(v: &[f32], fmt: OutputFormat) -> Vec<u8> {
@@ -246,20 +262,6 @@ pub fn encode_vector(v: &[f32], fmt: OutputFormat) -> Value {
 /// For `bytes` / `bytes_only`: the raw vectors back to back.
 pub fn raw_bytes(vectors: &[Vec<f32>], fmt: OutputFormat) -> Vec<u8> {
     vectors.iter().flat_map(|v| to_bytes(v, fmt)).collect()
-}
-
-pub fn cosine(a: &[f32], b: &[f32]) -> f64 {
-    let (mut dot, mut na, mut nb) = (0f64, 0f64, 0f64);
-    for (&x, &y) in a.iter().zip(b) {
-        dot += x as f64 * y as f64;
-        na += x as f64 * x as f64;
-        nb += y as f64 * y as f64;
-    }
-    if na == 0.0 || nb == 0.0 {
-        0.0
-    } else {
-        dot / (na.sqrt() * nb.sqrt())
-    }
 }
 
 #[cfg(test)]
@@ -300,9 +302,22 @@ mod tests {
     }
 
     #[test]
-    fn cosine_basics() {
-        assert!((cosine(&[1.0, 0.0], &[1.0, 0.0]) - 1.0).abs() < 1e-12);
-        assert!(cosine(&[1.0, 0.0], &[0.0, 1.0]).abs() < 1e-12);
-        assert_eq!(cosine(&[0.0], &[1.0]), 0.0);
+    fn argmax_takes_the_first_largest() {
+        assert_eq!(argmax(&[0.1, 0.7, 0.2]), 1);
+        assert_eq!(argmax(&[0.5, 0.5]), 0);
+    }
+
+    #[test]
+    fn vector_formats_are_refused_where_there_are_no_vectors() {
+        let f: PoolingFields = serde_json::from_str(r#"{"dimensions": 8}"#).unwrap();
+        match f.refuse_vector_formats("/rerank") {
+            Err(ApiError::BadRequest { param, .. }) => {
+                assert_eq!(param.as_deref(), Some("dimensions"))
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(PoolingFields::default()
+            .refuse_vector_formats("/rerank")
+            .is_ok());
     }
 }

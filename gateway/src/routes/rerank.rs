@@ -1,4 +1,5 @@
-//! `POST /rerank`, `/v1/rerank`, `/v2/rerank`: documents sorted by relevance to the query.
+//! `POST /rerank`, `/v1/rerank`, `/v2/rerank`: documents sorted by relevance to the query,
+//! scored as `/score` scores (a cross-encoder's head, or an embedding model's cosine).
 
 use std::sync::Arc;
 
@@ -6,9 +7,8 @@ use axum::extract::State;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use engine::api::Task;
+use engine::handle::{PoolInput, PoolTask};
 
-use super::embeddings::embed_all;
-use super::pooling_common::{cosine, tokenize_texts};
 use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
@@ -26,6 +26,7 @@ pub async fn handler(
     ValidJson(req): ValidJson<RerankRequest>,
 ) -> ApiResult<Response> {
     req.pooling.validate()?;
+    req.pooling.refuse_vector_formats("/rerank")?;
     let Some(query) = req.query.clone() else {
         return Err(ApiError::bad_request("`query` is required.", Some("query")));
     };
@@ -52,21 +53,28 @@ pub async fn handler(
             Some("documents"),
         ));
     }
-    let mut texts = vec![query];
-    texts.extend(documents.iter().map(|d| d.text().to_string()));
-    let ids = tokenize_texts(&model, &texts, &req.pooling)?;
-    let (vectors, tokens) = embed_all(&model, ids).await?;
+    let pooled = model
+        .pool(
+            PoolInput::Pairs {
+                queries: vec![query],
+                documents: documents.iter().map(|d| d.text().to_string()).collect(),
+            },
+            req.pooling.pool_options(PoolTask::Score, "documents"),
+        )
+        .await?;
     let mut results: Vec<RerankResult> = documents
         .iter()
+        .zip(&pooled.rows)
         .enumerate()
-        .map(|(index, d)| RerankResult {
+        .map(|(index, (d, row))| RerankResult {
             index,
             document: (req.return_documents != Some(false)).then(|| RerankDocOut {
                 text: d.text().to_string(),
             }),
-            relevance_score: cosine(&vectors[0], &vectors[index + 1]),
+            relevance_score: row.first().copied().map_or(0.0, f64::from),
         })
         .collect();
+    // Stable: equal scores keep the documents' order.
     results.sort_by(|a, b| b.relevance_score.total_cmp(&a.relevance_score));
     let top_n = req.top_n.unwrap_or(0) as usize;
     if top_n > 0 {
@@ -76,7 +84,8 @@ pub async fn handler(
         id: format!("rerank-{}", rid),
         model: model.card().name.clone(),
         usage: RerankUsage {
-            total_tokens: tokens,
+            prompt_tokens: pooled.prompt_tokens,
+            total_tokens: pooled.prompt_tokens,
         },
         results,
     })
