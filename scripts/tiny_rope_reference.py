@@ -24,13 +24,14 @@ ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 TINY = os.path.join(ROOT, "tests", "data", "tiny-llama")
 
 # Scaling that moves the tiny model's frequencies: with head_dim 16 and theta 10000 the
-# wavelengths run from 6 to about 20000 positions, so an original context of 64 puts some
-# frequencies above, some below and some between the llama3 thresholds.
+# wavelengths run from 6 to about 20000 positions, so an original context of 32 (shorter than
+# the 48-token prompt) puts some frequencies above, some below and some between the llama3
+# thresholds.
 VARIANTS = {
     "llama3": {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
-               "high_freq_factor": 4.0, "original_max_position_embeddings": 64},
-    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64},
-    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 64,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32},
+    "yarn-mscale": {"rope_type": "yarn", "factor": 8.0, "original_max_position_embeddings": 32,
                     "mscale": 1.0, "mscale_all_dim": 0.5, "beta_fast": 16, "beta_slow": 2},
     "linear": {"rope_type": "linear", "factor": 4.0},
 }
