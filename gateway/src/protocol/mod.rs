@@ -48,6 +48,15 @@ impl Usage {
             prompt_tokens_details: None,
         }
     }
+
+    /// With `prompt_tokens_details` when prompt tokens came from the prefix cache, or always
+    /// (`--enable-prompt-tokens-details`).
+    pub fn with_cached(mut self, cached_tokens: usize, always: bool) -> Self {
+        if always || cached_tokens > 0 {
+            self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
+        }
+        self
+    }
 }
 
 /// Seconds since the epoch, for `created`.

@@ -23,7 +23,7 @@ use crate::parsers::reasoning::{ReasoningParser, StreamSplit};
 use crate::parsers::tools::{self, ToolMode, ToolStream};
 use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::chat::*;
-use crate::protocol::{now_secs, PromptTokensDetails, Usage};
+use crate::protocol::{now_secs, Usage};
 use crate::state::AppState;
 
 struct ChatPolicyInput {
@@ -290,6 +290,9 @@ pub async fn handler(
         params.constraint = Some(c);
     }
     // (7) model work: placeholders expanded, encoders run, choices started
+    if let Some(log) = &state.log_requests {
+        log.log(&rid, "chat", &model, prompt.ids(), &params);
+    }
     let started = model
         .submit(
             vec![prompt],
@@ -331,6 +334,7 @@ pub async fn handler(
                 call_ids: rid.to_string(),
                 reasoning: state.reasoning_parser,
                 include_reasoning,
+                role: state.response_role.clone(),
             },
             choices,
             prompt_len,
@@ -369,7 +373,7 @@ pub async fn handler(
                 )),
                 stop_reason: generate::stop_reason(&c.finish),
                 message: ChatMessageOut {
-                    role: "assistant",
+                    role: state.response_role.clone(),
                     reasoning_content,
                     content,
                     tool_calls,
@@ -377,12 +381,8 @@ pub async fn handler(
             }
         })
         .collect();
-    let mut usage = Usage::new(prompt_len, completion_tokens);
-    if cached > 0 {
-        usage.prompt_tokens_details = Some(PromptTokensDetails {
-            cached_tokens: cached,
-        });
-    }
+    let usage =
+        Usage::new(prompt_len, completion_tokens).with_cached(cached, state.prompt_tokens_details);
     Ok(Json(ChatCompletion {
         id,
         object: "chat.completion",
@@ -477,6 +477,8 @@ struct StreamHead {
     call_ids: String,
     reasoning: Option<ReasoningParser>,
     include_reasoning: bool,
+    /// `--response-role`.
+    role: String,
 }
 
 fn stream_response(
@@ -495,6 +497,7 @@ fn stream_response(
         call_ids,
         reasoning,
         include_reasoning,
+        role,
     } = head;
     let mut splits: Vec<StreamSplit> = match reasoning {
         Some(parser) => (0..choices.len())
@@ -521,7 +524,7 @@ fn stream_response(
                 choices: vec![ChatChunkChoice {
                     index,
                     delta: ChatDelta {
-                        role: Some("assistant"),
+                        role: Some(role.clone()),
                         reasoning_content: None,
                         content: Some(if !splits.is_empty() {
                             String::new()

@@ -164,6 +164,11 @@ pub async fn handler(
     } else {
         Vec::new()
     };
+    if let Some(log) = &state.log_requests {
+        for prompt in &prompts {
+            log.log(&rid, "completions", &model, prompt.ids(), &params);
+        }
+    }
     let started = model
         .submit(
             prompts,
@@ -198,6 +203,15 @@ pub async fn handler(
     }
     let done = generate::collect_all(choices).await?;
     let completion_tokens: usize = done.iter().map(|c| c.finish.completion_tokens).sum();
+    // Choices of one prompt share its cached prefix: count it once per prompt.
+    let mut counted = std::collections::HashSet::new();
+    let cached: usize = done
+        .iter()
+        .filter(|c| counted.insert(c.prompt_idx))
+        .map(|c| c.finish.cached_tokens)
+        .sum();
+    let usage = Usage::new(prompt_tokens, completion_tokens)
+        .with_cached(cached, state.prompt_tokens_details);
     let choices = done
         .into_iter()
         .map(|c| {
@@ -234,7 +248,7 @@ pub async fn handler(
         created: now_secs(),
         model: served,
         choices,
-        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+        usage: Some(usage),
     })
     .into_response())
 }
