@@ -117,6 +117,23 @@ async fn a_vllm_command_line_starts_and_serves() {
         reply["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64(),
         "--enable-prompt-tokens-details: {reply}"
     );
+    let streamed = must(
+        client()
+            .post(format!("{}/v1/chat/completions", gateway.base_url))
+            .json(&json!({
+                "model": "tiny",
+                "messages": [{"role": "user", "content": "hello"}],
+                "max_tokens": 2,
+                "stream": true,
+                "stream_options": {"include_usage": true},
+            }))
+            .send()
+            .await
+            .map_err(|e| e.to_string()),
+    );
+    let events = must(streamed.text().await.map_err(|e| e.to_string()));
+    assert!(events.contains(r#""role":"bot""#), "{events}");
+    assert!(events.contains(r#""prompt_tokens_details""#), "{events}");
     // The template renders the content alone: as many tokens as the text.
     let (_, chat) = post(
         &gateway,
@@ -154,6 +171,36 @@ async fn a_vllm_command_line_starts_and_serves() {
         log.contains("received request"),
         "--enable-log-requests:\n{log}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_seed_makes_unseeded_sampling_repeat_across_starts() {
+    let mut texts = Vec::new();
+    for _ in 0..2 {
+        let gateway = must(
+            Gateway::start(&[
+                TINY,
+                "--served-model-name",
+                "tiny",
+                "--max-model-len",
+                "256",
+                "--device",
+                "cpu",
+                "--seed",
+                "1234",
+            ])
+            .await,
+        );
+        let (status, reply) = post(
+            &gateway,
+            "/v1/completions",
+            json!({"model": "tiny", "prompt": "hello", "max_tokens": 12, "temperature": 1.0}),
+        )
+        .await;
+        assert_eq!(status, 200, "{reply}");
+        texts.push(reply["choices"][0]["text"].clone());
+    }
+    assert_eq!(texts[0], texts[1], "--seed 1234 twice: the same draws");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -335,6 +335,7 @@ pub async fn handler(
                 reasoning: state.reasoning_parser,
                 include_reasoning,
                 role: state.response_role.clone(),
+                prompt_tokens_details: state.prompt_tokens_details,
             },
             choices,
             prompt_len,
@@ -479,6 +480,8 @@ struct StreamHead {
     include_reasoning: bool,
     /// `--response-role`.
     role: String,
+    /// `--enable-prompt-tokens-details`.
+    prompt_tokens_details: bool,
 }
 
 fn stream_response(
@@ -498,6 +501,7 @@ fn stream_response(
         reasoning,
         include_reasoning,
         role,
+        prompt_tokens_details,
     } = head;
     let mut splits: Vec<StreamSplit> = match reasoning {
         Some(parser) => (0..choices.len())
@@ -545,6 +549,8 @@ fn stream_response(
         })
         .collect();
     let mut completion_tokens = 0usize;
+    // The choices share one prompt, and so its cached prefix.
+    let mut cached = 0usize;
     let mut remaining = n;
     let mut failed = false;
     let merged = generate::merged_stream(choices);
@@ -565,6 +571,7 @@ fn stream_response(
                         let finish = d.finish.as_ref();
                         if let Some(f) = finish {
                             completion_tokens += f.completion_tokens;
+                            cached = cached.max(f.cached_tokens);
                             remaining -= 1;
                         }
                         let mut tool_calls = None;
@@ -644,7 +651,10 @@ fn stream_response(
                                     created,
                                     model: &served,
                                     choices: Vec::new(),
-                                    usage: Some(Usage::new(prompt_len, completion_tokens)),
+                                    usage: Some(
+                                        Usage::new(prompt_len, completion_tokens)
+                                            .with_cached(cached, prompt_tokens_details),
+                                    ),
                                 };
                                 out.push(sse::event(
                                     &serde_json::to_string(&chunk).unwrap_or_default(),
