@@ -11,6 +11,21 @@ use serde_json::{json, Value};
 const LIMIT: Duration = Duration::from_secs(60);
 const TINY: &str = "tests/data/tiny-llama";
 
+/// The tiny Llama served as `tiny` on the CPU, then `extra`.
+fn tiny<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        TINY,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "256",
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    args
+}
+
 fn client() -> reqwest::Client {
     must(
         reqwest::Client::builder()
@@ -177,20 +192,7 @@ async fn a_vllm_command_line_starts_and_serves() {
 async fn a_seed_makes_unseeded_sampling_repeat_across_starts() {
     let mut texts = Vec::new();
     for _ in 0..2 {
-        let gateway = must(
-            Gateway::start(&[
-                TINY,
-                "--served-model-name",
-                "tiny",
-                "--max-model-len",
-                "256",
-                "--device",
-                "cpu",
-                "--seed",
-                "1234",
-            ])
-            .await,
-        );
+        let gateway = must(Gateway::start(&tiny(&["--seed", "1234"])).await);
         let (status, reply) = post(
             &gateway,
             "/v1/completions",
@@ -235,20 +237,13 @@ async fn a_vllm_config_file_starts_and_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_path_and_cors_are_served() {
     let gateway = must(
-        Gateway::start(&[
-            TINY,
-            "--served-model-name",
-            "tiny",
-            "--max-model-len",
-            "256",
-            "--device",
-            "cpu",
+        Gateway::start(&tiny(&[
             "--root-path",
             "/llm",
             "--allowed-origins",
             r#"["https://app.example"]"#,
             "--allow-credentials",
-        ])
+        ]))
         .await,
     );
     let http = client();
@@ -388,15 +383,7 @@ fn a_config_file_gets_the_same_answers() {
 #[test]
 fn a_runner_the_model_is_not_is_refused() {
     refuses_with(
-        &[
-            TINY,
-            "--runner",
-            "pooling",
-            "--device",
-            "cpu",
-            "--max-model-len",
-            "256",
-        ],
+        &tiny(&["--runner", "pooling"]),
         &[("RUST_LOG", "off")],
         "--runner pooling",
         "not a pooling model",
