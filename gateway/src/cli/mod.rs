@@ -229,7 +229,7 @@ pub struct ServeArgs {
     /// Tokens per KV cache block (default 16).
     #[arg(long = "block-size")]
     pub block_size: Option<usize>,
-    /// Prefix caching (on by default; `--no-enable-prefix-caching` turns it off).
+    /// Prefix caching (on by default).
     #[arg(long = "enable-prefix-caching", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", action = ArgAction::Set)]
     pub enable_prefix_caching: Option<bool>,
     /// The KV cache's size in blocks of --block-size tokens (--kv-cache-tokens wins).

@@ -142,7 +142,8 @@ fn table_arg(flag: &'static Flag) -> Arg {
     let arg = Arg::new(flag.long())
         .long(flag.long())
         .help_heading(flag.group)
-        .help(help_text(flag));
+        .help(help_text(flag))
+        .value_name(flag.long().to_ascii_uppercase().replace('-', "_"));
     match flag.kind {
         Kind::Switch => arg.action(ArgAction::SetTrue),
         Kind::Bool => arg
@@ -169,13 +170,19 @@ pub fn help_text(flag: &Flag) -> String {
 fn answer_text(flag: &Flag) -> String {
     match flag.answer {
         Answer::Honoured(what) => format!("Honoured: {what}."),
+        // Every value it can take is accepted.
+        Answer::Only(values, why)
+            if flag.kind == Kind::Switch || (flag.kind == Kind::Bool && values.len() == 2) =>
+        {
+            format!("Accepted: {why}.")
+        }
         Answer::Only(values, why) => {
             let shown: Vec<String> = values
                 .iter()
                 .map(|v| format!("`{}`", shown(flag, v)))
                 .collect();
             format!(
-                "Accepted as {}: {why}; any other value is refused.",
+                "Accepted as {}; anything else is refused: {why}.",
                 shown.join(" or ")
             )
         }

@@ -107,6 +107,8 @@ const ZERO: &[&str] = &["0"];
 
 const ONE_DEVICE: &str =
     "not built: this server runs a model on one device (one engine process per model)";
+const ONE_DEVICE_TUNING: &str =
+    "only shapes parallel execution across devices; this server runs a model on one device";
 const MULTI_NODE: &str = "only meaningful across several nodes or engine processes; this server \
                           runs one process";
 const CUDA_GRAPHS: &str =
@@ -266,7 +268,7 @@ pub static FLAGS: &[Flag] = &[
     f("MambaConfig", "--mamba-cache-philox-rounds", Value, NoEffect(MAMBA)),
     f("StructuredOutputsConfig", "--reasoning-parser", Value, Honoured("deepseek_r1 or qwen3")),
     f("StructuredOutputsConfig", "--reasoning-parser-plugin", Value, Only(EMPTY, NO_PYTHON)),
-    f("ParallelConfig", "--distributed-executor-backend", Value, NoEffect(ONE_DEVICE)),
+    f("ParallelConfig", "--distributed-executor-backend", Value, NoEffect(ONE_DEVICE_TUNING)),
     f("ParallelConfig", "--pipeline-parallel-size,-pp", Value, Only(ONE, ONE_DEVICE)),
     f("ParallelConfig", "--master-addr", Value, NoEffect(MULTI_NODE)),
     f("ParallelConfig", "--master-port", Value, NoEffect(MULTI_NODE)),
@@ -280,10 +282,10 @@ pub static FLAGS: &[Flag] = &[
     f("ParallelConfig", "--device-ids", Value, Refused("not built: pick the GPU with --device cuda:N")),
     f("ParallelConfig", "--tensor-parallel-size,-tp", Value, Only(ONE, ONE_DEVICE)),
     f("ParallelConfig", "--decode-context-parallel-size,-dcp", Value, Only(ONE, ONE_DEVICE)),
-    f("ParallelConfig", "--dcp-comm-backend", Value, NoEffect(ONE_DEVICE)),
-    f("ParallelConfig", "--dcp-q-replicate,--no-dcp-q-replicate", Bool, NoEffect(ONE_DEVICE)),
-    f("ParallelConfig", "--dcp-kv-cache-interleave-size", Value, NoEffect(ONE_DEVICE)),
-    f("ParallelConfig", "--cp-kv-cache-interleave-size", Value, NoEffect(ONE_DEVICE)),
+    f("ParallelConfig", "--dcp-comm-backend", Value, NoEffect(ONE_DEVICE_TUNING)),
+    f("ParallelConfig", "--dcp-q-replicate,--no-dcp-q-replicate", Bool, NoEffect(ONE_DEVICE_TUNING)),
+    f("ParallelConfig", "--dcp-kv-cache-interleave-size", Value, NoEffect(ONE_DEVICE_TUNING)),
+    f("ParallelConfig", "--cp-kv-cache-interleave-size", Value, NoEffect(ONE_DEVICE_TUNING)),
     f("ParallelConfig", "--prefill-context-parallel-size,-pcp", Value, Only(ONE, ONE_DEVICE)),
     f("ParallelConfig", "--data-parallel-size,-dp", Value, Only(ONE, ONE_DEVICE)),
     f("ParallelConfig", "--data-parallel-rank,-dpn", Value, NoEffect(DATA_PARALLEL)),
@@ -296,7 +298,7 @@ pub static FLAGS: &[Flag] = &[
     f("ParallelConfig", "--data-parallel-external-lb,--no-data-parallel-external-lb,-dpe", Bool, NoEffect(DATA_PARALLEL)),
     f("ParallelConfig", "--data-parallel-multi-port-external-lb,-dpm", Switch, NoEffect(DATA_PARALLEL)),
     f("ParallelConfig", "--enable-expert-parallel,--no-enable-expert-parallel,-ep", Bool, NoEffect(MOE)),
-    f("ParallelConfig", "--enable-batch-sharded-sampling,--no-enable-batch-sharded-sampling", Bool, NoEffect(ONE_DEVICE)),
+    f("ParallelConfig", "--enable-batch-sharded-sampling,--no-enable-batch-sharded-sampling", Bool, NoEffect(ONE_DEVICE_TUNING)),
     f("ParallelConfig", "--enable-ep-weight-filter,--no-enable-ep-weight-filter", Bool, NoEffect(MOE)),
     f("ParallelConfig", "--all2all-backend", Value, NoEffect(MOE)),
     f("ParallelConfig", "--enable-dbo,--no-enable-dbo", Bool, NoEffect(MOE)),
@@ -312,7 +314,7 @@ pub static FLAGS: &[Flag] = &[
     f("ParallelConfig", "--expert-placement-strategy", Value, NoEffect(MOE)),
     f("ParallelConfig", "--max-parallel-loading-workers", Value, NoEffect("tunes vLLM's worker processes' loading; weights are memory-mapped here")),
     f("ParallelConfig", "--ray-workers-use-nsight,--no-ray-workers-use-nsight", Bool, NoEffect(MULTI_NODE)),
-    f("ParallelConfig", "--disable-custom-all-reduce,--no-disable-custom-all-reduce", Bool, NoEffect(ONE_DEVICE)),
+    f("ParallelConfig", "--disable-custom-all-reduce,--no-disable-custom-all-reduce", Bool, NoEffect(ONE_DEVICE_TUNING)),
     f("ParallelConfig", "--worker-cls", Value, Only(&["auto"], NO_PYTHON)),
     f("ParallelConfig", "--worker-extension-cls", Value, Only(EMPTY, NO_PYTHON)),
     f("ParallelConfig", "--enable-fault-tolerance,--no-enable-fault-tolerance", Bool, Only(OFF, "engine recovery is not built: a dead engine thread exits the process (status 70) for its supervisor")),
@@ -355,7 +357,7 @@ pub static FLAGS: &[Flag] = &[
     f("MultiModalConfig", "--mm-hasher-algorithm", Value, NoEffect(MM_CACHE)),
     f("MultiModalConfig", "--mm-shm-cache-max-object-size-mb", Value, NoEffect(MM_CACHE)),
     f("MultiModalConfig", "--mm-encoder-only,--no-mm-encoder-only", Bool, Only(OFF, "an encoder-only (disaggregated) server is not built")),
-    f("MultiModalConfig", "--mm-encoder-tp-mode", Value, NoEffect(ONE_DEVICE)),
+    f("MultiModalConfig", "--mm-encoder-tp-mode", Value, NoEffect(ONE_DEVICE_TUNING)),
     f("MultiModalConfig", "--mm-encoder-attn-backend", Value, NoEffect(KERNELS)),
     f("MultiModalConfig", "--mm-encoder-attn-dtype", Value, Refused("fp8 media encoders are not built")),
     f("MultiModalConfig", "--mm-encoder-fp8-scale-path", Value, NoEffect(ENCODER_FP8)),
