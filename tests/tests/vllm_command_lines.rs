@@ -120,24 +120,28 @@ async fn a_vllm_command_line_starts_and_serves() {
         ])
         .await,
     );
-    let (status, reply) = post(
-        &gateway,
-        "/v1/chat/completions",
-        json!({"model": "tiny", "messages": [{"role": "user", "content": "hello"}], "max_tokens": 3}),
-    )
-    .await;
-    assert_eq!(status, 200, "{reply}");
-    assert_eq!(reply["choices"][0]["message"]["role"], "bot", "{reply}");
+    // Long enough to fill KV blocks, so that the second time its prefix comes from the cache.
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(2);
+    let chat =
+        json!({"model": "tiny", "messages": [{"role": "user", "content": long}], "max_tokens": 3});
+    let (status, first) = post(&gateway, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(status, 200, "{first}");
+    assert_eq!(first["choices"][0]["message"]["role"], "bot", "{first}");
     assert!(
-        reply["usage"]["prompt_tokens_details"]["cached_tokens"].is_u64(),
-        "--enable-prompt-tokens-details: {reply}"
+        first["usage"].get("prompt_tokens_details").is_none(),
+        "nothing cached yet: {first}"
+    );
+    let (_, again) = post(&gateway, "/v1/chat/completions", chat).await;
+    assert!(
+        again["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64() > Some(0),
+        "--enable-prompt-tokens-details: {again}"
     );
     let streamed = must(
         client()
             .post(format!("{}/v1/chat/completions", gateway.base_url))
             .json(&json!({
                 "model": "tiny",
-                "messages": [{"role": "user", "content": "hello"}],
+                "messages": [{"role": "user", "content": long}],
                 "max_tokens": 2,
                 "stream": true,
                 "stream_options": {"include_usage": true},
@@ -290,6 +294,17 @@ async fn root_path_and_cors_are_served() {
         !other.headers().contains_key("access-control-allow-origin"),
         "an origin not listed gets no CORS headers"
     );
+    // Without --enable-prompt-tokens-details, no details, cached prefix or not (as vLLM).
+    let long = "the quick brown fox jumps over the lazy dog ".repeat(2);
+    let completion = json!({"model": "tiny", "prompt": long, "max_tokens": 2});
+    for _ in 0..2 {
+        let (status, reply) = post(&gateway, "/v1/completions", completion.clone()).await;
+        assert_eq!(status, 200, "{reply}");
+        assert!(
+            reply["usage"].get("prompt_tokens_details").is_none(),
+            "{reply}"
+        );
+    }
 }
 
 #[test]

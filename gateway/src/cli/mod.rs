@@ -205,8 +205,8 @@ pub struct ServeArgs {
     /// Chat template kwargs every request gets (a JSON object; the request's win).
     #[arg(long = "default-chat-template-kwargs", value_name = "JSON")]
     pub default_chat_template_kwargs: Option<String>,
-    /// Send `usage.prompt_tokens_details` (`cached_tokens`) on every chat and completion
-    /// response (without it: only when a prefix was served from the cache).
+    /// Send `usage.prompt_tokens_details.cached_tokens` on chat and completion responses whose
+    /// prompt was partly served from the prefix cache (without it, never: as vLLM).
     #[arg(long = "enable-prompt-tokens-details", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
     pub enable_prompt_tokens_details: bool,
     /// The longest sequence (prompt and output): a count (`32k` = 32,000, `32K` = 32,768), or

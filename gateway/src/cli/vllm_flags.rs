@@ -162,7 +162,7 @@ pub static FLAGS: &[Flag] = &[
     f("Frontend", "--tool-strict-level", Value, Only(&["auto"], "only `auto` is built: a named or required tool call is constrained to its schema")),
     f("Frontend", "--tool-server", Value, Refused("built-in tool servers (MCP, demo tools) are not built")),
     f("Frontend", "--max-log-len", Value, Honoured("with --enable-log-requests: the most prompt characters a request's log line shows")),
-    f("Frontend", "--enable-prompt-tokens-details,--no-enable-prompt-tokens-details", Bool, Honoured("`usage.prompt_tokens_details.cached_tokens` on every chat and completion response")),
+    f("Frontend", "--enable-prompt-tokens-details,--no-enable-prompt-tokens-details", Bool, Honoured("`usage.prompt_tokens_details.cached_tokens` on chat and completion responses whose prompt was partly served from the prefix cache")),
     f("Frontend", "--enable-per-request-metrics,--no-enable-per-request-metrics", Bool, Only(OFF, NOT_BUILT)),
     f("Frontend", "--enable-server-load-tracking,--no-enable-server-load-tracking", Bool, Only(OFF, "the /load endpoint is not built")),
     f("Frontend", "--enable-force-include-usage,--no-enable-force-include-usage", Bool, Only(OFF, "not built yet: usage is sent where the request asks for it")),

@@ -49,10 +49,10 @@ impl Usage {
         }
     }
 
-    /// With `prompt_tokens_details` when prompt tokens came from the prefix cache, or always
-    /// (`--enable-prompt-tokens-details`).
-    pub fn with_cached(mut self, cached_tokens: usize, always: bool) -> Self {
-        if always || cached_tokens > 0 {
+    /// With `prompt_tokens_details` when `enabled` (`--enable-prompt-tokens-details`) and
+    /// prompt tokens came from the prefix cache, as vLLM sends it.
+    pub fn with_cached(mut self, cached_tokens: usize, enabled: bool) -> Self {
+        if enabled && cached_tokens > 0 {
             self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
         }
         self
