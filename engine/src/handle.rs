@@ -71,6 +71,11 @@ pub struct EngineConfig {
     pub load_format: crate::weight_cache::LoadFormat,
     /// `--model-loader-extra-config`, for `--load-format ipc_cache`.
     pub loader: crate::weight_cache::LoaderConfig,
+    /// Seed of the sampler unseeded requests draw from (`--seed`); `None`: a fresh one.
+    pub seed: Option<u64>,
+    /// A chat template that replaces every generation model's own (`--chat-template`); one
+    /// that does not compile stops the start.
+    pub chat_template: Option<String>,
 }
 
 impl Default for EngineConfig {
@@ -91,6 +96,8 @@ impl Default for EngineConfig {
             gpu_memory_utilization: 0.9,
             load_format: crate::weight_cache::LoadFormat::Auto,
             loader: crate::weight_cache::LoaderConfig::default(),
+            seed: None,
+            chat_template: None,
         }
     }
 }

@@ -119,6 +119,7 @@ impl Engine {
             ));
         }
         let info = model.info().clone();
+        let engine_seed = cfg.seed;
         let blocks = BlockManager::new(num_blocks, cfg.block_size, cfg.enable_prefix_caching)?;
         let pool = match cfg.threads {
             Some(n) => Some(
@@ -140,7 +141,10 @@ impl Engine {
             running: Vec::new(),
             parked: VecDeque::new(),
             rx,
-            rng: StdRng::from_rng(&mut rand::rng()),
+            rng: match engine_seed {
+                Some(seed) => StdRng::seed_from_u64(seed),
+                None => StdRng::from_rng(&mut rand::rng()),
+            },
             shared,
             metrics,
             eos: info.eos_token_ids,

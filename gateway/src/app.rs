@@ -34,6 +34,8 @@ use crate::state::AppState;
 pub struct HttpLimits {
     pub max_concurrent: usize,
     pub timeout: Duration,
+    /// CORS, the root path, the access log.
+    pub options: crate::http::options::FrontOptions,
 }
 
 /// Declares the POST routes once, for the router and for the dispatcher's exact match.
@@ -149,6 +151,7 @@ pub fn app(state: Arc<AppState>, limits: HttpLimits) -> Front<Dispatch> {
         auth,
         max_concurrent: limits.max_concurrent,
         timeout: limits.timeout,
+        options: limits.options,
     })
     .layer(Dispatch { state, router })
 }

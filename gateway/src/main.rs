@@ -1,7 +1,6 @@
 //! `gateway`: the server binary.
 
-use clap::Parser;
-use gateway::cli::{expand_config, Cli, Command};
+use gateway::cli::{CliError, Command, Parsed};
 
 /// mimalloc: a request allocates and frees many small objects (parsed JSON, headers, futures);
 /// under glibc's malloc that was about a quarter of the gate path's instructions.
@@ -77,21 +76,32 @@ unsafe impl std::alloc::GlobalAlloc for MiMalloc {
 
 fn main() -> std::process::ExitCode {
     let argv: Vec<String> = std::env::args().collect();
-    let argv = match expand_config(argv) {
-        Ok(a) => a,
+    let Parsed { cli, review } = match gateway::cli::parse(argv) {
+        Ok(parsed) => parsed,
+        Err(CliError::Clap(e)) if !e.use_stderr() => {
+            // --help and --version.
+            let _ = e.print();
+            return std::process::ExitCode::SUCCESS;
+        }
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", one_line(&e));
             return std::process::ExitCode::from(2);
         }
     };
-    let cli = Cli::parse_from(argv);
+    let level = match &cli.command {
+        Command::Serve(args) => args.log_filter(),
+        _ => "info",
+    };
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(level)),
         )
         .with_writer(std::io::stderr)
         .init();
+    for line in review.warnings() {
+        tracing::warn!("{line}");
+    }
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -123,4 +133,15 @@ fn main() -> std::process::ExitCode {
     // not waited for.
     rt.shutdown_background();
     code
+}
+
+/// The first line of a command-line error: clap adds usage and tips below it, and a start-up
+/// error here is one line.
+fn one_line(e: &CliError) -> String {
+    let text = match e {
+        CliError::Clap(e) => e.render().to_string(),
+        CliError::Refused(why) => why.clone(),
+    };
+    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
+    line.trim_start_matches("error: ").to_string()
 }

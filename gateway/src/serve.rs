@@ -42,6 +42,13 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         elapsed_ms = started.elapsed().as_millis() as u64,
         "engine ready"
     );
+    check_runner(&args.runner, &engine)?;
+    if args.trust_remote_code {
+        tracing::info!(
+            "--trust-remote-code has no effect here: no code from a checkpoint runs, and every architecture served is built in"
+        );
+    }
+    let front = settings.front.clone();
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
     let drain_state = state.clone();
     watch_engine_health(state.clone());
@@ -50,6 +57,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         HttpLimits {
             max_concurrent: args.max_concurrent_requests,
             timeout: Duration::from_secs(args.request_timeout),
+            options: front,
         },
     );
     keep_timer_armed();
@@ -108,6 +116,26 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         }
     }
     tracing::info!("stopped");
+    Ok(())
+}
+
+/// `--runner generate` / `pooling`: every served model must be one (vLLM would build it as
+/// one; here the checkpoint decides, so a mismatch stops the start).
+fn check_runner(runner: &str, engine: &EngineHandle) -> Result<(), StartupError> {
+    use engine::api::Task;
+    let (wanted, what): (&[Task], &str) = match runner {
+        "generate" => (&[Task::Generate], "a generative model"),
+        "pooling" => (&[Task::Embed, Task::Score], "a pooling model"),
+        _ => return Ok(()),
+    };
+    for card in engine.models() {
+        if !card.tasks.iter().any(|t| wanted.contains(t)) {
+            return Err(StartupError(format!(
+                "--runner {runner}: {} is not {what} (it serves {:?}); converting it is not built",
+                card.name, card.tasks
+            )));
+        }
+    }
     Ok(())
 }
 

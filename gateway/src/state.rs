@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::cli::ServeArgs;
+use crate::http::options::{Cors, FrontOptions};
 
 /// A flag value that stops start-up. Printed as one line.
 #[derive(Debug, Error)]
@@ -37,6 +38,12 @@ pub struct AppState {
     /// `--reasoning-parser`.
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     pub max_logprobs: usize,
+    /// `--response-role`: the role of chat replies.
+    pub response_role: String,
+    /// `--enable-prompt-tokens-details`: `prompt_tokens_details` on every response.
+    pub prompt_tokens_details: bool,
+    /// `--enable-log-requests`, with `--max-log-len`: log a line per generation request.
+    pub log_requests: Option<crate::routes::log::RequestLog>,
     pub api_keys: Vec<String>,
     /// `--max-request-body-bytes`.
     pub max_body_bytes: usize,
@@ -85,6 +92,13 @@ impl AppState {
             tool_parser: settings.tool_parser,
             reasoning_parser: settings.reasoning_parser,
             max_logprobs: args.max_logprobs,
+            response_role: args.response_role.clone(),
+            prompt_tokens_details: args.enable_prompt_tokens_details,
+            log_requests: args
+                .enable_log_requests
+                .then_some(crate::routes::log::RequestLog {
+                    max_len: args.max_log_len,
+                }),
             api_keys: args.api_key.clone(),
             max_body_bytes: args.max_request_body_bytes,
             media,
@@ -115,6 +129,8 @@ pub struct Settings {
     pub default_chat_template_kwargs: Map<String, Value>,
     pub tool_parser: Option<crate::parsers::tools::ToolParser>,
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
+    /// CORS, the root path, the access log.
+    pub front: FrontOptions,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -176,10 +192,14 @@ impl Settings {
                     let local = if Path::new(path).exists() {
                         path.clone()
                     } else if engine::hf::hub::is_hub_id(path) {
-                        engine::hf::hub::resolve(path, args.revision.as_deref())
-                            .map_err(|why| fail(format!("model {why}")))?
-                            .display()
-                            .to_string()
+                        let revision = args.revision.as_deref();
+                        match &args.download_dir {
+                            Some(dir) => engine::hf::hub::resolve_in(dir, path, revision),
+                            None => engine::hf::hub::resolve(path, revision),
+                        }
+                        .map_err(|why| fail(format!("model {why}")))?
+                        .display()
+                        .to_string()
                     } else {
                         return Err(fail(format!("--model {path}: no such file or directory")));
                     };
@@ -203,6 +223,12 @@ impl Settings {
                     "--revision {rev} applies to hub ids, and no model is one"
                 )));
             }
+        }
+        check_tokenizer(args, &given)?;
+        if args.runner == "draft" {
+            return Err(fail(
+                "--runner draft: draft models serve speculative decoding, which is not built",
+            ));
         }
         let mut names: Vec<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
         names.sort_unstable();
@@ -228,9 +254,23 @@ impl Settings {
                 return Err(fail("--max-num-batched-tokens must be at least 1"));
             }
         }
-        if args.max_model_len == Some(0) {
+        let max_model_len = args.max_model_len.and_then(|len| len.0);
+        if max_model_len == Some(0) {
             return Err(fail("--max-model-len must be at least 1"));
         }
+        let block_size = args
+            .block_size
+            .unwrap_or(EngineConfig::default().block_size);
+        if block_size == 0 {
+            return Err(fail("--block-size must be at least 1"));
+        }
+        if args.num_gpu_blocks_override == Some(0) {
+            return Err(fail("--num-gpu-blocks-override must be at least 1"));
+        }
+        let kv_cache_tokens = args.kv_cache_tokens.or_else(|| {
+            args.num_gpu_blocks_override
+                .map(|blocks| blocks.saturating_mul(block_size))
+        });
 
         let defaults = DeploymentDefaults::from_json(
             args.mm_processor_kwargs.as_deref(),
@@ -247,9 +287,10 @@ impl Settings {
             }
             None => None,
         };
+        // vLLM's default is the empty path: no local media.
         let allowed_local = match &args.allowed_local_media_path {
-            Some(p) => Some(canonical_dir(p)?),
-            None => None,
+            Some(p) if !p.as_os_str().is_empty() => Some(canonical_dir(p)?),
+            _ => None,
         };
         let url_policy = MediaUrlPolicy {
             allowed_local_media_path: allowed_local,
@@ -280,12 +321,22 @@ impl Settings {
                 "--gpu-memory-utilization must be in (0, 1], got {util}"
             )));
         }
+        let chat_template = args
+            .chat_template
+            .as_deref()
+            .map(chat_template_source)
+            .transpose()?;
         let engine = EngineConfig {
-            max_model_len: args.max_model_len,
+            max_model_len,
+            block_size,
+            enable_prefix_caching: args.enable_prefix_caching.unwrap_or(true),
+            // A negative seed is taken as its two's complement, as any 64-bit seed.
+            seed: args.seed.map(|seed| seed as u64),
+            chat_template,
             max_num_seqs: args.max_num_seqs,
             max_num_active_seqs: args.max_num_active_seqs,
             max_num_batched_tokens: args.max_num_batched_tokens.unwrap_or(2048),
-            kv_cache_tokens: args.kv_cache_tokens,
+            kv_cache_tokens,
             kv_cache_dtype: args.kv_cache_dtype,
             threads: args.threads,
             activation_mode: args.activation_precision,
@@ -297,7 +348,6 @@ impl Settings {
                 Some(text) => engine::weight_cache::LoaderConfig::parse(text).map_err(fail)?,
                 None => engine::weight_cache::LoaderConfig::default(),
             },
-            ..EngineConfig::default()
         };
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,
@@ -330,6 +380,7 @@ impl Settings {
             })
             .transpose()?;
         Ok(Settings {
+            front: front_options(args)?,
             tool_parser,
             reasoning_parser,
             models,
@@ -342,6 +393,93 @@ impl Settings {
             default_chat_template_kwargs,
         })
     }
+}
+
+/// The front service's options: CORS when any CORS flag is given, the root path, the access
+/// log.
+fn front_options(args: &ServeArgs) -> Result<FrontOptions, StartupError> {
+    let any_cors = args.allowed_origins.is_some()
+        || args.allowed_methods.is_some()
+        || args.allowed_headers.is_some()
+        || args.allow_credentials.is_some();
+    let cors = any_cors
+        .then(|| {
+            Cors::from_flags(
+                args.allowed_origins.as_deref(),
+                args.allowed_methods.as_deref(),
+                args.allowed_headers.as_deref(),
+                args.allow_credentials.unwrap_or(false),
+            )
+        })
+        .transpose()
+        .map_err(fail)?;
+    let root_path = args
+        .root_path
+        .as_deref()
+        .unwrap_or("")
+        .trim_end_matches('/');
+    if !root_path.is_empty() && !root_path.starts_with('/') {
+        return Err(fail(format!("--root-path {root_path} must start with /")));
+    }
+    Ok(FrontOptions {
+        cors,
+        root_path: root_path.to_string(),
+        access_log: !args.disable_uvicorn_access_log,
+        access_log_skip: args
+            .disable_access_log_for_endpoints
+            .as_deref()
+            .unwrap_or("")
+            .split(',')
+            .map(str::trim)
+            .filter(|p| !p.is_empty())
+            .map(String::from)
+            .collect(),
+    })
+}
+
+/// `--tokenizer` and `--tokenizer-revision` are accepted when they name the model's own; a
+/// tokenizer apart from the model's is not built.
+fn check_tokenizer(args: &ServeArgs, given: &[String]) -> Result<(), StartupError> {
+    if let Some(tokenizer) = &args.tokenizer {
+        let same = |model: &String| {
+            model == tokenizer
+                || Path::new(model)
+                    .canonicalize()
+                    .ok()
+                    .zip(Path::new(tokenizer).canonicalize().ok())
+                    .is_some_and(|(a, b)| a == b)
+        };
+        if !given.first().is_some_and(same) {
+            return Err(fail(format!(
+                "--tokenizer {tokenizer}: a tokenizer apart from the model's own is not built yet (it may only name the model)"
+            )));
+        }
+    }
+    if let Some(rev) = &args.tokenizer_revision {
+        let model_rev = args.revision.as_deref().unwrap_or("main");
+        if rev != model_rev {
+            return Err(fail(format!(
+                "--tokenizer-revision {rev}: the tokenizer comes from the model's own revision ({model_rev}); another is not built yet"
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `--chat-template` as vLLM reads it: a file when one exists at that path, else the template
+/// itself when it looks like one, else an error naming the path.
+fn chat_template_source(value: &str) -> Result<String, StartupError> {
+    let path = Path::new(value);
+    if path.is_file() {
+        return std::fs::read_to_string(path)
+            .map_err(|e| fail(format!("--chat-template {value}: {e}")));
+    }
+    if value.contains(['{', '}', '\n']) {
+        return Ok(value.to_string());
+    }
+    Err(fail(format!(
+        "--chat-template {value}: no such file, and not a template (it has no {{ }})"
+    )))
 }
 
 fn canonical_dir(p: &Path) -> Result<PathBuf, StartupError> {

@@ -20,18 +20,33 @@ pub(super) fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize 
     config.max_model_len.map_or(model_max, |m| m.min(model_max))
 }
 
+/// The model's chat template: the configured one (`--chat-template`), which must compile, or
+/// the checkpoint's, which is dropped with a warning when it does not.
 fn compile_template(
     spec: &ModelSpec,
+    config: &EngineConfig,
     source: Option<String>,
     bos: &Option<String>,
     eos: &Option<String>,
-) -> Option<ChatTemplate> {
-    let source = source?;
+) -> Result<Option<ChatTemplate>> {
+    if let Some(given) = &config.chat_template {
+        return ChatTemplate::new(given, bos.clone(), eos.clone())
+            .map(Some)
+            .map_err(|e| {
+                EngineError::load(
+                    spec.path.clone(),
+                    format!("the --chat-template does not compile: {e}"),
+                )
+            });
+    }
+    let Some(source) = source else {
+        return Ok(None);
+    };
     match ChatTemplate::new(&source, bos.clone(), eos.clone()) {
-        Ok(t) => Some(t),
+        Ok(t) => Ok(Some(t)),
         Err(e) => {
             tracing::warn!(model = %spec.served_name, "the checkpoint's chat template does not compile: {e}");
-            None
+            Ok(None)
         }
     }
 }
@@ -60,6 +75,8 @@ pub(super) fn start_decoder(
     let info = d.model.info().clone();
     let device = d.model.device();
     let max_model_len = resolve_max_len(config, info.max_position);
+    // Before the engine thread starts: a --chat-template that does not compile stops the start.
+    let template = compile_template(spec, config, d.chat_template, &d.bos_token, &d.eos_token)?;
     let cfg = SchedulerConfig {
         max_num_seqs: config.max_num_seqs,
         max_num_active_seqs: active,
@@ -70,6 +87,7 @@ pub(super) fn start_decoder(
         max_model_len,
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,
+        seed: config.seed,
     };
     let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
     let shared = Arc::new(Shared::default());
@@ -90,7 +108,6 @@ pub(super) fn start_decoder(
         .media
         .map(|encoders| MediaWorker::start(&spec.served_name, *encoders, config.max_num_seqs))
         .transpose()?;
-    let template = compile_template(spec, d.chat_template, &d.bos_token, &d.eos_token);
     tracing::info!(
         model = %spec.served_name,
         architecture = %d.architecture,
@@ -177,7 +194,7 @@ pub(super) fn start_encoder(
         .map_err(|err| {
             EngineError::Internal(format!("cannot start the embedding thread: {err}"))
         })?;
-    let template = compile_template(spec, chat_template, &None, &None);
+    let template = compile_template(spec, config, chat_template, &None, &None)?;
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {

@@ -30,6 +30,8 @@ pub struct SchedulerConfig {
     pub enable_prefix_caching: bool,
     /// Threads for the model's parallel work (`None`: rayon's global pool).
     pub threads: Option<usize>,
+    /// Seed of the sampler of requests without their own (`None`: a fresh one).
+    pub seed: Option<u64>,
 }
 
 /// What the engine sends back for one sequence.

@@ -1,6 +1,7 @@
 //! The front of the stack as one hand-written tower service: request id, catch-panic to a JSON
 //! 500, API-key auth, the concurrency limit (503 + Retry-After instead of a queue), the request
-//! timeout (504) and the debug access log.
+//! timeout (504) and the debug access log; and where flags ask for them, the root path and CORS
+//! ([`super::options`]).
 //!
 //! These were tower-http's `SetRequestId`/`PropagateRequestId`/`CatchPanic`/`Timeout` layers
 //! plus our guard. Each layer is a service and a future of its own, and the gate's rejection
@@ -32,6 +33,7 @@ use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
 use super::auth::AuthConfig;
+use super::options::FrontOptions;
 use super::overload::PermitBody;
 use crate::error::ApiError;
 
@@ -43,6 +45,8 @@ pub struct FrontConfig {
     pub slots: Arc<Semaphore>,
     /// Until the response head; a streamed body is not cut off.
     pub timeout: Duration,
+    /// CORS, the root path, the access log's settings.
+    pub options: FrontOptions,
 }
 
 #[derive(Clone)]
@@ -132,14 +136,33 @@ where
 
     fn call(&mut self, mut req: Request) -> Self::Future {
         let request_id = ensure_request_id(&mut req);
-        let log = tracing::enabled!(tracing::Level::DEBUG).then(|| AccessLog {
-            method: req.method().clone(),
-            path: req.uri().path().to_string(),
-            request_id: request_id.to_str().unwrap_or("").to_string(),
-            start: std::time::Instant::now(),
-        });
+        let options = &self.cfg.options;
+        options.strip_root(&mut req);
+        let log = (tracing::enabled!(tracing::Level::DEBUG) && options.logs(req.uri().path()))
+            .then(|| AccessLog {
+                method: req.method().clone(),
+                path: req.uri().path().to_string(),
+                request_id: request_id.to_str().unwrap_or("").to_string(),
+                start: std::time::Instant::now(),
+            });
+        let mut cors = None;
+        if let Some(policy) = &options.cors {
+            // Preflights carry no credentials: they are answered before auth.
+            if let Some(answer) = policy.preflight(&req) {
+                return FrontFuture::done(answer, request_id, log, None);
+            }
+            cors = req
+                .headers()
+                .get(axum::http::header::ORIGIN)
+                .and_then(|origin| policy.response_headers(origin));
+        }
         if !self.cfg.auth.allows(req.uri().path(), req.headers()) {
-            return FrontFuture::done(ApiError::Unauthorized.into_response(), request_id, log);
+            return FrontFuture::done(
+                ApiError::Unauthorized.into_response(),
+                request_id,
+                log,
+                cors,
+            );
         }
         let permit = if is_probe(req.uri().path()) {
             None
@@ -149,7 +172,7 @@ where
                 let shed = ApiError::Overloaded(
                     "The server is at its concurrent request limit; retry shortly.".into(),
                 );
-                return FrontFuture::done(shed.into_response(), request_id, log);
+                return FrontFuture::done(shed.into_response(), request_id, log, cors);
             };
             Some(permit)
         };
@@ -166,8 +189,9 @@ where
                 },
                 request_id: Some(request_id),
                 log,
+                cors,
             },
-            Err(panic) => FrontFuture::done(panic_response(panic), request_id, log),
+            Err(panic) => FrontFuture::done(panic_response(panic), request_id, log, cors),
         }
     }
 }
@@ -218,17 +242,25 @@ pin_project_lite::pin_project! {
         state: State<F>,
         request_id: Option<HeaderValue>,
         log: Option<AccessLog>,
+        // CORS headers for the response, when the request came from an allowed origin.
+        cors: Option<Vec<(HeaderName, HeaderValue)>>,
     }
 }
 
 impl<F> FrontFuture<F> {
-    fn done(response: Response, request_id: HeaderValue, log: Option<AccessLog>) -> Self {
+    fn done(
+        response: Response,
+        request_id: HeaderValue,
+        log: Option<AccessLog>,
+        cors: Option<Vec<(HeaderName, HeaderValue)>>,
+    ) -> Self {
         FrontFuture {
             state: State::Done {
                 response: Some(response),
             },
             request_id: Some(request_id),
             log,
+            cors,
         }
     }
 }
@@ -280,6 +312,9 @@ where
         };
         if let Some(id) = this.request_id.take() {
             response.headers_mut().entry(X_REQUEST_ID).or_insert(id);
+        }
+        for (name, value) in this.cors.take().into_iter().flatten() {
+            response.headers_mut().insert(name, value);
         }
         if let Some(log) = this.log.take() {
             log.emit(response.status().as_u16());
@@ -334,6 +369,7 @@ mod tests {
                 }),
                 max_concurrent: slots,
                 timeout: Duration::from_millis(200),
+                options: FrontOptions::default(),
             },
         )
     }

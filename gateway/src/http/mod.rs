@@ -4,6 +4,7 @@ pub mod auth;
 pub mod extract;
 pub mod front;
 pub mod listener;
+pub mod options;
 pub mod overload;
 pub mod sse;
 pub mod stack;

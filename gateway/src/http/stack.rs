@@ -12,11 +12,13 @@ use tokio::sync::Semaphore;
 
 use super::auth::AuthConfig;
 use super::front::{FrontConfig, FrontLayer};
+use super::options::FrontOptions;
 
 pub struct StackConfig {
     pub auth: Arc<AuthConfig>,
     pub max_concurrent: usize,
     pub timeout: Duration,
+    pub options: FrontOptions,
 }
 
 pub fn front_layer(cfg: StackConfig) -> FrontLayer {
@@ -24,6 +26,7 @@ pub fn front_layer(cfg: StackConfig) -> FrontLayer {
         auth: cfg.auth,
         slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
         timeout: cfg.timeout,
+        options: cfg.options,
     }))
 }
 

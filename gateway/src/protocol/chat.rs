@@ -193,7 +193,8 @@ pub struct ChatChoice {
 
 #[derive(Debug, Serialize)]
 pub struct ChatMessageOut {
-    pub role: &'static str,
+    /// `--response-role`.
+    pub role: String,
     /// With `--reasoning-parser`: the reply's `<think>` part.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
@@ -246,7 +247,7 @@ pub struct ChatChunkChoice {
 #[derive(Debug, Serialize, Default)]
 pub struct ChatDelta {
     #[serde(skip_serializing_if = "Option::is_none")]
-    pub role: Option<&'static str>,
+    pub role: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reasoning_content: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -48,6 +48,15 @@ impl Usage {
             prompt_tokens_details: None,
         }
     }
+
+    /// With `prompt_tokens_details` when `enabled` (`--enable-prompt-tokens-details`) and
+    /// prompt tokens came from the prefix cache, as vLLM sends it.
+    pub fn with_cached(mut self, cached_tokens: usize, enabled: bool) -> Self {
+        if enabled && cached_tokens > 0 {
+            self.prompt_tokens_details = Some(PromptTokensDetails { cached_tokens });
+        }
+        self
+    }
 }
 
 /// Seconds since the epoch, for `created`.

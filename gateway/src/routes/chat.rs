@@ -23,7 +23,7 @@ use crate::parsers::reasoning::{ReasoningParser, StreamSplit};
 use crate::parsers::tools::{self, ToolMode, ToolStream};
 use crate::policy::{run_policies, MediaCounts, PolicyRequest, RequestKwargs};
 use crate::protocol::chat::*;
-use crate::protocol::{now_secs, PromptTokensDetails, Usage};
+use crate::protocol::{now_secs, Usage};
 use crate::state::AppState;
 
 struct ChatPolicyInput {
@@ -290,6 +290,9 @@ pub async fn handler(
         params.constraint = Some(c);
     }
     // (7) model work: placeholders expanded, encoders run, choices started
+    if let Some(log) = &state.log_requests {
+        log.log(&rid, "chat", &model, prompt.ids(), &params);
+    }
     let started = model
         .submit(
             vec![prompt],
@@ -331,6 +334,8 @@ pub async fn handler(
                 call_ids: rid.to_string(),
                 reasoning: state.reasoning_parser,
                 include_reasoning,
+                role: state.response_role.clone(),
+                prompt_tokens_details: state.prompt_tokens_details,
             },
             choices,
             prompt_len,
@@ -369,7 +374,7 @@ pub async fn handler(
                 )),
                 stop_reason: generate::stop_reason(&c.finish),
                 message: ChatMessageOut {
-                    role: "assistant",
+                    role: state.response_role.clone(),
                     reasoning_content,
                     content,
                     tool_calls,
@@ -377,12 +382,8 @@ pub async fn handler(
             }
         })
         .collect();
-    let mut usage = Usage::new(prompt_len, completion_tokens);
-    if cached > 0 {
-        usage.prompt_tokens_details = Some(PromptTokensDetails {
-            cached_tokens: cached,
-        });
-    }
+    let usage =
+        Usage::new(prompt_len, completion_tokens).with_cached(cached, state.prompt_tokens_details);
     Ok(Json(ChatCompletion {
         id,
         object: "chat.completion",
@@ -477,6 +478,10 @@ struct StreamHead {
     call_ids: String,
     reasoning: Option<ReasoningParser>,
     include_reasoning: bool,
+    /// `--response-role`.
+    role: String,
+    /// `--enable-prompt-tokens-details`.
+    prompt_tokens_details: bool,
 }
 
 fn stream_response(
@@ -495,6 +500,8 @@ fn stream_response(
         call_ids,
         reasoning,
         include_reasoning,
+        role,
+        prompt_tokens_details,
     } = head;
     let mut splits: Vec<StreamSplit> = match reasoning {
         Some(parser) => (0..choices.len())
@@ -521,7 +528,7 @@ fn stream_response(
                 choices: vec![ChatChunkChoice {
                     index,
                     delta: ChatDelta {
-                        role: Some("assistant"),
+                        role: Some(role.clone()),
                         reasoning_content: None,
                         content: Some(if !splits.is_empty() {
                             String::new()
@@ -542,6 +549,8 @@ fn stream_response(
         })
         .collect();
     let mut completion_tokens = 0usize;
+    // The choices share one prompt, and so its cached prefix.
+    let mut cached = 0usize;
     let mut remaining = n;
     let mut failed = false;
     let merged = generate::merged_stream(choices);
@@ -562,6 +571,7 @@ fn stream_response(
                         let finish = d.finish.as_ref();
                         if let Some(f) = finish {
                             completion_tokens += f.completion_tokens;
+                            cached = cached.max(f.cached_tokens);
                             remaining -= 1;
                         }
                         let mut tool_calls = None;
@@ -641,7 +651,10 @@ fn stream_response(
                                     created,
                                     model: &served,
                                     choices: Vec::new(),
-                                    usage: Some(Usage::new(prompt_len, completion_tokens)),
+                                    usage: Some(
+                                        Usage::new(prompt_len, completion_tokens)
+                                            .with_cached(cached, prompt_tokens_details),
+                                    ),
                                 };
                                 out.push(sse::event(
                                     &serde_json::to_string(&chunk).unwrap_or_default(),

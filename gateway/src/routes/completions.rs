@@ -164,6 +164,11 @@ pub async fn handler(
     } else {
         Vec::new()
     };
+    if let Some(log) = &state.log_requests {
+        for prompt in &prompts {
+            log.log(&rid, "completions", &model, prompt.ids(), &params);
+        }
+    }
     let started = model
         .submit(
             prompts,
@@ -193,11 +198,21 @@ pub async fn handler(
             },
             prompt_tokens,
             req.sampling.include_usage(),
+            state.prompt_tokens_details,
             logprobs.is_some(),
         ));
     }
     let done = generate::collect_all(choices).await?;
     let completion_tokens: usize = done.iter().map(|c| c.finish.completion_tokens).sum();
+    // Choices of one prompt share its cached prefix: count it once per prompt.
+    let mut counted = std::collections::HashSet::new();
+    let cached: usize = done
+        .iter()
+        .filter(|c| counted.insert(c.prompt_idx))
+        .map(|c| c.finish.cached_tokens)
+        .sum();
+    let usage = Usage::new(prompt_tokens, completion_tokens)
+        .with_cached(cached, state.prompt_tokens_details);
     let choices = done
         .into_iter()
         .map(|c| {
@@ -234,7 +249,7 @@ pub async fn handler(
         created: now_secs(),
         model: served,
         choices,
-        usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+        usage: Some(usage),
     })
     .into_response())
 }
@@ -310,10 +325,15 @@ fn stream_response(
     echo: Echo,
     prompt_tokens: usize,
     include_usage: bool,
+    prompt_tokens_details: bool,
     want_logprobs: bool,
 ) -> Response {
     let created = now_secs();
     let n = choices.len();
+    // Choices of one prompt share its cached prefix: counted once per prompt.
+    let prompt_of: std::collections::HashMap<usize, usize> =
+        choices.iter().map(|c| (c.index, c.prompt_idx)).collect();
+    let mut cached_by_prompt = std::collections::HashMap::new();
     let per_prompt = if echo.texts.is_empty() {
         1
     } else {
@@ -346,14 +366,17 @@ fn stream_response(
         };
         serde_json::to_string(&c).unwrap_or_default()
     };
-    let usage_json = move |completion_tokens: usize| {
+    let usage_json = move |completion_tokens: usize, cached: usize| {
         let c = Completion {
             id: usage_id.clone(),
             object: "text_completion",
             created,
             model: usage_model.clone(),
             choices: Vec::new(),
-            usage: Some(Usage::new(prompt_tokens, completion_tokens)),
+            usage: Some(
+                Usage::new(prompt_tokens, completion_tokens)
+                    .with_cached(cached, prompt_tokens_details),
+            ),
         };
         serde_json::to_string(&c).unwrap_or_default()
     };
@@ -387,6 +410,8 @@ fn stream_response(
                     text.push_str(&d.text);
                     if let Some(f) = &d.finish {
                         completion_tokens += f.completion_tokens;
+                        let prompt = prompt_of.get(&index).copied().unwrap_or(0);
+                        cached_by_prompt.entry(prompt).or_insert(f.cached_tokens);
                         remaining -= 1;
                     }
                     if !text.is_empty() || d.finish.is_some() || !d.token_ids.is_empty() {
@@ -397,7 +422,8 @@ fn stream_response(
                     }
                     if remaining == 0 {
                         if include_usage {
-                            out.push(sse::event(&usage_json(completion_tokens)));
+                            let cached = cached_by_prompt.values().sum();
+                            out.push(sse::event(&usage_json(completion_tokens, cached)));
                         }
                         out.push(sse::done());
                     }

@@ -8,6 +8,7 @@ pub mod completions;
 pub mod embeddings;
 pub mod generate;
 pub mod info;
+pub mod log;
 pub mod messages;
 pub mod pooling;
 pub mod pooling_common;

@@ -25,12 +25,14 @@ pub fn app_from_args(argv: Vec<String>) -> (App, Arc<AppState>) {
     };
     let settings = Settings::from_args(&args).unwrap();
     let engine = engine::handle::EngineHandle::start(&settings.models, &settings.engine).unwrap();
+    let options = settings.front.clone();
     let state = Arc::new(AppState::new(&args, settings, engine, None).unwrap());
     let app = app(
         state.clone(),
         HttpLimits {
             max_concurrent: args.max_concurrent_requests,
             timeout: Duration::from_secs(args.request_timeout),
+            options,
         },
     );
     (app, state)

@@ -1,10 +1,17 @@
-//! The command line: `gateway serve | contract | bench-gate`, flags spelled as `vllm serve`
-//! spells them. `--config FILE` (YAML, same keys without the dashes) supplies values that flags
-//! on the command line override.
+//! The command line: `gateway serve | contract | preload`. `serve` takes every flag of
+//! `vllm serve` 0.31 as vLLM spells it: [`vllm_flags`] is the table of what each does here,
+//! [`vllm_args`] builds parsing, `--help`, the `--config` YAML reader and the README's table
+//! from it; the flags it honours are the fields of [`ServeArgs`].
 
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
+pub mod values;
+pub mod vllm_args;
+pub mod vllm_flags;
+
+pub use vllm_args::{parse, CliError, Parsed, Review};
+
+use clap::{ArgAction, Args, Parser, Subcommand};
 use engine::device::{DTypeRequest, DeviceRequest};
 use engine::model::ActivationMode;
 
@@ -71,6 +78,10 @@ pub struct PreloadArgs {
     pub models_cache: PathBuf,
 }
 
+/// The flags of `gateway serve` that this server declares itself: those of `vllm serve` it
+/// honours (each a row of [`vllm_flags::FLAGS`] answered `Honoured`) and its own. A `--x` /
+/// `--no-x` flag of vLLM's is declared as `--x[=BOOL]`: the parser writes `--no-x` as
+/// `--x=false`.
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The model, as `vllm serve MODEL` takes it: a GGUF file, an HF checkpoint folder, or a
@@ -85,28 +96,74 @@ pub struct ServeArgs {
     /// The revision (branch, tag or commit) of hub ids, in the local hub cache (default main).
     #[arg(long = "revision", value_name = "REV")]
     pub revision: Option<String>,
+    /// The Hugging Face cache folder hub ids are looked up in (default: $HF_HUB_CACHE, else
+    /// $HF_HOME/hub, else ~/.cache/huggingface/hub).
+    #[arg(long = "download-dir", value_name = "DIR")]
+    pub download_dir: Option<PathBuf>,
+    /// The tokenizer: accepted when it names the model itself (its path or hub id); a
+    /// tokenizer apart from the model's is not built yet.
+    #[arg(long = "tokenizer", value_name = "NAME")]
+    pub tokenizer: Option<String>,
+    /// The tokenizer's revision: accepted when it is the model's own (--revision, default
+    /// main).
+    #[arg(long = "tokenizer-revision", value_name = "REV")]
+    pub tokenizer_revision: Option<String>,
     /// Name clients use for each --model, in the same order.
     #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,
+    /// `auto`; or `generate` / `pooling`, checked against what each served model does.
+    #[arg(long = "runner", default_value = "auto", value_parser = ["auto", "draft", "generate", "pooling"])]
+    pub runner: String,
+    /// No effect, and the start-up log says so: no code from a checkpoint runs here.
+    #[arg(long = "trust-remote-code", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub trust_remote_code: bool,
     #[arg(long, default_value = "0.0.0.0")]
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
-    /// API key(s) clients must send as `Authorization: Bearer <key>` (repeatable). Also read
-    /// from VLLM_API_KEY.
-    #[arg(long = "api-key", env = "VLLM_API_KEY", value_delimiter = ',')]
+    /// Serve under this path prefix too (behind a proxy that forwards it): `/PREFIX/v1/...`
+    /// is answered as `/v1/...`.
+    #[arg(long = "root-path", value_name = "PATH")]
+    pub root_path: Option<String>,
+    /// API key(s) clients must send as `Authorization: Bearer <key>`. Also read from
+    /// VLLM_API_KEY.
+    #[arg(long = "api-key", env = "VLLM_API_KEY", value_delimiter = ',', num_args = 1..)]
     pub api_key: Vec<String>,
+    /// CORS: the origins allowed, a JSON list (e.g. '["https://a.example"]' or '["*"]'). Any
+    /// of the CORS flags turns CORS on; without them no CORS headers are sent.
+    #[arg(long = "allowed-origins", value_name = "JSON")]
+    pub allowed_origins: Option<String>,
+    /// CORS: the methods allowed, a JSON list (default '["*"]').
+    #[arg(long = "allowed-methods", value_name = "JSON")]
+    pub allowed_methods: Option<String>,
+    /// CORS: the request headers allowed, a JSON list (default '["*"]').
+    #[arg(long = "allowed-headers", value_name = "JSON")]
+    pub allowed_headers: Option<String>,
+    /// CORS: send Access-Control-Allow-Credentials.
+    #[arg(long = "allow-credentials", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", action = ArgAction::Set)]
+    pub allow_credentials: Option<bool>,
+    /// The log level: critical, error, warning, info (default), debug or trace. RUST_LOG wins.
+    #[arg(long = "uvicorn-log-level", value_parser = ["critical", "error", "warning", "info", "debug", "trace"])]
+    pub uvicorn_log_level: Option<String>,
+    /// The log level as vLLM's logger names it: CRITICAL, ERROR, WARNING, INFO, DEBUG or
+    /// NOTSET. RUST_LOG wins; with --uvicorn-log-level, the more detailed of the two.
+    #[arg(long = "log-level", ignore_case = true, value_parser = ["CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG", "NOTSET"])]
+    pub log_level: Option<String>,
+    /// Log one line per generation request (id, route, model, prompt length, sampling fields).
+    #[arg(long = "enable-log-requests", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_log_requests: bool,
+    /// With --enable-log-requests: the most characters of a prompt a log line shows.
+    #[arg(long = "max-log-len", value_name = "N")]
+    pub max_log_len: Option<usize>,
+    /// Turn off the per-request access log (a debug-level line per request).
+    #[arg(long = "disable-uvicorn-access-log", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub disable_uvicorn_access_log: bool,
+    /// Paths left out of the access log, comma-separated (e.g. /health,/metrics).
+    #[arg(long = "disable-access-log-for-endpoints", value_name = "PATHS")]
+    pub disable_access_log_for_endpoints: Option<String>,
     /// Let every client send mm_processor_kwargs / media_io_kwargs (vLLM's meaning: no bounds).
-    #[arg(
-        long = "trust-request-mm-kwargs",
-        overrides_with = "no_trust_request_mm_kwargs"
-    )]
+    #[arg(long = "trust-request-mm-kwargs", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
     pub trust_request_mm_kwargs: bool,
-    #[arg(
-        long = "no-trust-request-mm-kwargs",
-        overrides_with = "trust_request_mm_kwargs"
-    )]
-    pub no_trust_request_mm_kwargs: bool,
     /// Deployment defaults for the multimodal processor (a flat JSON object).
     #[arg(long = "mm-processor-kwargs", value_name = "JSON")]
     pub mm_processor_kwargs: Option<String>,
@@ -116,7 +173,7 @@ pub struct ServeArgs {
     /// Items per modality allowed in one prompt, e.g. '{"image": 2}'.
     #[arg(long = "limit-mm-per-prompt", value_name = "JSON")]
     pub limit_mm_per_prompt: Option<String>,
-    /// Folder under which `file:` media URLs may be read.
+    /// Folder under which `file:` media URLs may be read (empty: none).
     #[arg(long = "allowed-local-media-path", value_name = "DIR")]
     pub allowed_local_media_path: Option<PathBuf>,
     /// Hosts media may be fetched from (exact match after URL normalisation).
@@ -126,11 +183,18 @@ pub struct ServeArgs {
     #[arg(long = "allow-private-media-hosts")]
     pub allow_private_media_hosts: bool,
     /// Accept a per-request `chat_template`.
-    #[arg(long = "trust-request-chat-template")]
+    #[arg(long = "trust-request-chat-template", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
     pub trust_request_chat_template: bool,
+    /// The chat template of every generation model served, instead of the checkpoint's: a
+    /// file, or the Jinja template itself.
+    #[arg(long = "chat-template", value_name = "FILE|TEMPLATE")]
+    pub chat_template: Option<String>,
+    /// The role of chat replies.
+    #[arg(long = "response-role", default_value = "assistant")]
+    pub response_role: String,
     /// Let the model decide on tool calls (`tool_choice: auto`, the default with tools); needs
     /// --tool-call-parser.
-    #[arg(long = "enable-auto-tool-choice")]
+    #[arg(long = "enable-auto-tool-choice", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
     pub enable_auto_tool_choice: bool,
     /// How tool calls are found in a reply: hermes, llama3_json, mistral or pythonic.
     #[arg(long = "tool-call-parser", value_name = "NAME")]
@@ -141,22 +205,43 @@ pub struct ServeArgs {
     /// Chat template kwargs every request gets (a JSON object; the request's win).
     #[arg(long = "default-chat-template-kwargs", value_name = "JSON")]
     pub default_chat_template_kwargs: Option<String>,
-    #[arg(long = "max-model-len")]
-    pub max_model_len: Option<usize>,
+    /// Send `usage.prompt_tokens_details.cached_tokens` on chat and completion responses whose
+    /// prompt was partly served from the prefix cache (without it, never: as vLLM).
+    #[arg(long = "enable-prompt-tokens-details", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_prompt_tokens_details: bool,
+    /// The longest sequence (prompt and output): a count (`32k` = 32,000, `32K` = 32,768), or
+    /// `auto` / -1 for the model's own limit.
+    #[arg(long = "max-model-len", value_parser = values::model_len, allow_negative_numbers = true)]
+    pub max_model_len: Option<values::ModelLen>,
+    /// Seed of the sampler that requests without a `seed` draw from (default: a fresh one
+    /// each start).
+    #[arg(long = "seed", allow_negative_numbers = true)]
+    pub seed: Option<i64>,
     /// Sequences the engine holds (running and waiting).
     #[arg(long = "max-num-seqs", default_value_t = 256)]
     pub max_num_seqs: usize,
     /// Sequences admitted into the running batch (<= --max-num-seqs).
     #[arg(long = "max-num-active-seqs")]
     pub max_num_active_seqs: Option<usize>,
-    #[arg(long = "max-num-batched-tokens")]
+    /// Tokens one engine step may compute (default 2048; `8k`, `8K` also).
+    #[arg(long = "max-num-batched-tokens", value_parser = values::human_int)]
     pub max_num_batched_tokens: Option<usize>,
+    /// Tokens per KV cache block (default 16).
+    #[arg(long = "block-size")]
+    pub block_size: Option<usize>,
+    /// Prefix caching (on by default).
+    #[arg(long = "enable-prefix-caching", num_args = 0..=1, require_equals = true, default_missing_value = "true", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_prefix_caching: Option<bool>,
+    /// The KV cache's size in blocks of --block-size tokens (--kv-cache-tokens wins).
+    #[arg(long = "num-gpu-blocks-override")]
+    pub num_gpu_blocks_override: Option<usize>,
     #[arg(long = "max-logprobs", default_value_t = 20)]
     pub max_logprobs: usize,
     /// Trusted-client profile: trusted API keys and JSON Schema bounds (YAML or JSON).
     #[arg(long = "trusted-client-policy", value_name = "FILE")]
     pub trusted_client_policy: Option<PathBuf>,
-    /// YAML file with the same keys as the flags (`max-num-seqs: 8`).
+    /// YAML file of flags (`max-num-seqs: 8`; either separator; `true` / `false` for `--x` /
+    /// `--no-x`; lists for several values). Flags on the command line win.
     #[arg(long = "config", value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Largest request body accepted, in bytes.
@@ -224,7 +309,11 @@ pub struct ServeArgs {
     #[arg(long = "model-loader-extra-config", value_name = "JSON")]
     pub model_loader_extra_config: Option<String>,
     /// Share of GPU memory this server may use for weights, activations and the KV cache.
-    #[arg(long = "gpu-memory-utilization", default_value_t = 0.9)]
+    #[arg(
+        long = "gpu-memory-utilization",
+        alias = "device-memory-utilization",
+        default_value_t = 0.9
+    )]
     pub gpu_memory_utilization: f32,
     /// Compute threads (default: all cores).
     #[arg(long = "threads")]
@@ -246,6 +335,28 @@ pub struct ServeArgs {
         default_value = "models-cache"
     )]
     pub models_cache: PathBuf,
+}
+
+impl ServeArgs {
+    /// The log filter `--uvicorn-log-level` and `--log-level` ask for (the more detailed of
+    /// the two), `info` without them.
+    pub fn log_filter(&self) -> &'static str {
+        let rank = |level: &str| match level.to_ascii_lowercase().as_str() {
+            "critical" | "error" => 0,
+            "warning" => 1,
+            "info" => 2,
+            "debug" => 3,
+            "trace" | "notset" => 4,
+            _ => 2,
+        };
+        let most = [&self.uvicorn_log_level, &self.log_level]
+            .into_iter()
+            .flatten()
+            .map(|l| rank(l))
+            .max()
+            .unwrap_or(2);
+        ["error", "warn", "info", "debug", "trace"][most]
+    }
 }
 
 #[derive(Debug, Clone, Args)]
@@ -273,208 +384,5 @@ pub struct ContractArgs {
     pub json_report: Option<PathBuf>,
 }
 
-/// Turn a `--config` YAML file into flags placed before the command line's own, so that the
-/// command line wins. Keys are the flag names without `--` (snake_case also accepted).
-pub fn config_to_args(path: &std::path::Path) -> Result<Vec<String>, String> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| format!("cannot read --config {}: {e}", path.display()))?;
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text)
-        .map_err(|e| format!("--config {} is not valid YAML: {e}", path.display()))?;
-    let serde_yaml::Value::Mapping(map) = doc else {
-        return Err(format!(
-            "--config {} must be a mapping of flag names to values",
-            path.display()
-        ));
-    };
-    let mut out = Vec::new();
-    for (k, v) in map {
-        let Some(key) = k.as_str() else {
-            return Err(format!("--config {}: keys must be strings", path.display()));
-        };
-        let flag = format!("--{}", key.replace('_', "-"));
-        if flag == "--config" {
-            return Err("--config files cannot include another --config".into());
-        }
-        match v {
-            serde_yaml::Value::Bool(true) => out.push(flag),
-            serde_yaml::Value::Bool(false) => {
-                if flag == "--trust-request-mm-kwargs" {
-                    out.push("--no-trust-request-mm-kwargs".into());
-                }
-            }
-            serde_yaml::Value::Null => {}
-            serde_yaml::Value::Sequence(items) => {
-                for item in items {
-                    out.push(flag.clone());
-                    out.push(yaml_scalar(&item, key)?);
-                }
-            }
-            other => {
-                out.push(flag);
-                out.push(yaml_scalar(&other, key)?);
-            }
-        }
-    }
-    Ok(out)
-}
-
-fn yaml_scalar(v: &serde_yaml::Value, key: &str) -> Result<String, String> {
-    match v {
-        serde_yaml::Value::String(s) => Ok(s.clone()),
-        serde_yaml::Value::Number(n) => Ok(n.to_string()),
-        serde_yaml::Value::Bool(b) => Ok(b.to_string()),
-        // Objects (e.g. media-io-kwargs) are passed on as JSON.
-        serde_yaml::Value::Mapping(_) => {
-            let json: serde_json::Value = serde_yaml::from_value(v.clone())
-                .map_err(|e| format!("--config key {key}: {e}"))?;
-            Ok(json.to_string())
-        }
-        _ => Err(format!("--config key {key}: unsupported value")),
-    }
-}
-
-/// argv with the `--config` file's values spliced in after the subcommand.
-pub fn expand_config(argv: Vec<String>) -> Result<Vec<String>, String> {
-    let mut config: Option<PathBuf> = None;
-    let mut i = 0;
-    while i < argv.len() {
-        if argv[i] == "--config" {
-            config = argv.get(i + 1).map(PathBuf::from);
-            break;
-        }
-        if let Some(p) = argv[i].strip_prefix("--config=") {
-            config = Some(PathBuf::from(p));
-            break;
-        }
-        i += 1;
-    }
-    let Some(path) = config else { return Ok(argv) };
-    // Flags given on the command line win: drop the config file's values for them.
-    let family = |flag: &str| {
-        flag.trim_start_matches("--no-")
-            .trim_start_matches("--")
-            .to_string()
-    };
-    let given: std::collections::HashSet<String> = argv
-        .iter()
-        .filter(|a| a.starts_with("--"))
-        .map(|a| family(a.split('=').next().unwrap_or(a)))
-        .collect();
-    let mut extra = Vec::new();
-    let mut keep = false;
-    for a in config_to_args(&path)? {
-        if a.starts_with("--") {
-            keep = !given.contains(&family(&a));
-        }
-        if keep {
-            extra.push(a);
-        }
-    }
-    // Insert right after the subcommand (argv[0] is the program, argv[1] the subcommand).
-    let split = 2.min(argv.len());
-    let mut out = argv[..split].to_vec();
-    out.extend(extra);
-    out.extend_from_slice(&argv[split..]);
-    Ok(out)
-}
-
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn config_values_come_first_so_flags_win() {
-        let dir = std::env::temp_dir().join(format!("gw-cfg-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("c.yaml");
-        std::fs::write(
-            &path,
-            "max-num-seqs: 8\ntrust_request_mm_kwargs: true\nmedia-io-kwargs:\n  video:\n    num_frames: 40\nmodel: [a.gguf, b]\n",
-        )
-        .unwrap();
-        let argv: Vec<String> = [
-            "gateway",
-            "serve",
-            "--config",
-            path.to_str().unwrap(),
-            "--max-num-seqs",
-            "4",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
-        let expanded = expand_config(argv).unwrap();
-        let cli = Cli::try_parse_from(expanded).unwrap();
-        let Command::Serve(args) = cli.command else {
-            panic!("not serve")
-        };
-        assert_eq!(args.max_num_seqs, 4);
-        assert_eq!(args.max_logprobs, 20);
-        assert!(args.trust_request_mm_kwargs);
-        assert_eq!(args.model, vec!["a.gguf".to_string(), "b".to_string()]);
-        let media: serde_json::Value =
-            serde_json::from_str(args.media_io_kwargs.as_deref().unwrap()).unwrap();
-        assert_eq!(media["video"]["num_frames"], 40);
-    }
-
-    #[test]
-    fn activation_precision_defaults_to_q8_and_parses() {
-        let serve = |extra: &[&str]| {
-            let argv = ["gateway", "serve"].iter().chain(extra);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Command::Serve(args)) => Ok(args.activation_precision),
-                Ok(_) => panic!("not serve"),
-                Err(e) => Err(e),
-            }
-        };
-        assert_eq!(serve(&[]).unwrap(), ActivationMode::Q8);
-        assert_eq!(
-            serve(&["--activation-precision", "f32"]).unwrap(),
-            ActivationMode::F32
-        );
-        assert_eq!(
-            serve(&["--activation-precision", "q8"]).unwrap(),
-            ActivationMode::Q8
-        );
-        assert!(serve(&["--activation-precision", "fp16"]).is_err());
-    }
-
-    #[test]
-    fn kv_cache_dtype_defaults_to_auto_and_refuses_fp8_by_name() {
-        let serve = |extra: &[&str]| {
-            let argv = ["gateway", "serve"].iter().chain(extra);
-            match Cli::try_parse_from(argv).map(|c| c.command) {
-                Ok(Command::Serve(args)) => Ok(args.kv_cache_dtype),
-                Ok(_) => panic!("not serve"),
-                Err(e) => Err(e.to_string()),
-            }
-        };
-        use engine::model::KvDtype;
-        assert_eq!(serve(&[]).unwrap(), KvDtype::Auto);
-        assert_eq!(
-            serve(&["--kv-cache-dtype", "bfloat16"]).unwrap(),
-            KvDtype::Bfloat16
-        );
-        assert_eq!(
-            serve(&["--kv-cache-dtype", "float16"]).unwrap(),
-            KvDtype::Float16
-        );
-        let err = serve(&["--kv-cache-dtype", "fp8"]).unwrap_err();
-        assert!(err.contains("8-bit caches are not built"), "{err}");
-    }
-
-    #[test]
-    fn no_trust_flag_parses_and_last_wins() {
-        let cli = Cli::try_parse_from([
-            "gateway",
-            "serve",
-            "--trust-request-mm-kwargs",
-            "--no-trust-request-mm-kwargs",
-        ])
-        .unwrap();
-        let Command::Serve(args) = cli.command else {
-            panic!("not serve")
-        };
-        assert!(!args.trust_request_mm_kwargs);
-    }
-}
+mod tests;
