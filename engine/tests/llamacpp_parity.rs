@@ -28,16 +28,16 @@ const F32_TOLERANCE: f64 = 1e-3;
 const F32_MARGIN: f64 = 1e-3;
 /// Our quantised-activation mode against llama.cpp's quantised path, both measured from
 /// llama.cpp's f32 answer over its top-5 tokens: our mean log-probability distance at most
-/// [`Q8_MEAN_FACTOR`] times llama.cpp's, our largest at most [`Q8_LARGEST_FACTOR`] times
-/// llama.cpp's (one position's worst, a noisier figure), and a greedy difference only where
-/// the exact top-1 margin is at most [`Q8_MARGIN_FACTOR`] times the largest margin at which
-/// llama.cpp's own greedy differs (or [`Q8_MARGIN_FLOOR`]). Measured on AVX2 (2026-12-06),
-/// ours / llama.cpp's: mean 0.145-0.169 / 0.137-0.171, largest 1.15-1.65 / 0.90-1.60, greedy
-/// differences at margins up to 0.24 / 0.97.
+/// [`Q8_MEAN_FACTOR`] times llama.cpp's, and our largest (one position's worst, a noisier
+/// figure) at most [`Q8_LARGEST_FACTOR`] times llama.cpp's. Measured (2026-12-06), ours on
+/// AVX2 / ours on the portable kernels / llama.cpp's: mean 0.145-0.169 / 0.132-0.161 /
+/// 0.137-0.171, largest 1.15-1.65 / 0.97-1.96 / 0.90-1.60.
 const Q8_MEAN_FACTOR: f64 = 1.25;
 const Q8_LARGEST_FACTOR: f64 = 2.0;
-const Q8_MARGIN_FACTOR: f64 = 1.5;
-const Q8_MARGIN_FLOOR: f64 = 0.3;
+/// The greedy token of our quantised mode equals the exact one wherever the exact top-1 leads
+/// by at least this: llama.cpp's own quantised path differs at margins up to 0.97 on these
+/// files (ours measured up to 0.24 on AVX2, 0.45 on the portable kernels).
+const Q8_MARGIN: f64 = 1.0;
 
 fn out_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../models-cache/llamacpp-quants")
@@ -226,15 +226,10 @@ fn parity(ty: &str, expect_types: &[&str]) {
         "{ty}: q8 mean {} over {mean_bound}",
         q8_vs.mean
     );
-    let llama_margin = llama_q8_vs
-        .greedy_differs
-        .iter()
-        .map(|d| d.1)
-        .fold(0.0, f64::max);
     for &(pos, margin) in &q8_vs.greedy_differs {
         assert!(
-            margin <= (Q8_MARGIN_FACTOR * llama_margin).max(Q8_MARGIN_FLOOR),
-            "{ty}: q8 greedy differs at {pos} with margin {margin}; llama.cpp's q8 differs up to {llama_margin}"
+            margin < Q8_MARGIN,
+            "{ty}: q8 greedy differs at {pos} with margin {margin}"
         );
     }
 }
