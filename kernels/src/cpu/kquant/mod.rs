@@ -91,11 +91,24 @@ pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
 /// The 16 signed scales of a Q3_K block's 12 packed bytes.
 #[inline]
 pub(crate) fn q3k_scales(s: &[u8]) -> [i8; 16] {
+    // Four scales per u32 at once: scale `g`'s low nibble is nibble `g / 8` of byte `g % 8`,
+    // its high two bits are bits `2(g / 4)..` of byte `8 + g % 4`.
+    let word = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
+    let (a, b, h) = (word(0), word(1), word(2));
+    const NIB: u32 = 0x0F0F_0F0F;
+    const TWO: u32 = 0x0303_0303;
+    let packed = [
+        (a & NIB) | ((h & TWO) << 4),
+        (b & NIB) | (((h >> 2) & TWO) << 4),
+        ((a >> 4) & NIB) | (((h >> 4) & TWO) << 4),
+        ((b >> 4) & NIB) | (((h >> 6) & TWO) << 4),
+    ];
     let mut out = [0i8; 16];
-    for (g, o) in out.iter_mut().enumerate() {
-        let low = if g < 8 { s[g] & 0x0F } else { s[g - 8] >> 4 };
-        let high = (s[8 + g % 4] >> (2 * (g / 4))) & 3;
-        *o = (low | (high << 4)) as i8 - 32;
+    for (o, w) in out.chunks_exact_mut(4).zip(packed) {
+        for (v, byte) in o.iter_mut().zip(w.to_le_bytes()) {
+            // At most 63: the subtraction stays in range.
+            *v = byte as i8 - 32;
+        }
     }
     out
 }
