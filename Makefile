@@ -8,7 +8,7 @@ CARGO ?= cargo
 export CARGO_INCREMENTAL ?= 0
 ARGS ?=
 
-.PHONY: serve test deps models nvrtc sdk torch build lint fmt bench-gate
+.PHONY: serve test deps models nvrtc sdk torch llamacpp build lint fmt bench-gate
 
 deps:
 	@scripts/install-deps.sh
@@ -28,6 +28,11 @@ sdk:
 torch:
 	@scripts/fetch-torch.sh >/dev/null
 
+# llama.cpp's requantisations of the default model and its outputs on them, for the engine's
+# parity test against llama.cpp (builds llama-quantize the first time: about 10 min).
+llamacpp: models
+	@scripts/make-llamacpp-quants.sh >/dev/null
+
 build: deps
 	$(CARGO) build --release -p gateway
 
@@ -39,7 +44,7 @@ serve: deps models
 TEST_FEATURES = --features gateway/fault-inject
 
 # The GPU check's dry run takes its binaries from the test build, so it is given its features.
-test: deps models nvrtc sdk torch
+test: deps models nvrtc sdk torch llamacpp
 	$(CARGO) build -p gateway $(TEST_FEATURES)
 	$(CARGO) test --workspace --no-fail-fast $(TEST_FEATURES)
 	scripts/gpu-check.sh --dry-run $(TEST_FEATURES)

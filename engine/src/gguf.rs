@@ -190,10 +190,29 @@ impl GgmlType {
             1 => DType::F16,
             2 => DType::Q4_0,
             3 => DType::Q4_1,
+            6 => DType::Q5_0,
+            7 => DType::Q5_1,
             8 => DType::Q8_0,
+            10 => DType::Q2_K,
+            11 => DType::Q3_K,
+            12 => DType::Q4_K,
+            13 => DType::Q5_K,
+            14 => DType::Q6_K,
+            20 => DType::IQ4_NL,
+            23 => DType::IQ4_XS,
             30 => DType::BF16,
             _ => return None,
         })
+    }
+
+    /// Names of the types [`GgmlType::dtype`] maps, for messages.
+    pub fn supported_names() -> String {
+        let names: Vec<String> = (0..=u8::MAX)
+            .map(|id| GgmlType(id.into()))
+            .filter(|t| t.dtype().is_some())
+            .map(GgmlType::name)
+            .collect();
+        names.join(", ")
     }
 }
 
@@ -654,85 +673,4 @@ pub(crate) fn single_gguf(dir: &Path) -> Result<std::path::PathBuf> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn push_str(buf: &mut Vec<u8>, s: &str) {
-        buf.extend_from_slice(&(s.len() as u64).to_le_bytes());
-        buf.extend_from_slice(s.as_bytes());
-    }
-
-    /// A tiny GGUF with one metadata entry and one 2x32 F32 tensor.
-    fn tiny_gguf() -> Vec<u8> {
-        let mut b = Vec::new();
-        b.extend_from_slice(GGUF_MAGIC);
-        b.extend_from_slice(&3u32.to_le_bytes());
-        b.extend_from_slice(&1u64.to_le_bytes());
-        b.extend_from_slice(&2u64.to_le_bytes());
-        push_str(&mut b, "general.architecture");
-        b.extend_from_slice(&8u32.to_le_bytes());
-        push_str(&mut b, "llama");
-        push_str(&mut b, "list");
-        b.extend_from_slice(&9u32.to_le_bytes());
-        b.extend_from_slice(&5u32.to_le_bytes());
-        b.extend_from_slice(&2u64.to_le_bytes());
-        b.extend_from_slice(&7i32.to_le_bytes());
-        b.extend_from_slice(&(-1i32).to_le_bytes());
-        push_str(&mut b, "w");
-        b.extend_from_slice(&2u32.to_le_bytes());
-        b.extend_from_slice(&32u64.to_le_bytes());
-        b.extend_from_slice(&2u64.to_le_bytes());
-        b.extend_from_slice(&0u32.to_le_bytes());
-        b.extend_from_slice(&0u64.to_le_bytes());
-        while b.len() % 32 != 0 {
-            b.push(0);
-        }
-        for i in 0..64 {
-            b.extend_from_slice(&(i as f32).to_le_bytes());
-        }
-        b
-    }
-
-    /// Parse in-memory bytes (non-empty) through an anonymous read-only map.
-    fn parse_bytes(bytes: &[u8]) -> Result<GgufFile> {
-        assert!(!bytes.is_empty());
-        let mut m = memmap2::MmapMut::map_anon(bytes.len()).unwrap();
-        m.copy_from_slice(bytes);
-        GgufFile::parse("mem".into(), Arc::new(m.make_read_only().unwrap()))
-    }
-
-    #[test]
-    fn parses_tiny_file() {
-        let g = parse_bytes(&tiny_gguf()).unwrap();
-        assert_eq!(g.get_str("general.architecture").unwrap(), Some("llama"));
-        let list = g.get_array("list").unwrap().unwrap();
-        assert_eq!(list, &[MetaValue::I32(7), MetaValue::I32(-1)]);
-        let t = g.tensor("w").unwrap();
-        assert_eq!(t.dims, vec![32, 2]);
-        let data = g.tensor_data(t);
-        assert_eq!(data.len(), 256);
-        assert_eq!(f32::from_le_bytes(data[4..8].try_into().unwrap()), 1.0);
-    }
-
-    #[test]
-    fn every_truncation_is_a_load_error() {
-        let full = tiny_gguf();
-        for cut in 1..full.len() {
-            match parse_bytes(&full[..cut]) {
-                Err(EngineError::Load { .. }) => {}
-                other => panic!("cut at {cut}: expected a load error, got {other:?}"),
-            }
-        }
-    }
-
-    #[test]
-    fn corrupt_lengths_are_load_errors() {
-        let mut b = tiny_gguf();
-        // The first key's length field: absurdly large.
-        b[24..32].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(parse_bytes(&b), Err(EngineError::Load { .. })));
-        let mut b = tiny_gguf();
-        b[0] = b'X';
-        assert!(matches!(parse_bytes(&b), Err(EngineError::Load { .. })));
-    }
-}
+mod tests;

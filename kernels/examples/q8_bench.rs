@@ -2,9 +2,11 @@
 //! that both see the same machine load. Prints the best and mean time of each.
 //!
 //! ```text
-//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [q4_1|q4_0|q8_0] [M] [THREADS]
+//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [TYPE] [M] [THREADS]
 //! ```
-//! Defaults: 1536 x 576 (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread.
+//! TYPE is any quantised type by name (`q4_1`, `q4_k`, `iq4_xs`, ...). Defaults: 1536 x 576
+//! (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread. The K-quants need COLS a
+//! multiple of 256 (SmolLM2's FFN down: 576 x 1536).
 //! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level.
 
 use std::time::Instant;
@@ -23,11 +25,12 @@ fn run() -> Result<(), String> {
     let n: usize = arg(&args, 1, 1536)?;
     let k: usize = arg(&args, 2, 576)?;
     let reps: usize = arg(&args, 3, 200)?;
-    let dtype = match args.get(4).map(String::as_str) {
-        None | Some("q4_1") => DType::Q4_1,
-        Some("q4_0") => DType::Q4_0,
-        Some("q8_0") => DType::Q8_0,
-        Some(other) => return Err(format!("unknown type {other}")),
+    let dtype = match args.get(4) {
+        None => DType::Q4_1,
+        Some(name) => DType::ALL
+            .into_iter()
+            .find(|d| d.name().eq_ignore_ascii_case(name))
+            .ok_or_else(|| format!("unknown type {name}"))?,
     };
     let m: usize = arg(&args, 5, 1)?;
     let threads: usize = arg(&args, 6, 1)?;
@@ -35,7 +38,9 @@ fn run() -> Result<(), String> {
         .num_threads(threads)
         .build()
         .map_err(|e| e.to_string())?;
-    // Deterministic bytes; scales kept small and finite (f16 0x2020 ≈ 0.0083).
+    // Deterministic bytes. The leading scales of the 32-weight types are kept small and finite
+    // (f16 0x2020 ≈ 0.0083); the super-block types' scales take the pattern, which may make
+    // some outputs inf or NaN without changing the time.
     let bytes: Vec<u8> = (0..n * dtype.row_bytes(k))
         .map(|i| {
             let head = if dtype == DType::Q4_1 { 4 } else { 2 };

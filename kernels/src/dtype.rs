@@ -23,11 +23,22 @@ pub enum KernelError {
     Shape(String),
 }
 
-/// Element storage of a weight matrix. Block layouts follow ggml:
-/// - `Q8_0`: 32 weights = f16 scale `d` + 32 × i8; `w = d·q`.
-/// - `Q4_0`: 32 weights = f16 `d` + 16 bytes; weight `j < 16` is the low nibble of byte `j`,
+/// Element storage of a weight matrix. Block layouts follow ggml's `ggml-common.h` (all
+/// scales little-endian f16 unless said otherwise):
+/// - `Q8_0`: 32 weights = `d` + 32 × i8; `w = d·q`.
+/// - `Q4_0`: 32 weights = `d` + 16 bytes; weight `j < 16` is the low nibble of byte `j`,
 ///   weight `16 + j` its high nibble; `w = d·(q − 8)`.
-/// - `Q4_1`: 32 weights = f16 `d`, f16 `m` + 16 bytes (nibbles as Q4_0); `w = d·q + m`.
+/// - `Q4_1`: 32 weights = `d`, `m` + 16 bytes (nibbles as Q4_0); `w = d·q + m`.
+/// - `Q5_0`: 32 weights = `d`, `qh` (u32) + 16 bytes of nibbles as Q4_0; bit `j` of `qh` is
+///   the fifth bit of weight `j`; `w = d·(q − 16)`.
+/// - `Q5_1`: 32 weights = `d`, `m`, `qh` + 16 bytes (as Q5_0); `w = d·q + m`.
+/// - `IQ4_NL`: 32 weights = `d` + 16 bytes (nibbles as Q4_0) indexing a fixed table of 16
+///   signed levels; `w = d·table[q]`.
+/// - The K-quants hold 256 weights in sub-blocks of 16 or 32 with their own small scales:
+///   `Q2_K` (2-bit, 4-bit scale and min per 16), `Q3_K` (3-bit, 6-bit signed scale per 16),
+///   `Q4_K` / `Q5_K` (4/5-bit, 6-bit scale and min per 32), `Q6_K` (6-bit, i8 scale per 16);
+///   `IQ4_XS` is IQ4_NL's table with a 6-bit scale per 32. The bit packing of each is in
+///   `cpu/kquant.rs`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[allow(non_camel_case_types)]
 pub enum DType {
@@ -37,14 +48,47 @@ pub enum DType {
     Q8_0,
     Q4_0,
     Q4_1,
+    Q5_0,
+    Q5_1,
+    IQ4_NL,
+    Q2_K,
+    Q3_K,
+    Q4_K,
+    Q5_K,
+    Q6_K,
+    IQ4_XS,
 }
 
 impl DType {
+    /// Every type, float types first.
+    pub const ALL: [DType; 15] = [
+        DType::F32,
+        DType::F16,
+        DType::BF16,
+        DType::Q8_0,
+        DType::Q4_0,
+        DType::Q4_1,
+        DType::Q5_0,
+        DType::Q5_1,
+        DType::IQ4_NL,
+        DType::Q2_K,
+        DType::Q3_K,
+        DType::Q4_K,
+        DType::Q5_K,
+        DType::Q6_K,
+        DType::IQ4_XS,
+    ];
+
     /// Weights per block.
     pub const fn block_elems(self) -> usize {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 32,
+            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL => {
+                32
+            }
+            DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+                256
+            }
         }
     }
 
@@ -56,6 +100,15 @@ impl DType {
             DType::Q8_0 => 34,
             DType::Q4_0 => 18,
             DType::Q4_1 => 20,
+            DType::Q5_0 => 22,
+            DType::Q5_1 => 24,
+            DType::IQ4_NL => 18,
+            DType::Q2_K => 84,
+            DType::Q3_K => 110,
+            DType::Q4_K => 144,
+            DType::Q5_K => 176,
+            DType::Q6_K => 210,
+            DType::IQ4_XS => 136,
         }
     }
 
@@ -72,6 +125,15 @@ impl DType {
             DType::Q8_0 => "Q8_0",
             DType::Q4_0 => "Q4_0",
             DType::Q4_1 => "Q4_1",
+            DType::Q5_0 => "Q5_0",
+            DType::Q5_1 => "Q5_1",
+            DType::IQ4_NL => "IQ4_NL",
+            DType::Q2_K => "Q2_K",
+            DType::Q3_K => "Q3_K",
+            DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
+            DType::Q6_K => "Q6_K",
+            DType::IQ4_XS => "IQ4_XS",
         }
     }
 }

@@ -1,16 +1,18 @@
 //! Compute kernels for the engine's models: CPU kernels, and the CUDA kernels with the device
 //! layer that runs them ([`gpu`]).
 //!
-//! - [`DType`] and [`QMatrix`]: weight storage types (F32, F16, BF16, Q8_0, Q4_0, Q4_1) viewed
-//!   in place (a memory-mapped checkpoint is used as is; nothing is dequantised at load).
+//! - [`DType`] and [`QMatrix`]: weight storage types (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0,
+//!   Q5_1, IQ4_NL, the K-quants Q2_K..Q6_K and IQ4_XS, in ggml's block layouts) viewed in place
+//!   (a memory-mapped checkpoint is used as is; nothing is dequantised at load).
 //! - [`matmul`] / [`matmul_multi`]: `out = x · Wᵀ` with f32 activations. Few activation rows
 //!   (decode) run a fused kernel that dequantises each block inside the dot product; many rows
 //!   (prefill) dequantise weight tiles into a scratch buffer and call the `gemm` crate. Both keep
 //!   f32 accuracy.
 //! - [`matmul_q8`] / [`matmul_multi_q8`]: the same products with the activations quantised to
-//!   8-bit blocks ([`Q8Block`], [`quantize_row_q8`]) and integer dot products against Q4_0,
-//!   Q4_1 and Q8_0 weights (AVX2, AVX-VNNI or AVX-512 VNNI). Faster for decode; the
-//!   activations carry quantisation error.
+//!   8-bit blocks ([`Q8Block`] of 32 values, [`Q8KBlock`] of 256 for the super-block types)
+//!   and integer dot products against every quantised type (AVX2 for all; AVX-VNNI and
+//!   AVX-512 VNNI for Q4_0, Q4_1 and Q8_0). Faster for decode; the activations carry
+//!   quantisation error.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
 //! - [`sampling`]: the sampler's semantics, once: the CPU sampler runs it and the GPU sampling
 //!   kernel is tested against it.
@@ -32,8 +34,8 @@ pub use cpu::ops;
 pub use cpu::{
     add_layer_norm, cpu_features, cpu_isa, cpu_level, dequantize_row, erf, fused_attention,
     fused_attention_available, gemm_ab, gemm_abt, gemm_packed, gemm_packed_post, matmul,
-    matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8, softmax_rows,
-    Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob, PackedB, Q8Block, CPU_LEVEL_VAR,
-    Q8_BLOCK,
+    matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8, quantize_row_q8k,
+    softmax_rows, Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob, PackedB, Q8Block,
+    Q8KBlock, CPU_LEVEL_VAR, Q8_BLOCK, QK_K,
 };
 pub use dtype::{DType, KernelError, QMatrix};

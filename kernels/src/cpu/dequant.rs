@@ -1,5 +1,6 @@
 //! Scalar dequantisation (the reference semantics every fast path must match).
 
+use super::kquant::IQ4_LEVELS;
 use crate::DType;
 
 #[inline]
@@ -71,5 +72,55 @@ pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 }
             }
         }
+        DType::Q5_0 | DType::Q5_1 => {
+            let has_min = dtype == DType::Q5_1;
+            let head = if has_min { 4 } else { 2 };
+            for (blk, o) in bytes
+                .chunks_exact(dtype.block_bytes())
+                .zip(out.chunks_exact_mut(32))
+            {
+                let d = f16_at(blk, 0);
+                let qh =
+                    u32::from_le_bytes([blk[head], blk[head + 1], blk[head + 2], blk[head + 3]]);
+                let q = q5_quants(&blk[head + 4..head + 20], qh);
+                if has_min {
+                    let m = f16_at(blk, 2);
+                    for (w, &q) in o.iter_mut().zip(&q) {
+                        *w = d * f32::from(q) + m;
+                    }
+                } else {
+                    for (w, &q) in o.iter_mut().zip(&q) {
+                        *w = d * (f32::from(q) - 16.0);
+                    }
+                }
+            }
+        }
+        DType::IQ4_NL => {
+            for (blk, o) in bytes.chunks_exact(18).zip(out.chunks_exact_mut(32)) {
+                let d = f16_at(blk, 0);
+                let (lo, hi) = o.split_at_mut(16);
+                for j in 0..16 {
+                    let q = blk[2 + j];
+                    lo[j] = d * f32::from(IQ4_LEVELS[usize::from(q & 0x0F)]);
+                    hi[j] = d * f32::from(IQ4_LEVELS[usize::from(q >> 4)]);
+                }
+            }
+        }
+        DType::Q2_K | DType::Q3_K | DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS => {
+            super::kquant::dequantize(dtype, bytes, out)
+        }
     }
+}
+
+/// The 32 unsigned 5-bit quants of a Q5_0 / Q5_1 block: nibbles as Q4_0, bit `j` of `qh`
+/// the fifth bit of weight `j`.
+#[inline]
+pub(crate) fn q5_quants(nibbles: &[u8], qh: u32) -> [u8; 32] {
+    let mut q = [0u8; 32];
+    for j in 0..16 {
+        let b = nibbles[j];
+        q[j] = (b & 0x0F) | ((((qh >> j) & 1) as u8) << 4);
+        q[16 + j] = (b >> 4) | ((((qh >> (16 + j)) & 1) as u8) << 4);
+    }
+    q
 }

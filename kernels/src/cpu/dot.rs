@@ -84,16 +84,17 @@ pub(crate) fn dot_rows(isa: Isa, a: &DotArgs<'_>, out: &mut [f32]) {
 fn scalar_dot(a: &DotArgs<'_>, out: &mut [f32]) {
     let rows = out.len();
     let mut acc = [0f32; MAX_R];
-    let mut buf = [0f32; 32];
+    let mut buf = [0f32; 256];
     let be = a.dtype.block_elems();
     let bb = a.dtype.block_bytes();
-    // Work in groups of 32 weights (whole blocks for the quantised types).
-    let group = 32usize;
+    // Work in groups of 32 weights, or whole blocks where they are larger.
+    let group = be.max(32);
+    let buf = &mut buf[..group];
     let full = a.k / group * group;
     let per_group_bytes = group / be * bb;
     for g in 0..full / group {
         let wb = &a.w[g * per_group_bytes..(g + 1) * per_group_bytes];
-        super::dequant::dequantize_row(a.dtype, wb, &mut buf);
+        super::dequant::dequantize_row(a.dtype, wb, buf);
         for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
             let xr = &a.x[r * a.x_stride + g * group..][..group];
             let mut s = 0f32;
@@ -112,7 +113,7 @@ fn scalar_dot(a: &DotArgs<'_>, out: &mut [f32]) {
             DType::F16 => f16_at(a.w, 2 * i),
             DType::BF16 => bf16_at(a.w, 2 * i),
             // Quantised rows are block-aligned: no tail.
-            DType::Q8_0 | DType::Q4_0 | DType::Q4_1 => 0.0,
+            _ => 0.0,
         };
         for (r, acc_r) in acc.iter_mut().enumerate().take(rows) {
             *acc_r += w * a.x[r * a.x_stride + i];
@@ -253,6 +254,37 @@ mod x86 {
                         let p = partial!(R, q, x.add(b * 32), a.x_stride);
                         for r in 0..R {
                             acc[r] = _mm256_fmadd_ps(d, p[r], acc[r]);
+                        }
+                    }
+                }
+                DType::Q5_0
+                | DType::Q5_1
+                | DType::IQ4_NL
+                | DType::Q2_K
+                | DType::Q3_K
+                | DType::Q4_K
+                | DType::Q5_K
+                | DType::Q6_K
+                | DType::IQ4_XS => {
+                    // Dequantise a block at a time into the stack, then the float kernel.
+                    let be = a.dtype.block_elems();
+                    let bb = a.dtype.block_bytes();
+                    let mut buf = [0f32; 256];
+                    for blk in 0..a.k / be {
+                        let wb = &a.w[blk * bb..(blk + 1) * bb];
+                        super::super::dequant::dequantize_row(a.dtype, wb, &mut buf[..be]);
+                        for g in 0..be / 32 {
+                            let bp = buf.as_ptr().add(32 * g);
+                            let q = [
+                                _mm256_loadu_ps(bp),
+                                _mm256_loadu_ps(bp.add(8)),
+                                _mm256_loadu_ps(bp.add(16)),
+                                _mm256_loadu_ps(bp.add(24)),
+                            ];
+                            let p = partial!(R, q, x.add(blk * be + 32 * g), a.x_stride);
+                            for r in 0..R {
+                                acc[r] = _mm256_add_ps(acc[r], p[r]);
+                            }
                         }
                     }
                 }

@@ -10,8 +10,10 @@ use rayon::prelude::*;
 
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use super::features::cpu_isa;
+use super::kquant::MAX_XK;
+use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::q8::Q8_BLOCK;
-use super::q8::{dot_q8, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
+use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
 use crate::{DType, KernelError, QMatrix};
 
 /// Up to this many activation rows use the fused kernels; more use tiles + GEMM.
@@ -20,6 +22,8 @@ pub const FUSED_MAX_ROWS: usize = 16;
 const FUSED_CHUNK_MIN: usize = 16;
 /// Weight rows per integer-kernel call (its outputs go through a stack buffer).
 const Q8_SUB_ROWS: usize = 64;
+// The stack buffer holds `MAX_X` activation rows, enough for either kernel family.
+const _: () = assert!(MAX_XK <= MAX_X);
 /// Weight rows per dequantised tile in the GEMM path.
 const TILE_ROWS: usize = 64;
 
@@ -71,11 +75,11 @@ pub fn matmul_multi(
     Ok(())
 }
 
-/// [`matmul`] with the activations quantised to [`Q8Block`]s first and integer dot products
-/// against the weight blocks (Q4_0, Q4_1 and Q8_0 weights). Faster than the f32 path where
-/// the weights dominate (decode), at the cost of quantisation error in the activations
-/// (relative error about `1/254` of each block's largest value). Other weight types fall back
-/// to [`matmul`].
+/// [`matmul`] with the activations quantised first ([`Q8Block`]s of 32 for the 32-weight
+/// block types, [`Q8KBlock`]s of 256 for the K-quants and IQ4_XS) and integer dot products
+/// against the weight blocks. Faster than the f32 path where the weights dominate (decode), at
+/// the cost of quantisation error in the activations (relative error about `1/254` of each
+/// block's largest value). Float weights fall back to [`matmul`].
 pub fn matmul_q8(
     x: &[f32],
     m: usize,
@@ -266,10 +270,22 @@ fn tiled(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumula
 
 fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
     let isa = cpu_isa();
+    // Each weight family reads its own activation blocks: quantise only those needed.
     let nb = k / Q8_BLOCK;
-    let mut xq = vec![Q8Block::default(); m * nb];
-    for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
-        quantize_row_q8(xr, qr);
+    let nbk = k / QK_K;
+    let mut xq = Vec::new();
+    if jobs.iter().any(|j| q8_blocks(j.w.dtype())) {
+        xq = vec![Q8Block::default(); m * nb];
+        for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
+            quantize_row_q8(xr, qr);
+        }
+    }
+    let mut xqk = Vec::new();
+    if jobs.iter().any(|j| is_super_block(j.w.dtype())) {
+        xqk = vec![Q8KBlock::default(); m * nbk];
+        for (xr, qr) in x.chunks_exact(k).zip(xqk.chunks_exact_mut(nbk)) {
+            quantize_row_q8k(xr, qr);
+        }
     }
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.w.rows()).sum();
@@ -282,13 +298,16 @@ fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accum
         .iter_mut()
         .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
         .collect();
-    let xq = &xq;
+    let (xq, xqk) = (&xq, &xqk);
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
-        let row_bytes = w.dtype().row_bytes(k);
+        let dtype = w.dtype();
+        let row_bytes = dtype.row_bytes(k);
+        let super_block = is_super_block(dtype);
+        let x_max = if super_block { MAX_XK } else { MAX_X };
         // Two weight rows per pass share the activation loads; Q8_0 rows (34-byte blocks)
         // stream from memory faster one at a time (measured on AVX-512 hardware).
-        let w_step = if w.dtype() == DType::Q8_0 { 1 } else { MAX_W };
+        let w_step = if dtype == DType::Q8_0 { 1 } else { MAX_W };
         let mut vals = [0f32; Q8_SUB_ROWS * MAX_X];
         let mut row = r0;
         while row < r1 {
@@ -296,15 +315,26 @@ fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accum
             let wbytes = &w.data()[row * row_bytes..(row + wr) * row_bytes];
             let mut g = 0;
             while g < m {
-                let xr = (m - g).min(MAX_X);
-                let args = Q8Args {
-                    dtype: w.dtype(),
-                    w: wbytes,
-                    w_stride: row_bytes,
-                    x: &xq[g * nb..(g + xr) * nb],
-                    nb,
-                };
-                dot_q8(isa, &args, wr, w_step, xr, &mut vals);
+                let xr = (m - g).min(x_max);
+                if super_block {
+                    let args = Q8KArgs {
+                        dtype,
+                        w: wbytes,
+                        w_stride: row_bytes,
+                        x: &xqk[g * nbk..(g + xr) * nbk],
+                        nb: nbk,
+                    };
+                    dot_q8k(isa, &args, wr, xr, &mut vals);
+                } else {
+                    let args = Q8Args {
+                        dtype,
+                        w: wbytes,
+                        w_stride: row_bytes,
+                        x: &xq[g * nb..(g + xr) * nb],
+                        nb,
+                    };
+                    dot_q8(isa, &args, wr, w_step, xr, &mut vals);
+                }
                 for i in 0..wr {
                     for jx in 0..xr {
                         let v = vals[i * xr + jx];

@@ -2,7 +2,8 @@
 //! ([`features`]).
 //!
 //! - Weight storage and the decoder's products: [`dequant`], [`dot`] (fused dequantise-and-dot),
-//!   [`q8`] (integer dot products against quantised activations), [`matmul`] (the drivers),
+//!   [`q8`] (integer dot products against quantised activations), [`kquant`] (the 256-weight
+//!   super-block types and their integer kernels), [`matmul`] (the drivers),
 //!   [`dense`] (plain f32 GEMMs through the `gemm` crate), [`ops`] (norms, RoPE, softmax, ...).
 //! - The encoder's compute: [`gemm`] (f32 GEMM over pre-packed B), [`encoder`] (LayerNorm,
 //!   GELU, row softmax) and [`attention`] (fused self-attention).
@@ -63,6 +64,7 @@ pub(crate) mod dot;
 pub(crate) mod encoder;
 pub(crate) mod features;
 pub(crate) mod gemm;
+pub(crate) mod kquant;
 pub(crate) mod matmul;
 pub mod ops;
 pub(crate) mod q8;
@@ -75,6 +77,7 @@ pub use dequant::dequantize_row;
 pub use encoder::{add_layer_norm, erf, softmax_rows, Activation};
 pub use features::{cpu_features, cpu_isa, cpu_level, CpuFeatures, CpuLevel, Isa, CPU_LEVEL_VAR};
 pub use gemm::{gemm_packed, gemm_packed_post, Epilogue, PackedB};
+pub use kquant::{quantize_row_q8k, Q8KBlock, QK_K};
 pub use matmul::{matmul, matmul_multi, matmul_multi_q8, matmul_q8, MatmulJob};
 pub use q8::{q8_supports, quantize_row_q8, Q8Block, Q8_BLOCK};
 

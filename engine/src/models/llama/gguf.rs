@@ -53,8 +53,9 @@ impl Loader<'_> {
         let t = self.info(name)?;
         t.ggml_type.dtype().ok_or_else(|| {
             self.g.error(format!(
-                "tensor '{name}' has type {}, which is not supported (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
-                t.ggml_type
+                "tensor '{name}' has type {}, which is not supported (supported: {})",
+                t.ggml_type,
+                crate::gguf::GgmlType::supported_names()
             ))
         })
     }

@@ -7,16 +7,20 @@
 //!
 //! - Q4_1 (`w = d_w·q_w + m_w`, `q_w` in 0..16): `d_w·d_x·Σ q_w·q_x + m_w·s_x`;
 //! - Q4_0 (`w = d_w·(q_w − 8)`): the same with `m_w = −8·d_w`;
-//! - Q8_0 (`w = d_w·q_w`, `q_w` signed): `d_w·d_x·Σ q_w·q_x`.
+//! - Q5_1 and Q5_0 as Q4_1 and Q4_0, with `q_w` in 0..32 and `m_w = −16·d_w` for Q5_0;
+//! - Q8_0 (`w = d_w·q_w`, `q_w` signed): `d_w·d_x·Σ q_w·q_x`;
+//! - IQ4_NL as Q8_0, `q_w` its table's level.
 //!
-//! The integer sums are exact on every SIMD level (the products fit: `15·127·2` and
+//! The integer sums are exact on every SIMD level (the products fit: `31·127·2` and
 //! `128·127·2` stay inside the `i16` pair sums of `maddubs`); only the order of the final f32
-//! accumulation differs between levels.
+//! accumulation differs between levels. The 256-weight types pair with 256-value activation
+//! blocks instead (`super::kquant`).
 //!
 //! Rounding is half-to-even through the `1.5·2^23` trick, which is plain f32 arithmetic and so
 //! gives the same quants in any implementation.
 
 use super::features::{CpuLevel, Isa};
+use super::kquant::IQ4_LEVELS;
 use crate::DType;
 
 /// Values per activation block.
@@ -31,14 +35,46 @@ pub struct Q8Block {
     pub qs: [i8; Q8_BLOCK],
 }
 
-/// Whether the integer kernels handle weights of `dtype`.
+/// Whether the integer kernels handle weights of `dtype` (every quantised type: the 32-weight
+/// blocks against [`Q8Block`]s, the 256-weight super-blocks against
+/// [`crate::Q8KBlock`]s).
 pub fn q8_supports(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q8_0)
+    q8_blocks(dtype) || super::kquant::is_super_block(dtype)
+}
+
+/// Whether `dtype` is a 32-weight block type the [`Q8Block`] kernels take.
+pub(crate) fn q8_blocks(dtype: DType) -> bool {
+    matches!(
+        dtype,
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4_NL
+    )
 }
 
 /// Adding then subtracting this rounds an f32 of magnitude below 2^22 to the nearest integer,
 /// ties to even (under the default rounding mode, which Rust assumes).
 const ROUND_MAGIC: f32 = 12_582_912.0;
+
+/// `v` rounded half to even and clamped to ±127 (NaN gives 0).
+#[inline]
+pub(crate) fn round_to_i8(v: f32) -> i8 {
+    // In range after the clamp; NaN stays NaN through the clamp and casts to 0.
+    ((v + ROUND_MAGIC) - ROUND_MAGIC).clamp(-127.0, 127.0) as i8
+}
+
+/// The step `d = max|x| / 127` of a block of activations, and its inverse (0 for an all-zero
+/// block).
+pub(crate) fn block_scale(c: &[f32]) -> (f32, f32) {
+    let mut amax = 0f32;
+    for &v in c {
+        let a = v.abs();
+        // NaN never wins: the block then quantises as if it were absent.
+        if a > amax {
+            amax = a;
+        }
+    }
+    let d = amax / 127.0;
+    (d, if d > 0.0 { 1.0 / d } else { 0.0 })
+}
 
 /// Quantise `x` (a multiple of 32 values) into `out` (`x.len() / 32` blocks).
 ///
@@ -52,23 +88,11 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
         out.len()
     );
     for (blk, c) in out.iter_mut().zip(x.chunks_exact(Q8_BLOCK)) {
-        let mut amax = 0f32;
-        for &v in c {
-            let a = v.abs();
-            // NaN never wins: the block then quantises as if it were absent.
-            if a > amax {
-                amax = a;
-            }
-        }
-        let d = amax / 127.0;
-        let id = if d > 0.0 { 1.0 / d } else { 0.0 };
+        let (d, id) = block_scale(c);
         let mut sum = 0i32;
         for (q, &v) in blk.qs.iter_mut().zip(c) {
-            let r = ((v * id + ROUND_MAGIC) - ROUND_MAGIC).clamp(-127.0, 127.0);
-            // In range after the clamp (NaN casts to 0).
-            let r = r as i32;
-            *q = r as i8;
-            sum += r;
+            *q = round_to_i8(v * id);
+            sum += i32::from(*q);
         }
         blk.d = d;
         blk.s = d * sum as f32;
@@ -110,7 +134,7 @@ pub(crate) fn dot_q8(
     x_rows: usize,
     out: &mut [f32],
 ) {
-    assert!(q8_supports(a.dtype), "dot_q8: {} weights", a.dtype);
+    assert!(q8_blocks(a.dtype), "dot_q8: {} weights", a.dtype);
     assert!(
         (1..=MAX_W).contains(&w_step) && (1..=MAX_X).contains(&x_rows),
         "dot_q8: {w_step} x {x_rows}"
@@ -134,38 +158,75 @@ pub(crate) fn dot_q8(
     }
 }
 
-/// `Σ q_w·q_x` of weight block `blk` (its quants as stored: nibbles for Q4, `i8` for Q8_0)
-/// and activation quants `xq`, with the weight's `(d, m)` (`m` already `−8d` for Q4_0, 0 for
-/// Q8_0).
-pub(crate) fn block_int_dot(dtype: DType, blk: &[u8], xq: &[i8; 32]) -> (i32, f32, f32) {
-    let d = super::dequant::f16_at(blk, 0);
-    match dtype {
+/// The 32 quants of weight block `blk` as the integer kernels multiply them (unsigned 0..32
+/// for the 4- and 5-bit types, signed for Q8_0 and IQ4_NL's levels), with the weight's
+/// `(d, m)` (`m` is `−8d` for Q4_0, `−16d` for Q5_0, 0 for the signed types).
+pub(crate) fn block_quants(dtype: DType, blk: &[u8]) -> ([i8; 32], f32, f32) {
+    use super::dequant::{f16_at, q5_quants};
+    let d = f16_at(blk, 0);
+    let mut q = [0i8; 32];
+    let m = match dtype {
         DType::Q4_0 | DType::Q4_1 => {
             let (m, qoff) = if dtype == DType::Q4_1 {
-                (super::dequant::f16_at(blk, 2), 4)
+                (f16_at(blk, 2), 4)
             } else {
                 (-8.0 * d, 2)
             };
-            let mut s = 0i32;
             for (j, &b) in blk[qoff..qoff + 16].iter().enumerate() {
-                s += i32::from(b & 0x0F) * i32::from(xq[j]);
-                s += i32::from(b >> 4) * i32::from(xq[16 + j]);
+                q[j] = (b & 0x0F) as i8;
+                q[16 + j] = (b >> 4) as i8;
             }
-            (s, d, m)
+            m
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            let (m, head) = if dtype == DType::Q5_1 {
+                (f16_at(blk, 2), 4)
+            } else {
+                (-16.0 * d, 2)
+            };
+            let qh = u32::from_le_bytes([blk[head], blk[head + 1], blk[head + 2], blk[head + 3]]);
+            for (o, v) in q.iter_mut().zip(q5_quants(&blk[head + 4..head + 20], qh)) {
+                *o = v as i8;
+            }
+            m
+        }
+        DType::IQ4_NL => {
+            for (j, &b) in blk[2..18].iter().enumerate() {
+                q[j] = IQ4_LEVELS[usize::from(b & 0x0F)];
+                q[16 + j] = IQ4_LEVELS[usize::from(b >> 4)];
+            }
+            0.0
         }
         _ => {
-            let mut s = 0i32;
-            for (&b, &x) in blk[2..34].iter().zip(xq) {
-                s += i32::from(b as i8) * i32::from(x);
+            for (o, &b) in q.iter_mut().zip(&blk[2..34]) {
+                *o = b as i8;
             }
-            (s, d, 0.0)
+            0.0
         }
-    }
+    };
+    (q, d, m)
+}
+
+/// `Σ q_w·q_x` of weight block `blk` and activation quants `xq`, with the weight's `(d, m)`
+/// as [`block_quants`] gives them.
+pub(crate) fn block_int_dot(dtype: DType, blk: &[u8], xq: &[i8; 32]) -> (i32, f32, f32) {
+    let (q, d, m) = block_quants(dtype, blk);
+    let s = q
+        .iter()
+        .zip(xq)
+        .map(|(&w, &x)| i32::from(w) * i32::from(x))
+        .sum();
+    (s, d, m)
+}
+
+/// Whether `dtype`'s integer kernel adds a minimum term `m·s_x`.
+pub(crate) fn has_min(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1)
 }
 
 fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
     let bb = a.dtype.block_bytes();
-    let has_min = matches!(a.dtype, DType::Q4_0 | DType::Q4_1);
+    let has_min = has_min(a.dtype);
     for i in 0..w_rows {
         let wrow = &a.w[i * a.w_stride..];
         for j in 0..x_rows {

@@ -178,6 +178,9 @@ pub(super) unsafe fn dispatch(
         };
     }
     match level {
+        // The AVX-VNNI and AVX-512 builds of Q5_0, Q5_1 and IQ4_NL have not run on hardware
+        // that has them: those types take the AVX2 kernels, which every such CPU runs.
+        _ if matches!(a.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL) => by_shape!(avx2),
         CpuLevel::Avx512Vnni if matches!(a.dtype, DType::Q4_0 | DType::Q4_1) => {
             by_shape!(zmm_q4)
         }
@@ -202,13 +205,55 @@ macro_rules! int_kernels {
                 $dot
             }
 
+            /// 16 in each byte `j` whose bit `j` of `qh` is set (the fifth bits of a Q5
+            /// block, in weight order), 0 elsewhere.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn fifth_bits(qh: u32) -> __m256i {
+                // Byte `j` gets byte `j / 8` of `qh`, then tests its bit `j % 8`.
+                let spread = _mm256_shuffle_epi8(
+                    _mm256_set1_epi32(qh as i32),
+                    _mm256_set_epi64x(
+                        0x0303_0303_0303_0303,
+                        0x0202_0202_0202_0202,
+                        0x0101_0101_0101_0101,
+                        0,
+                    ),
+                );
+                let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201_u64 as i64);
+                let set = _mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit);
+                _mm256_and_si256(set, _mm256_set1_epi8(16))
+            }
+
+            /// The 32 signed levels of the IQ4_NL nibbles at `qs` (16 bytes), in weight
+            /// order.
+            ///
+            /// # Safety
+            /// `qs` must point to 16 readable bytes.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn iq4nl_levels(qs: *const u8) -> __m256i {
+                let levels = crate::cpu::kquant::IQ4_LEVELS.map(|v| v as u8);
+                // SAFETY: `levels` is 16 bytes; the caller vouches for `qs`.
+                let (table, raw) = unsafe {
+                    (
+                        _mm_loadu_si128(levels.as_ptr() as *const __m128i),
+                        _mm_loadu_si128(qs as *const __m128i),
+                    )
+                };
+                let mask = _mm_set1_epi8(0x0F);
+                let lo = _mm_and_si128(raw, mask);
+                let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo))
+            }
+
             /// `out[i * X + j] = w_i · x_j` for `rows` weight rows, `W` per pass, and `X`
             /// activation rows.
             ///
             /// # Safety
             /// The features of this module must be available; `a` must hold `rows`
             /// weight rows and `X` activation rows of `a.nb` blocks, `out` `rows * X`
-            /// floats, and `a.dtype` must be Q4_0, Q4_1 or Q8_0 (all checked by
+            /// floats, and `a.dtype` must be a 32-weight block type (all checked by
             /// `dot_q8`).
             #[target_feature(enable = $features)]
             pub(super) unsafe fn rows<const W: usize, const X: usize>(
@@ -259,10 +304,14 @@ macro_rules! int_kernels {
                 let mut t = [[_mm256_setzero_ps(); X]; W];
                 unsafe {
                     match a.dtype {
-                        DType::Q4_0 | DType::Q4_1 => {
-                            let has_min = a.dtype == DType::Q4_1;
-                            let bb = if has_min { 20 } else { 18 };
-                            let qoff = if has_min { 4 } else { 2 };
+                        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
+                            let has_min = matches!(a.dtype, DType::Q4_1 | DType::Q5_1);
+                            let five = matches!(a.dtype, DType::Q5_0 | DType::Q5_1);
+                            let bb = a.dtype.block_bytes();
+                            // The nibbles follow the scales and, in Q5, the fifth bits.
+                            let qoff = 2 + 2 * usize::from(has_min) + 4 * usize::from(five);
+                            // The minimum of the types without one: the quant offset.
+                            let offset = if five { -16.0 } else { -8.0 };
                             let mask = _mm_set1_epi8(0x0F);
                             macro_rules! q4_block {
                                 ($bi:expr, $first:expr) => {{
@@ -276,6 +325,11 @@ macro_rules! int_kernels {
                                         let lo = _mm_and_si128(raw, mask);
                                         let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
                                         wq[i] = _mm256_set_m128i(hi, lo);
+                                        if five {
+                                            let qh =
+                                                (blk.add(qoff - 4) as *const u32).read_unaligned();
+                                            wq[i] = _mm256_or_si256(wq[i], fifth_bits(qh));
+                                        }
                                         let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
                                             (blk as *const i32).read_unaligned(),
                                         ));
@@ -283,7 +337,7 @@ macro_rules! int_kernels {
                                         mw[i] = if has_min {
                                             _mm_cvtss_f32(_mm_movehdup_ps(dm))
                                         } else {
-                                            -8.0 * dw[i]
+                                            offset * dw[i]
                                         };
                                     }
                                     for j in 0..X {
@@ -318,6 +372,9 @@ macro_rules! int_kernels {
                             }
                         }
                         _ => {
+                            // Q8_0, or IQ4_NL's levels looked up into the same signed bytes.
+                            let nl = a.dtype == DType::IQ4_NL;
+                            let bb = a.dtype.block_bytes();
                             macro_rules! q8_block {
                                 ($bi:expr, $first:expr) => {{
                                     let b = $bi;
@@ -325,8 +382,12 @@ macro_rules! int_kernels {
                                     let mut ws = [_mm256_setzero_si256(); W];
                                     let mut dw = [0f32; W];
                                     for i in 0..W {
-                                        let blk = w.add(i * a.w_stride + b * 34);
-                                        let q = _mm256_loadu_si256(blk.add(2) as *const __m256i);
+                                        let blk = w.add(i * a.w_stride + b * bb);
+                                        let q = if nl {
+                                            iq4nl_levels(blk.add(2))
+                                        } else {
+                                            _mm256_loadu_si256(blk.add(2) as *const __m256i)
+                                        };
                                         // |w| as unsigned bytes (−128 becomes 128); the
                                         // sign moves onto the activations below.
                                         wa[i] = _mm256_sign_epi8(q, q);

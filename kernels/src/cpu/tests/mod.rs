@@ -19,14 +19,10 @@ impl Rng {
     }
 }
 
-const ALL: [DType; 6] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::Q8_0,
-    DType::Q4_0,
-    DType::Q4_1,
-];
+/// The types whose blocks are at most 32 weights (the shapes below are multiples of 32).
+fn all() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|d| d.block_elems() <= 32)
+}
 
 fn push_f16(b: &mut Vec<u8>, v: f32) {
     b.extend_from_slice(&half::f16::from_f32(v).to_bits().to_le_bytes());
@@ -53,9 +49,30 @@ fn random_matrix(rng: &mut Rng, dtype: DType, rows: usize, cols: usize) -> Vec<u
                 }
                 (0..16).for_each(|_| b.push(rng.next_u32() as u8));
             }),
+            // Random quants and packed sub-scales, small finite f16 scales.
+            other => (0..cols / other.block_elems()).for_each(|_| {
+                let start = b.len();
+                (0..other.block_bytes()).for_each(|_| b.push(rng.next_u32() as u8));
+                for &off in scale_fields(other) {
+                    let v = half::f16::from_f32(rng.f32() * 0.01).to_bits();
+                    b[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }),
         }
     }
     b
+}
+
+/// Byte offsets of the f16 scales in a block of `dtype` (the quantised types not built by
+/// hand above).
+fn scale_fields(dtype: DType) -> &'static [usize] {
+    match dtype {
+        DType::Q5_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q2_K => &[80, 82],
+        DType::Q3_K => &[108],
+        DType::Q6_K => &[208],
+        _ => &[0],
+    }
 }
 
 /// f64 reference: dequantise each row, dot in f64.
@@ -128,7 +145,7 @@ fn dequantize_known_blocks() {
 fn fused_kernels_match_reference(isa: Isa) {
     let mut rng = Rng(0x9E37_79B9_7F4A_7C15);
     let (n, k) = (5, 96);
-    for dtype in ALL {
+    for dtype in all() {
         let bytes = random_matrix(&mut rng, dtype, n, k);
         let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
         for rows in 1..=8 {
@@ -164,7 +181,7 @@ mod fused_kernels_match_reference {
 #[test]
 fn matmul_paths_match_reference() {
     let mut rng = Rng(42);
-    for dtype in ALL {
+    for dtype in all() {
         for &(n, k) in &[(7usize, 64usize), (130, 160)] {
             let bytes = random_matrix(&mut rng, dtype, n, k);
             let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
@@ -327,3 +344,4 @@ fn rope_layouts_agree_after_permutation() {
 }
 
 mod q8;
+mod reference;

@@ -1,10 +1,13 @@
 //! Quantised activations: the quantiser, every integer kernel level, the drivers.
 
-use super::super::q8::{dot_q8, Q8Args, MAX_W, MAX_X};
+use super::super::q8::{dot_q8, q8_blocks, Q8Args, MAX_W, MAX_X};
 use super::*;
 use crate::{matmul_multi_q8, matmul_q8, quantize_row_q8, Q8Block};
 
-const Q8_TYPES: [DType; 3] = [DType::Q8_0, DType::Q4_0, DType::Q4_1];
+/// The 32-weight block types, which the [`Q8Block`] kernels take.
+fn q8_types() -> impl Iterator<Item = DType> {
+    DType::ALL.into_iter().filter(|&d| q8_blocks(d))
+}
 
 #[test]
 fn q8_quantisation_rounds_and_sums() {
@@ -56,7 +59,14 @@ fn exact_inputs(rng: &mut Rng, dtype: DType, rows: usize, nb: usize) -> (Vec<u8>
                 push_f16(&mut w, m);
                 (0..16).for_each(|_| w.push(rng.next_u32() as u8));
             }
-            DType::Q4_0 => (0..16).for_each(|_| w.push(rng.next_u32() as u8)),
+            DType::Q4_0 | DType::IQ4_NL => (0..16).for_each(|_| w.push(rng.next_u32() as u8)),
+            DType::Q5_0 | DType::Q5_1 => {
+                if dtype == DType::Q5_1 {
+                    let m = sign(rng) * pick(rng);
+                    push_f16(&mut w, m);
+                }
+                (0..20).for_each(|_| w.push(rng.next_u32() as u8));
+            }
             // Include −128, which only weights can hold.
             _ => (0..32).for_each(|_| w.push(rng.next_u32() as u8)),
         }
@@ -95,7 +105,7 @@ fn exact_dot(dtype: DType, wrow: &[u8], x: &[Q8Block]) -> f64 {
 fn q8_kernels_exact(isa: Isa) {
     let mut rng = Rng(0xDEAD_BEEF);
     // An odd block count exercises the kernels' lone last block.
-    for (dtype, nb) in Q8_TYPES.iter().flat_map(|&d| [(d, 7usize), (d, 8)]) {
+    for (dtype, nb) in q8_types().flat_map(|d| [(d, 7usize), (d, 8)]) {
         let rb = dtype.row_bytes(nb * 32);
         let (w, x) = exact_inputs(&mut rng, dtype, 5, nb);
         // 1..=5 weight rows in passes of 1 or 2 (with a one-row tail), 1..=4 activation rows.
@@ -158,7 +168,7 @@ fn q8_error_bound(x: &[f32], m: usize, w: &QMatrix<'_>) -> Vec<f64> {
 #[test]
 fn matmul_q8_within_quantisation_error() {
     let mut rng = Rng(99);
-    for dtype in Q8_TYPES {
+    for dtype in q8_types() {
         for &(n, k) in &[(7usize, 64usize), (130, 160), (33, 576)] {
             let bytes = random_matrix(&mut rng, dtype, n, k);
             let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
