@@ -11,7 +11,6 @@
 //! the sequence: a preempted sequence is recomputed without sampling again, so its matcher is
 //! advanced exactly once per generated token.
 
-use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
@@ -22,6 +21,10 @@ use tokenizers::Tokenizer;
 
 use crate::api::{Constraint, SamplingParams};
 use crate::error::{EngineError, Result};
+
+mod closer;
+
+use closer::{json_schema_of, refuse_a_budget_below_the_shortest_reply, Closer};
 
 /// Compiles grammars for one model's vocabulary.
 pub struct GuideFactory {
@@ -245,42 +248,6 @@ struct Guide {
     closer: Option<Closer>,
 }
 
-/// Ends a JSON reply that would otherwise be cut by `max_tokens`: once a free token would
-/// leave too few tokens for the shortest valid completion, the rest of the reply is that
-/// completion (`json_close`), one forced token per step.
-struct Closer {
-    schema: serde_json::Value,
-    env: TokEnv,
-    /// Tokens the sequence may generate in all.
-    budget: usize,
-    generated: Vec<u32>,
-    forced: VecDeque<u32>,
-    /// True once the reply was closed early by the budget.
-    closed: bool,
-}
-
-/// Completions are only worked out this close to the budget (in tokens): no schema's shortest
-/// completion in practice needs more, and before it the closer costs nothing.
-const CLOSE_WINDOW: usize = 256;
-
-/// How many tokens before the last moment a reply closes when the ending after the sampled
-/// token cannot be worked out (inside a `pattern` string, say).
-const UNKNOWN_MARGIN: usize = 8;
-
-impl Closer {
-    /// The tokens of the shortest valid completion after `tokens`, if this can tell.
-    fn completion_after(&self, tokens: &[u32]) -> Option<Vec<u32>> {
-        let trie = self.env.tok_trie();
-        let text = String::from_utf8_lossy(&trie.decode(tokens)).into_owned();
-        let tail = crate::json_close::shortest_completion(&self.schema, &text)?;
-        Some(self.env.tokenize_bytes(tail.as_bytes()))
-    }
-
-    fn remaining(&self) -> usize {
-        self.budget.saturating_sub(self.generated.len())
-    }
-}
-
 impl std::fmt::Debug for TokenRules {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TokenRules")
@@ -341,14 +308,8 @@ pub fn prepare(
         None => None,
         Some(c) => {
             let factory = guides()?;
-            let closer = json_schema_of(c).map(|schema| Closer {
-                schema,
-                env: factory.env.clone(),
-                budget: params.max_tokens,
-                generated: Vec::new(),
-                forced: VecDeque::new(),
-                closed: false,
-            });
+            let closer = json_schema_of(c)
+                .map(|schema| Closer::new(schema, factory.env.clone(), params.max_tokens));
             if let Some(closer) = &closer {
                 refuse_a_budget_below_the_shortest_reply(closer, params.max_tokens)?;
             }
@@ -371,32 +332,6 @@ pub fn prepare(
         logit_bias: params.logit_bias.clone(),
         output: Vec::new(),
     })))
-}
-
-/// The JSON Schema a JSON constraint holds (`json_object` is any object).
-fn json_schema_of(c: &Constraint) -> Option<serde_json::Value> {
-    match c {
-        Constraint::JsonObject => Some(serde_json::json!({"type": "object"})),
-        Constraint::JsonSchema(s) => Some(s.clone()),
-        _ => None,
-    }
-}
-
-/// A `max_tokens` that cannot hold the shortest reply the schema accepts is the request's
-/// error, not a reply cut short.
-fn refuse_a_budget_below_the_shortest_reply(closer: &Closer, max_tokens: usize) -> Result<()> {
-    if let Some(shortest) = closer.completion_after(&[]) {
-        if shortest.len() > max_tokens {
-            return Err(EngineError::invalid(
-                format!(
-                    "max_tokens ({max_tokens}) is too small for the shortest JSON the schema accepts ({} tokens)",
-                    shortest.len()
-                ),
-                Some("max_tokens"),
-            ));
-        }
-    }
-    Ok(())
 }
 
 /// vLLM's `SamplingParams.update_from_tokenizer`: each word as given (left-stripped) and with
@@ -555,33 +490,9 @@ impl TokenRules {
     /// completion, whose rest is forced from then on. `None`: keep `token`.
     pub fn close_before(&mut self, token: u32, eos_ids: &[u32]) -> Option<u32> {
         let g = self.guide.as_mut()?;
-        let c = g.closer.as_mut()?;
-        if !c.forced.is_empty() || eos_ids.contains(&token) || c.remaining() > CLOSE_WINDOW {
-            return None;
-        }
-        let mut after = c.generated.clone();
-        after.push(token);
-        let left_after = c.remaining().saturating_sub(1);
-        let after = c.completion_after(&after);
-        if after.as_ref().is_some_and(|tail| tail.len() <= left_after) {
-            return None;
-        }
-        let now = c.completion_after(&c.generated)?;
-        if now.is_empty() || now.len() > c.remaining() {
-            return None;
-        }
-        // Where the ending after this token cannot be worked out, close only once the budget
-        // is near (within a few tokens of what closing needs now).
-        if after.is_none() && now.len() + UNKNOWN_MARGIN < c.remaining() {
-            return None;
-        }
-        // Only a completion the grammar takes whole is forced.
-        if g.matcher.validate_tokens(&now).ok()? != now.len() {
-            return None;
-        }
-        c.forced = now.into();
-        c.closed = true;
-        c.forced.front().copied()
+        g.closer
+            .as_mut()?
+            .close_before(&mut g.matcher, token, eos_ids)
     }
 
     /// True when the budget closed the reply early ([`TokenRules::close_before`]).
