@@ -98,7 +98,7 @@ pub fn shortest_completion(root: &Value, prefix: &str) -> Option<String> {
                 value_done(&mut frames, &mut done);
             }
             Partial::Literal(word, at) => {
-                if word.as_bytes().get(*at) != Some(&(c as u8)) {
+                if !word[*at..].starts_with(c) {
                     return None;
                 }
                 *at += 1;
@@ -687,6 +687,13 @@ mod tests {
         let complete = json!({"type": "integer"});
         assert_eq!(shortest_completion(&complete, "12 "), None);
         assert_eq!(shortest_completion(&complete, "12"), Some(String::new()));
+        // A character that shares a literal's low byte is no part of it.
+        let object = json!({"type": "object"});
+        assert_eq!(
+            shortest_completion(&object, "{\"a\":tru"),
+            Some("e}".into())
+        );
+        assert_eq!(shortest_completion(&object, "{\"a\":tru\u{165}"), None);
         let all = json!({"allOf": [{"type": "object"}, {"required": ["a"]}]});
         assert_eq!(shortest_completion(&all, ""), None);
     }

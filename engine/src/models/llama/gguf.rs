@@ -104,13 +104,7 @@ impl Loader<'_> {
             _ => return Ok(None),
         };
         let whole = self.whole(&format!("{layer}.{fused}.weight"), total, cols)?;
-        let row_bytes = whole.len / total.max(1);
-        Ok(Some(Weight {
-            rows,
-            start: whole.start + first * row_bytes,
-            len: rows * row_bytes,
-            ..whole
-        }))
+        Ok(Some(whole.rows_view(first, rows)))
     }
 
     fn whole(&self, name: &str, rows: usize, cols: usize) -> Result<Weight> {
@@ -182,6 +176,14 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
     let key = |k: &str| format!("{arch}.{k}");
     let hidden = l.usize_key(&key("embedding_length"))?;
     let n_layers = l.usize_key(&key("block_count"))?;
+    // Each layer holds tensors: a count beyond the file's tensors is a claim, not a model (and
+    // would size allocations by it).
+    if n_layers > g.tensors().len() {
+        return Err(g.error(format!(
+            "block_count {n_layers} exceeds the file's {} tensors",
+            g.tensors().len()
+        )));
+    }
     let n_heads = l.usize_key(&key("attention.head_count"))?;
     let n_kv_heads = g
         .get_u64(&key("attention.head_count_kv"))?

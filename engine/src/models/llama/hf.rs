@@ -60,13 +60,7 @@ impl HfLoader<'_> {
             i if i + 1 == count => total.saturating_sub(rows),
             _ => total.saturating_sub(2 * rows),
         };
-        let row_bytes = whole.len / total.max(1);
-        Ok(Some(Weight {
-            rows,
-            start: whole.start + first * row_bytes,
-            len: rows * row_bytes,
-            ..whole
-        }))
+        Ok(Some(whole.rows_view(first, rows)))
     }
 }
 

@@ -24,6 +24,9 @@ pub const HF_DECODER_ARCHITECTURES: &[&str] = &[
     "Gemma3ForCausalLM",
 ];
 
+/// More layers than any published decoder has (the largest have a few hundred).
+const MAX_LAYERS: usize = 4096;
+
 pub(super) fn cfg_error(msg: impl Into<String>) -> EngineError {
     EngineError::load("config.json", msg)
 }
@@ -195,6 +198,12 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
     let t = text_section(config);
     let hidden = need_usize(t, "hidden_size")?;
     let n_layers = need_usize(t, "num_hidden_layers")?;
+    // Per-layer settings are sized by it before any weight is read.
+    if n_layers > MAX_LAYERS {
+        return Err(cfg_error(format!(
+            "num_hidden_layers {n_layers} is beyond any decoder this serves (at most {MAX_LAYERS})"
+        )));
+    }
     let n_heads = need_usize(t, "num_attention_heads")?;
     let n_kv_heads = t
         .get("num_key_value_heads")
@@ -523,6 +532,9 @@ mod tests {
         let mut v = base();
         v["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 4, 4]});
         assert!(msg(v).contains("mrope_section"));
+        let mut v = base();
+        v["num_hidden_layers"] = json!(1u64 << 40);
+        assert!(msg(v).contains("num_hidden_layers"));
         let mut v = base();
         v["num_key_value_heads"] = json!(3);
         assert!(msg(v).contains("KV heads"));

@@ -18,6 +18,20 @@ pub(super) struct Weight {
     pub(super) len: usize,
 }
 
+impl Weight {
+    /// Rows `first..first + rows` of this row-major matrix, as a view of the same bytes (the
+    /// parts of a fused `qkv` or `gate_up` matrix).
+    pub(super) fn rows_view(&self, first: usize, rows: usize) -> Weight {
+        let row_bytes = self.len / self.rows.max(1);
+        Weight {
+            rows,
+            start: self.start + first * row_bytes,
+            len: rows * row_bytes,
+            ..*self
+        }
+    }
+}
+
 /// One decoder layer's tensors.
 pub(super) struct Layer {
     pub(super) attn_norm: Vec<f32>,
