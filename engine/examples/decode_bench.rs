@@ -222,9 +222,9 @@ fn run() -> Result<(), String> {
 fn measure(args: &Args) -> Result<(), String> {
     let t0 = Instant::now();
     let mut loaded = if args.model.is_dir() {
-        engine::hf::load_decoder(&args.model)
+        engine::load::load_hf_decoder(&args.model)
     } else {
-        engine::gguf::load_decoder(&args.model)
+        engine::load::load_gguf_decoder(&args.model)
     }
     .map_err(|e| e.to_string())?;
     loaded.model.set_activation_mode(args.activations);

@@ -15,7 +15,7 @@
 use std::path::PathBuf;
 use std::time::Instant;
 
-use engine::hf::load_encoder;
+use engine::load::load_encoder;
 use engine::model::{EncoderInput, LoadedEncoder};
 
 const WORDS: &str = "the of and to in a is that for it as was with be by on not he this are or his from at which but have an \

@@ -182,7 +182,7 @@ impl PromptMedia {
         prompt_len: usize,
         rows_buf: &'a mut Vec<u32>,
         pos_buf: &'a mut Vec<[u32; 3]>,
-    ) -> crate::model::ChunkMedia<'a> {
+    ) -> ChunkMedia<'a> {
         let lo = self.rows.partition_point(|&r| (r as usize) < start);
         let hi = self.rows.partition_point(|&r| (r as usize) < start + len);
         let width = if self.rows.is_empty() {
@@ -203,13 +203,29 @@ impl PromptMedia {
             }
             None => (None, 0),
         };
-        crate::model::ChunkMedia {
+        ChunkMedia {
             rows: rows_buf,
             embeds: &self.embeds[lo * width..hi * width],
             positions,
             position_delta: delta,
         }
     }
+}
+
+/// The multimodal part of a chunk: rows whose input is an embedding (a vision or audio
+/// encoder's output) instead of a token's, and the rotary positions of models with M-RoPE.
+#[derive(Debug, Clone, Copy)]
+pub struct ChunkMedia<'a> {
+    /// Chunk rows (ascending) that take their input from `embeds`.
+    pub rows: &'a [u32],
+    /// `rows.len() x hidden_size` values, in the order of `rows`.
+    pub embeds: &'a [f32],
+    /// Per chunk token: (temporal, row, column) positions. `None`: every token's three
+    /// positions are its sequence position plus `position_delta` (text after the media, and
+    /// decode steps).
+    pub positions: Option<&'a [[u32; 3]]>,
+    /// See `positions`: the prompt's `max position + 1 - length`.
+    pub position_delta: i64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -1,5 +1,5 @@
-//! GGUF (v2/v3) checkpoints: a bounds-checked reader over a memory map, and
-//! [`load_decoder`], which turns a GGUF file into a ready-to-serve [`LoadedDecoder`].
+//! GGUF (v2/v3) checkpoints: a bounds-checked reader over a memory map, and nothing more (what
+//! the file holds is built by [`crate::load`] through [`crate::families`]).
 //!
 //! Layout of a GGUF file (all little-endian): magic `GGUF`, version (u32), tensor count (u64),
 //! metadata count (u64), the metadata key/value pairs, the tensor infos (name, dims, type,
@@ -11,13 +11,11 @@ use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
 
 use kernels::DType;
 use memmap2::Mmap;
 
 use crate::error::{EngineError, Result};
-use crate::model::LoadedDecoder;
 
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -614,52 +612,6 @@ impl GgufFile {
                 .ok_or_else(|| self.error(format!("metadata '{key}' is not an array"))),
         }
     }
-}
-
-/// Load a GGUF decoder checkpoint: tokenizer, chat template, special tokens and the model.
-pub fn load_decoder(path: &Path) -> Result<LoadedDecoder> {
-    decoder_from_gguf(GgufFile::open(path)?)
-}
-
-/// [`load_decoder`] over a parsed file, wherever its bytes are mapped from.
-pub fn decoder_from_gguf(gguf: GgufFile) -> Result<LoadedDecoder> {
-    let t0 = Instant::now();
-    let architecture = gguf
-        .get_str("general.architecture")?
-        .ok_or_else(|| gguf.error("missing metadata 'general.architecture'"))?
-        .to_string();
-    let mut type_counts: std::collections::BTreeMap<String, usize> = Default::default();
-    for t in gguf.tensors() {
-        *type_counts.entry(t.ggml_type.name()).or_default() += 1;
-    }
-    tracing::info!(
-        file = %gguf.path(),
-        version = gguf.version,
-        architecture = %architecture,
-        tensors = gguf.tensors().len(),
-        types = ?type_counts,
-        "parsed GGUF header"
-    );
-
-    let tok = crate::tokenizer::from_gguf(&gguf)?;
-    let chat_template = gguf.get_str("tokenizer.chat_template")?.map(str::to_string);
-    let model = crate::models::llama::LlamaModel::from_gguf(&gguf, &tok)?;
-    tracing::info!(
-        file = %gguf.path(),
-        architecture = %architecture,
-        vocab = tok.tokenizer.get_vocab_size(true),
-        elapsed_ms = t0.elapsed().as_millis() as u64,
-        "loaded GGUF decoder"
-    );
-    Ok(LoadedDecoder {
-        model: Box::new(model),
-        tokenizer: tok.tokenizer,
-        chat_template,
-        bos_token: tok.bos_token,
-        eos_token: tok.eos_token,
-        architecture,
-        media: None,
-    })
 }
 
 /// The GGUF file of a folder given as a model (the first `.gguf` in it).

@@ -19,8 +19,9 @@ use crate::chat_template::{ChatTemplate, NO_TEMPLATE_MESSAGE};
 use crate::detok::{IncrementalDetokenizer, StopMatcher};
 use crate::device::{DTypeRequest, Device, DeviceRequest};
 use crate::error::{EngineError, Result};
+use crate::load::LoadedDecoder;
 use crate::metrics::ModelMetrics;
-use crate::model::{ActivationMode, LoadedDecoder, LoadedEncoder};
+use crate::model::{ActivationMode, LoadedEncoder};
 use crate::scheduler::{Command, EngineStats, Shared, Submission};
 
 mod embed;
@@ -244,8 +245,8 @@ impl EngineHandle {
         // The device is settled before anything loads, so a bad flag fails at once.
         let has_decoder = models.iter().any(|m| {
             matches!(
-                crate::hf::detect(std::path::Path::new(&m.path)),
-                crate::hf::CheckpointKind::Gguf | crate::hf::CheckpointKind::Decoder
+                crate::load::detect(std::path::Path::new(&m.path)),
+                crate::load::CheckpointKind::Gguf | crate::load::CheckpointKind::Decoder
             )
         });
         let device = if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) {

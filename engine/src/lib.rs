@@ -7,13 +7,16 @@
 //! - [`error`]: the engine's error type.
 //! - [`model`]: the traits a model implements ([`model::CausalLm`], [`model::EmbeddingModel`])
 //!   and the paged KV cache storage the decoder writes into.
-//! - [`gguf`], [`hf`]: weight and metadata loading.
+//! - [`gguf`], [`hf`]: file readers (GGUF, HF folders: config, safetensors, tokenizer files).
+//! - [`families`]: the registry, one file per model family, by architecture name.
+//! - [`load`]: from a path (or the weight cache's maps) to a model, through the registry.
 //! - [`tokenizer`]: GGUF vocab conversion into a `tokenizers` tokenizer.
 //! - [`detok`]: incremental detokenisation and stop strings.
 //! - [`device`]: `--device` / `--dtype`, resolved into the CPU or an opened CUDA device.
 //! - [`metrics`]: engine metrics (vLLM names) through the `metrics` facade.
 //! - [`chat_template`]: HF chat templates with minijinja.
-//! - [`models`]: the model code (Llama-family decoder, BERT-family encoder).
+//! - [`models`]: the model code the families share (Llama-shaped decoder, BERT-shaped encoder,
+//!   vision and audio towers).
 //! - [`sampling`], [`block_manager`], [`scheduler`]: serving.
 //! - [`constraint`]: structured outputs (llguidance) and the other per-request token rules.
 //! - [`api`]: the request and output types the gateway uses.
@@ -27,11 +30,13 @@ pub mod constraint;
 pub mod detok;
 pub mod device;
 pub mod error;
+pub mod families;
 mod fault;
 pub mod gguf;
 pub mod handle;
 pub mod hf;
 mod json_close;
+pub mod load;
 pub mod metrics;
 pub mod model;
 pub mod models;

@@ -255,21 +255,7 @@ pub struct SeqChunk<'a> {
     pub media: Option<ChunkMedia<'a>>,
 }
 
-/// The multimodal part of a chunk: rows whose input is an embedding (a vision or audio
-/// encoder's output) instead of a token's, and the rotary positions of models with M-RoPE.
-#[derive(Debug, Clone, Copy)]
-pub struct ChunkMedia<'a> {
-    /// Chunk rows (ascending) that take their input from `embeds`.
-    pub rows: &'a [u32],
-    /// `rows.len() x hidden_size` values, in the order of `rows`.
-    pub embeds: &'a [f32],
-    /// Per chunk token: (temporal, row, column) positions. `None`: every token's three
-    /// positions are its sequence position plus `position_delta` (text after the media, and
-    /// decode steps).
-    pub positions: Option<&'a [[u32; 3]]>,
-    /// See `positions`: the prompt's `max position + 1 - length`.
-    pub position_delta: i64,
-}
+pub use crate::api::ChunkMedia;
 
 /// How a decoder multiplies activations by quantised weights.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -466,21 +452,4 @@ pub fn sample_on_host(
 /// Blocks of `block_size` tokens a host cache may take within `budget`.
 pub fn host_kv_blocks(block_size: usize, budget: &KvBudget) -> usize {
     budget.tokens.unwrap_or(DEFAULT_CPU_KV_TOKENS) / block_size.max(1)
-}
-
-/// A decoder checkpoint loaded with everything needed to serve it.
-pub struct LoadedDecoder {
-    pub model: Box<dyn CausalLm>,
-    /// Ready to encode prompts exactly as the reference does (no BOS added unless the
-    /// checkpoint says so).
-    pub tokenizer: tokenizers::Tokenizer,
-    /// The checkpoint's chat template (GGUF `tokenizer.chat_template` or the HF files).
-    pub chat_template: Option<String>,
-    /// Token strings the chat template may use as `bos_token` / `eos_token`.
-    pub bos_token: Option<String>,
-    pub eos_token: Option<String>,
-    /// The architecture name, for logs and model cards (e.g. `llama`).
-    pub architecture: String,
-    /// The vision or audio encoders of a multimodal checkpoint.
-    pub media: Option<Box<crate::models::media::MediaEncoders>>,
 }

@@ -7,7 +7,7 @@ mod toy;
 
 use engine::api::{Constraint, FinishReason, SamplingParams};
 use engine::handle::{EngineConfig, EngineHandle, GenerationStream, LoadedModel, ModelSpec};
-use engine::model::LoadedDecoder;
+use engine::load::LoadedDecoder;
 use engine::EngineError;
 use toy::{byte_tokenizer, request, ToyModel, EOS};
 

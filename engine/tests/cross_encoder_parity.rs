@@ -12,7 +12,7 @@ use engine::api::Task;
 use engine::handle::{
     EngineConfig, EngineHandle, ModelHandle, ModelSpec, PoolInput, PoolOptions, PoolTask,
 };
-use engine::hf::{detect, load_encoder, CheckpointKind};
+use engine::load::{detect, load_encoder, CheckpointKind};
 use engine::model::{ClassActivation, EncoderHead, EncoderInput, LoadedEncoder};
 use engine::EngineError;
 use serde::Deserialize;

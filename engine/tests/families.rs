@@ -36,7 +36,7 @@ fn each_family_matches_transformers_through_every_attention_path() {
     for name in FAMILIES {
         let reference = reference::load(&dir(name).join("reference.json"));
         let prompt = reference::prompt(&reference);
-        let mut m = engine::hf::load_decoder(&dir(name)).unwrap().model;
+        let mut m = engine::load::load_hf_decoder(&dir(name)).unwrap().model;
         m.set_activation_mode(ActivationMode::F32);
         for chunk in [1, 5, 20, prompt.len()] {
             let ours = logprobs(&reference::logits_by_chunks(m.as_mut(), &prompt, chunk));
@@ -58,7 +58,7 @@ fn each_family_matches_transformers_through_every_attention_path() {
 fn the_gpu_decoder_refuses_what_it_does_not_implement_by_name() {
     let gpu = kernels::gpu::Gpu::emulator();
     for name in FAMILIES {
-        let m = engine::hf::load_decoder(&dir(name)).unwrap().model;
+        let m = engine::load::load_hf_decoder(&dir(name)).unwrap().model;
         if let Err(e) = m.to_gpu(&gpu, DTypeRequest::Float32) {
             panic!("{name}: {e}");
         }
@@ -68,7 +68,7 @@ fn the_gpu_decoder_refuses_what_it_does_not_implement_by_name() {
     let path = variant("tiny-gemma3", "mrope", |c| {
         c["rope_parameters"]["full_attention"]["mrope_section"] = json!([4, 2, 2]);
     });
-    let m = engine::hf::load_decoder(&path).unwrap().model;
+    let m = engine::load::load_hf_decoder(&path).unwrap().model;
     let err = m
         .to_gpu(&gpu, DTypeRequest::Float32)
         .err()
@@ -104,7 +104,7 @@ fn variant(name: &str, tag: &str, edit: impl FnOnce(&mut Value)) -> PathBuf {
 }
 
 fn run(path: &Path, prompt: &[u32]) -> Result<Vec<Vec<f32>>, String> {
-    let mut m = engine::hf::load_decoder(path)
+    let mut m = engine::load::load_hf_decoder(path)
         .map_err(|e| e.to_string())?
         .model;
     m.set_activation_mode(ActivationMode::F32);

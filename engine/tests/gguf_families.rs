@@ -34,7 +34,7 @@ fn files(reference: &Value) -> Vec<(String, Value)> {
 fn each_vocabulary_splits_text_as_llama_cpp_does() {
     let reference = reference::load(&dir().join("reference.json"));
     for (file, r) in files(&reference) {
-        let loaded = engine::gguf::load_decoder(&dir().join(&file)).unwrap();
+        let loaded = engine::load::load_gguf_decoder(&dir().join(&file)).unwrap();
         for (text, ids) in r["llama_cpp_tokens"].as_object().unwrap() {
             let want: Vec<u32> = ids
                 .as_array()
@@ -67,7 +67,7 @@ fn each_family_matches_llama_cpp_and_transformers() {
     let reference = reference::load(&dir().join("reference.json"));
     let prompt = reference::prompt(&reference);
     for (file, r) in files(&reference) {
-        let mut m = engine::gguf::load_decoder(&dir().join(&file))
+        let mut m = engine::load::load_gguf_decoder(&dir().join(&file))
             .unwrap()
             .model;
         m.set_activation_mode(ActivationMode::F32);
@@ -112,7 +112,7 @@ fn generation_stops_at_the_turn_end_the_chat_template_writes() {
         ("gemma3.gguf", "<end_of_turn>"),
         ("phi3.gguf", "<|end|>"),
     ] {
-        let loaded = engine::gguf::load_decoder(&dir().join(file)).unwrap();
+        let loaded = engine::load::load_gguf_decoder(&dir().join(file)).unwrap();
         let id = loaded.tokenizer.token_to_id(turn_end).unwrap();
         let stops = &loaded.model.info().eos_token_ids;
         assert!(
@@ -129,7 +129,7 @@ fn generation_stops_at_the_turn_end_the_chat_template_writes() {
         assert!(!text.contains(turn_end), "{file}: {text:?}");
     }
     // A turn end the template never writes is no stop (Phi-3's `<|endoftext|>` here).
-    let phi3 = engine::gguf::load_decoder(&dir().join("phi3.gguf")).unwrap();
+    let phi3 = engine::load::load_gguf_decoder(&dir().join("phi3.gguf")).unwrap();
     let id = phi3.tokenizer.token_to_id("<|endoftext|>").unwrap();
     assert!(!phi3.model.info().eos_token_ids.contains(&id));
 }

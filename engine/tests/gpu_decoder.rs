@@ -14,7 +14,8 @@
 use std::path::PathBuf;
 
 use engine::device::DTypeRequest;
-use engine::model::{CausalLm, ChunkMedia, KvBudget, LoadedDecoder, SeqChunk};
+use engine::load::LoadedDecoder;
+use engine::model::{CausalLm, ChunkMedia, KvBudget, SeqChunk};
 use kernels::gpu::Gpu;
 use serde_json::Value;
 
@@ -48,9 +49,9 @@ fn smollm2() -> Option<PathBuf> {
 
 fn cpu_model(path: &std::path::Path) -> LoadedDecoder {
     let mut m = if path.is_dir() {
-        engine::hf::load_decoder(path).unwrap()
+        engine::load::load_hf_decoder(path).unwrap()
     } else {
-        engine::gguf::load_decoder(path).unwrap()
+        engine::load::load_gguf_decoder(path).unwrap()
     };
     m.model
         .set_activation_mode(engine::model::ActivationMode::F32);

@@ -75,7 +75,7 @@ struct Outcome {
 fn parity(gpu: &Gpu, dir: &Path, dtype: DTypeRequest, margin_floor: f64) -> Outcome {
     let reference: Reference =
         serde_json::from_slice(&std::fs::read(dir.join("reference.json")).unwrap()).unwrap();
-    let loaded = engine::hf::load_decoder(dir).unwrap();
+    let loaded = engine::load::load_hf_decoder(dir).unwrap();
     let mut model = loaded.model.to_gpu(gpu, dtype).unwrap();
     let block = 16;
     let (mut worst, mut checked) = (0f64, 0usize);

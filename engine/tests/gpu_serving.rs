@@ -17,7 +17,7 @@ fn tiny() -> PathBuf {
 }
 
 fn engine(on_gpu: bool) -> EngineHandle {
-    let mut loaded = engine::hf::load_decoder(&tiny()).unwrap();
+    let mut loaded = engine::load::load_hf_decoder(&tiny()).unwrap();
     loaded.model.set_activation_mode(ActivationMode::F32);
     if on_gpu {
         loaded.model = loaded

@@ -16,8 +16,9 @@
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 
-use engine::gguf::{load_decoder, GgufFile};
-use engine::model::{ActivationMode, KvBudget, LoadedDecoder, SeqChunk};
+use engine::gguf::GgufFile;
+use engine::load::{load_gguf_decoder, LoadedDecoder};
+use engine::model::{ActivationMode, KvBudget, SeqChunk};
 use serde_json::Value;
 
 const BLOCK: usize = 16;
@@ -166,7 +167,7 @@ fn parity(ty: &str, expect_types: &[&str]) {
     let (ll_q8, ll_f32) = (tops(&quantised), tops(&exact));
     assert_eq!(ll_f32.len(), tokens.len());
 
-    let mut m = load_decoder(&path).unwrap();
+    let mut m = load_gguf_decoder(&path).unwrap();
     m.model.set_activation_mode(ActivationMode::F32);
     let ours_f32 = teacher_forced(&mut m, &tokens);
     m.model.set_activation_mode(ActivationMode::Q8);

@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use engine::hf::{detect, load_encoder, CheckpointKind};
+use engine::load::{detect, load_encoder, CheckpointKind};
 use engine::model::{LoadedEncoder, Pooling};
 use engine::EngineError;
 use safetensors::tensor::TensorView;

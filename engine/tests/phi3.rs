@@ -45,7 +45,7 @@ fn logprobs(m: &mut dyn CausalLm, prompt: &[u32]) -> Vec<Vec<f64>> {
 fn phi3_matches_transformers_on_the_cpu_and_the_gpu_decoder() {
     let reference = reference::load(&tiny().join("reference.json"));
     let prompt = reference::prompt(&reference);
-    let mut cpu = engine::hf::load_decoder(&tiny()).unwrap().model;
+    let mut cpu = engine::load::load_hf_decoder(&tiny()).unwrap().model;
     cpu.set_activation_mode(ActivationMode::F32);
     let mut gpu = cpu
         .to_gpu(&kernels::gpu::Gpu::emulator(), DTypeRequest::Float32)

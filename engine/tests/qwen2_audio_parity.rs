@@ -55,10 +55,10 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
     let acfg = AudioConfig::from_json(&config).unwrap();
     let tower = AudioTower::load(&acfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
     assert_eq!(
-        engine::hf::detect(&dir),
-        engine::hf::CheckpointKind::Decoder
+        engine::load::detect(&dir),
+        engine::load::CheckpointKind::Decoder
     );
-    let mut loaded = engine::hf::load_decoder(&dir).unwrap();
+    let mut loaded = engine::load::load_hf_decoder(&dir).unwrap();
     loaded.model.set_activation_mode(ActivationMode::F32);
     let features_cfg = preprocess::audio::WhisperFeatureConfig::whisper(acfg.num_mel_bins);
     let reference: Reference =

@@ -83,10 +83,10 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
     use engine::model::{ActivationMode, SeqChunk};
     let dir = data_dir();
     assert_eq!(
-        engine::hf::detect(&dir),
-        engine::hf::CheckpointKind::Decoder
+        engine::load::detect(&dir),
+        engine::load::CheckpointKind::Decoder
     );
-    let mut loaded = engine::hf::load_decoder(&dir).unwrap();
+    let mut loaded = engine::load::load_hf_decoder(&dir).unwrap();
     loaded.model.set_activation_mode(ActivationMode::F32);
     assert!(loaded.chat_template.is_some());
     let reference: TextReference =
@@ -287,7 +287,7 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
         serde_json::from_slice(&std::fs::read(dir.join("config.json")).unwrap()).unwrap();
     let vcfg = VisionConfig::from_json(&config["vision_config"]).unwrap();
     let tower = VisionTower::load(&vcfg, &SafetensorsWeights::open(&dir).unwrap()).unwrap();
-    let mut loaded = engine::hf::load_decoder(&dir).unwrap();
+    let mut loaded = engine::load::load_hf_decoder(&dir).unwrap();
     loaded.model.set_activation_mode(ActivationMode::F32);
     let image_id = config["image_token_id"].as_u64().unwrap() as u32;
     let video_id = config["video_token_id"].as_u64().unwrap() as u32;
@@ -424,7 +424,7 @@ async fn serving_with_media_decodes_as_the_reference_and_keys_the_cache_by_media
                 path: dir.display().to_string(),
                 served_name: "tiny-vl".into(),
             },
-            LoadedModel::Decoder(engine::hf::load_decoder(&dir).unwrap()),
+            LoadedModel::Decoder(engine::load::load_hf_decoder(&dir).unwrap()),
         )],
         &EngineConfig {
             max_model_len: Some(256),

@@ -28,7 +28,7 @@ fn variant(name: &str, scaling: &Value) -> PathBuf {
 
 /// Our logprobs at every position of `prompt`, in f32.
 fn logprobs(dir: &Path, prompt: &[u32]) -> Vec<Vec<f64>> {
-    let mut m = engine::hf::load_decoder(dir).unwrap().model;
+    let mut m = engine::load::load_hf_decoder(dir).unwrap().model;
     m.set_activation_mode(ActivationMode::F32);
     reference::logits_by_chunks(m.as_mut(), prompt, prompt.len())
         .iter()
@@ -65,7 +65,10 @@ fn an_incomplete_llama3_scaling_is_refused_naming_the_key() {
     let scaling = serde_json::json!({"rope_type": "llama3", "factor": 8.0,
         "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
     let dir = variant("llama3-missing", &scaling);
-    let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
+    let err = engine::load::load_hf_decoder(&dir)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("low_freq_factor"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
@@ -109,7 +112,7 @@ fn context_dependent_rope_is_fitted_to_the_served_context() {
         // Serving 48 tokens: LongRoPE's long factors, dynamic NTK's base grown for 48; served
         // no longer than the pretrained 32: the short factors and the plain base.
         for (context, tokens, key) in [(48, &prompt[..], "long"), (32, &prompt[..24], "short")] {
-            let mut m = engine::hf::load_decoder(&dir).unwrap().model;
+            let mut m = engine::load::load_hf_decoder(&dir).unwrap().model;
             m.set_activation_mode(ActivationMode::F32);
             m.fit_context(context);
             let ours: Vec<Vec<f64>> = reference::logits_by_chunks(m.as_mut(), tokens, tokens.len())
@@ -135,7 +138,10 @@ fn an_incomplete_longrope_is_refused_naming_the_key() {
         &serde_json::json!({"rope_parameters": {"rope_type": "longrope", "short_factor": [1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0],
             "rope_theta": 10000.0}, "original_max_position_embeddings": 32}),
     );
-    let err = engine::hf::load_decoder(&dir).err().unwrap().to_string();
+    let err = engine::load::load_hf_decoder(&dir)
+        .err()
+        .unwrap()
+        .to_string();
     assert!(err.contains("long_factor"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }

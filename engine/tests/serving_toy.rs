@@ -11,7 +11,8 @@ use engine::api::{Delta, Finish, FinishReason, GenerateRequest, SamplingParams, 
 use engine::handle::{
     EngineConfig, EngineHandle, GenerationStream, LoadedModel, ModelHandle, ModelKind, ModelSpec,
 };
-use engine::model::{LoadedDecoder, LoadedEncoder};
+use engine::load::LoadedDecoder;
+use engine::model::LoadedEncoder;
 use engine::EngineError;
 use toy::{byte_tokenizer, expected, request, ToyEmbedder, ToyModel, EOS};
 

@@ -11,8 +11,8 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use engine::gguf::load_decoder;
-use engine::model::{ActivationMode, KvBudget, KvDtype, LoadedDecoder, SeqChunk};
+use engine::load::{load_gguf_decoder, LoadedDecoder};
+use engine::model::{ActivationMode, KvBudget, KvDtype, SeqChunk};
 use engine::EngineError;
 use serde_json::Value;
 
@@ -85,7 +85,7 @@ fn shared_model() -> MutexGuard<'static, LoadedDecoder> {
                 "{} is missing: run scripts/fetch-models.sh",
                 path.display()
             );
-            Mutex::new(load_decoder(&path).unwrap())
+            Mutex::new(load_gguf_decoder(&path).unwrap())
         })
         .lock()
         .unwrap_or_else(|e| e.into_inner())
@@ -727,7 +727,7 @@ fn truncated_or_corrupt_gguf_is_a_load_error() {
         ("almost", bytes.len() - 1),
     ] {
         let p = temp_copy(name, &bytes[..cut]);
-        let r = load_decoder(&p);
+        let r = load_gguf_decoder(&p);
         std::fs::remove_file(&p).unwrap();
         match r {
             Err(EngineError::Load { reason, .. }) => {
@@ -746,7 +746,7 @@ fn truncated_or_corrupt_gguf_is_a_load_error() {
     let mut bad = bytes[..bytes.len().min(8 << 20)].to_vec();
     bad[4..8].copy_from_slice(&7u32.to_le_bytes());
     let p = temp_copy("version", &bad);
-    let r = load_decoder(&p);
+    let r = load_gguf_decoder(&p);
     std::fs::remove_file(&p).unwrap();
     assert!(matches!(r, Err(EngineError::Load { .. })));
 }

@@ -7,8 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use engine::api::{GenerateRequest, PromptLogprob, SamplingParams, StepLogprobs};
-use engine::gguf::load_decoder;
 use engine::handle::{EngineConfig, EngineHandle, ModelHandle, ModelSpec};
+use engine::load::load_gguf_decoder;
 use engine::model::{ActivationMode, KvBudget, SeqChunk};
 
 const TOL: f64 = 1e-3;
@@ -33,7 +33,7 @@ fn log_softmax(v: &[f32]) -> Vec<f64> {
 /// Per prompt position after the first, the log-softmax predicting it: the prompt fed one
 /// token at a time through the plain decode path (the last-token logits of each step).
 fn reference(prompt: &[u32]) -> Vec<Vec<f64>> {
-    let mut m = load_decoder(&model_path()).unwrap();
+    let mut m = load_gguf_decoder(&model_path()).unwrap();
     m.model.set_activation_mode(ActivationMode::F32);
     let blocks = m
         .model

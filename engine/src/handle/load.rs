@@ -4,7 +4,7 @@ use std::path::Path;
 
 use super::{EngineConfig, LoadedModel, ModelSpec};
 use crate::error::{EngineError, Result};
-use crate::hf::CheckpointKind;
+use crate::load::CheckpointKind;
 use crate::weight_cache::{CacheRequest, LoadFormat, WeightsSource};
 
 /// Dispatch a model to its loader as `--load-format` says, and say which path loaded it (a
@@ -15,7 +15,7 @@ pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Res
     if !p.exists() {
         return Err(EngineError::load(path, "no such file or directory"));
     }
-    let kind = crate::hf::detect(p);
+    let kind = crate::load::detect(p);
     let reason = match config.load_format {
         LoadFormat::Auto => "load format auto".to_string(),
         LoadFormat::Gguf if kind == CheckpointKind::Gguf => "load format gguf".to_string(),
@@ -61,23 +61,25 @@ fn announce(spec: &ModelSpec, source: &WeightsSource) {
 
 fn load_from_disk(path: &str, p: &Path, kind: CheckpointKind) -> Result<LoadedModel> {
     match kind {
-        crate::hf::CheckpointKind::Gguf => {
+        crate::load::CheckpointKind::Gguf => {
             let file = if p.is_dir() {
                 crate::gguf::single_gguf(p)?
             } else {
                 p.to_path_buf()
             };
-            Ok(LoadedModel::Decoder(crate::gguf::load_decoder(&file)?))
+            Ok(LoadedModel::Decoder(crate::load::load_gguf_decoder(&file)?))
         }
-        crate::hf::CheckpointKind::Encoder => {
-            let encoder = crate::hf::load_encoder(p)?;
+        crate::load::CheckpointKind::Encoder => {
+            let encoder = crate::load::load_encoder(p)?;
             Ok(LoadedModel::Encoder {
                 encoder,
                 chat_template: crate::hf::read_chat_template(p),
             })
         }
-        crate::hf::CheckpointKind::Decoder => Ok(LoadedModel::Decoder(crate::hf::load_decoder(p)?)),
-        crate::hf::CheckpointKind::Unknown => Err(EngineError::load(
+        crate::load::CheckpointKind::Decoder => {
+            Ok(LoadedModel::Decoder(crate::load::load_hf_decoder(p)?))
+        }
+        crate::load::CheckpointKind::Unknown => Err(EngineError::load(
             path,
             "not a recognised model: expected a .gguf file or an HF folder with config.json",
         )),

@@ -12,8 +12,9 @@ use super::{
 use crate::api::{ModelCard, Task};
 use crate::chat_template::ChatTemplate;
 use crate::error::{EngineError, Result};
+use crate::load::LoadedDecoder;
 use crate::metrics::ModelMetrics;
-use crate::model::{EncoderHead, KvBudget, LoadedDecoder, LoadedEncoder};
+use crate::model::{EncoderHead, KvBudget, LoadedEncoder};
 use crate::scheduler::{Engine, SchedulerConfig, Shared};
 
 pub(super) fn resolve_max_len(config: &EngineConfig, model_max: usize) -> usize {

@@ -24,17 +24,21 @@
 
 mod attention;
 mod forward;
-mod gemma;
 mod gguf;
 mod gpu;
 mod hf;
 mod hf_config;
 mod rope_scaling;
+mod rules;
 mod weights;
 
 pub use gpu::GpuLlama;
-pub use hf_config::{read_hf_config, HfDecoderConfig, HF_DECODER_ARCHITECTURES};
+pub use hf_config::{activation, cfg_error, read_hf_config, text_section, HfDecoderConfig};
 pub use rope_scaling::ContextRope;
+pub use rules::{
+    every_layer_slides, llama_gguf_layers, llama_traits, DecoderRules, GgufLayers, GgufShape,
+    LLAMA_RULES,
+};
 
 use std::sync::{Arc, Mutex};
 

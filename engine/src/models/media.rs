@@ -101,36 +101,35 @@ fn token_id(config: &Value, keys: &[&str]) -> Result<u32> {
 }
 
 impl MediaEncoders {
-    /// The encoders of a checkpoint folder's architecture, if it has any, with the folder's
-    /// processor spec.
-    pub fn load(dir: &Path, config: &Value, weights: &SafetensorsWeights) -> Result<Option<Self>> {
-        let arch = config
-            .get("architectures")
-            .and_then(|a| a.get(0))
-            .and_then(Value::as_str)
-            .unwrap_or("");
-        let (vision, audio) = match arch {
-            "Qwen2VLForConditionalGeneration" => {
-                let vcfg =
-                    VisionConfig::from_json(config.get("vision_config").ok_or_else(|| {
-                        EngineError::load("config.json", "`vision_config` is missing")
-                    })?)?;
-                let vision = (
-                    VisionTower::load(&vcfg, weights)?,
-                    token_id(config, &["image_token_id"])?,
-                    token_id(config, &["video_token_id"])?,
-                );
-                (Some(vision), None)
-            }
-            "Qwen2AudioForConditionalGeneration" => {
-                let audio = (
-                    AudioTower::load(&AudioConfig::from_json(config)?, weights)?,
-                    token_id(config, &["audio_token_index", "audio_token_id"])?,
-                );
-                (None, Some(audio))
-            }
-            _ => return Ok(None),
-        };
+    /// Qwen2-VL's vision tower and image/video tokens, and the folder's processor settings.
+    pub fn qwen2_vl(dir: &Path, config: &Value, weights: &SafetensorsWeights) -> Result<Self> {
+        let vcfg = VisionConfig::from_json(
+            config
+                .get("vision_config")
+                .ok_or_else(|| EngineError::load("config.json", "`vision_config` is missing"))?,
+        )?;
+        let vision = (
+            VisionTower::load(&vcfg, weights)?,
+            token_id(config, &["image_token_id"])?,
+            token_id(config, &["video_token_id"])?,
+        );
+        Self::with_processor(dir, Some(vision), None)
+    }
+
+    /// Qwen2-Audio's audio tower and audio token, and the folder's processor settings.
+    pub fn qwen2_audio(dir: &Path, config: &Value, weights: &SafetensorsWeights) -> Result<Self> {
+        let audio = (
+            AudioTower::load(&AudioConfig::from_json(config)?, weights)?,
+            token_id(config, &["audio_token_index", "audio_token_id"])?,
+        );
+        Self::with_processor(dir, None, Some(audio))
+    }
+
+    fn with_processor(
+        dir: &Path,
+        vision: Option<(VisionTower, u32, u32)>,
+        audio: Option<(AudioTower, u32)>,
+    ) -> Result<Self> {
         // The processor files are read with the encoders, so what media the model takes and
         // how they are shaped have one source: the loaded model.
         let spec = ModelMediaSpec::from_model_dir(dir)
@@ -141,7 +140,7 @@ impl MediaEncoders {
             spec: Arc::new(spec),
         };
         tracing::info!(dir = %dir.display(), modalities = ?encoders.modalities(), "loaded media encoders");
-        Ok(Some(encoders))
+        Ok(encoders)
     }
 
     /// How the checkpoint's processor turns each modality into the tensors these encoders take.

@@ -16,7 +16,8 @@ use super::protocol::PartInfo;
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
-use crate::hf::{CheckpointKind, SafetensorsWeights};
+use crate::hf::SafetensorsWeights;
+use crate::load::CheckpointKind;
 
 /// Weights held for engines: the identity, one sealed memfd per part, and where they came from
 /// (to check the files again and reload them).
@@ -79,7 +80,7 @@ impl Cacheable {
     /// `fallback`: the checkpoint will never be served from the cache).
     pub fn of(path: &Path) -> Result<Cacheable> {
         let name = path.display().to_string();
-        match crate::hf::detect(path) {
+        match crate::load::detect(path) {
             CheckpointKind::Gguf if path.is_dir() => {
                 crate::gguf::single_gguf(path).map(Cacheable::Gguf)
             }
@@ -120,17 +121,18 @@ impl Cacheable {
 
     /// The decoder built from the parts' maps, in the order [`hold_checkpoint`] holds them:
     /// the engine's own loader, reading the mapped bytes where it would read the files.
-    pub fn decoder(&self, parts: Vec<(String, Arc<Mmap>)>) -> Result<crate::model::LoadedDecoder> {
+    pub fn decoder(&self, parts: Vec<(String, Arc<Mmap>)>) -> Result<crate::load::LoadedDecoder> {
         match self {
             Cacheable::Gguf(file) => {
                 let map = parts.into_iter().next().map(|(_, m)| m).ok_or_else(|| {
                     EngineError::load(file.display().to_string(), "no weights were handed over")
                 })?;
-                crate::gguf::decoder_from_gguf(GgufFile::from_map(file.display().to_string(), map)?)
+                crate::load::gguf_decoder(GgufFile::from_map(file.display().to_string(), map)?)
             }
-            Cacheable::Safetensors(dir) => {
-                crate::hf::decoder_from_weights(dir, &SafetensorsWeights::from_maps(dir, parts)?)
-            }
+            Cacheable::Safetensors(dir) => crate::load::hf_decoder_from_weights(
+                dir,
+                &SafetensorsWeights::from_maps(dir, parts)?,
+            ),
         }
     }
 

@@ -21,7 +21,7 @@ pub use identity::{CacheIdentity, Role};
 
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
-use crate::model::LoadedDecoder;
+use crate::load::LoadedDecoder;
 
 /// Which path loaded a model's weights (the start-up log line and the metrics label).
 #[derive(Debug, Clone, PartialEq)]

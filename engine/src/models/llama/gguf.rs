@@ -5,25 +5,12 @@ use std::sync::{Arc, Mutex};
 
 use kernels::{DType, QMatrix};
 
-use super::{
-    gemma, load_layer, ContextRope, FamilyTraits, LlamaConfig, LlamaModel, StepState, Weight,
-    WeightSource,
-};
+use super::rules::{DecoderRules, GgufShape};
+use super::{load_layer, ContextRope, LlamaConfig, LlamaModel, StepState, Weight, WeightSource};
 use crate::error::Result;
 use crate::gguf::GgufFile;
 use crate::model::{ActivationMode, DecoderInfo};
 use crate::tokenizer::GgufTokenizer;
-
-/// Architectures this decoder serves, with their RoPE layout (true = NeoX).
-fn rope_is_neox(arch: &str) -> Option<bool> {
-    match arch {
-        "llama" | "mistral" | "granite" => Some(false),
-        "qwen2" | "qwen3" | "gemma2" | "gemma3" | "phi3" => Some(true),
-        _ => None,
-    }
-}
-
-const SUPPORTED: &str = "llama, mistral, granite, qwen2, qwen3, gemma2, gemma3, phi3";
 
 /// Loading helpers over one GGUF file.
 struct Loader<'a> {
@@ -162,16 +149,12 @@ impl Loader<'_> {
     }
 }
 
-fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
+/// The registry has matched `general.architecture` to `rules` already.
+fn read_config(g: &GgufFile, rules: &DecoderRules) -> Result<LlamaConfig> {
     let arch = g
         .get_str("general.architecture")?
         .ok_or_else(|| g.error("missing metadata 'general.architecture'"))?
         .to_string();
-    let rope_neox = rope_is_neox(&arch).ok_or_else(|| {
-        g.error(format!(
-            "unsupported architecture '{arch}' (supported: {SUPPORTED})"
-        ))
-    })?;
     let l = Loader { g };
     let key = |k: &str| format!("{arch}.{k}");
     let hidden = l.usize_key(&key("embedding_length"))?;
@@ -256,21 +239,17 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         }
         None => return Err(g.error("missing tensor 'token_embd.weight'")),
     };
-    let (traits, windows, local_rope_base) =
-        match gemma::gguf_traits(g, &arch, [hidden, n_layers, n_heads, head_dim])? {
-            Some(gm) => (gm.traits, gm.windows, gm.local_rope_base),
-            // Phi-3's window as transformers applies it (llama.cpp turns Phi SWA off).
-            None if arch == "phi3" => {
-                let windows = match g.get_u64(&key("attention.sliding_window"))? {
-                    Some(w) if w > 0 && (w as usize) < max_position => {
-                        vec![Some(w as usize); n_layers]
-                    }
-                    _ => Vec::new(),
-                };
-                (FamilyTraits::default(), windows, None)
-            }
-            None => (FamilyTraits::default(), Vec::new(), None),
-        };
+    let layers = (rules.gguf_layers)(
+        g,
+        &GgufShape {
+            arch: &arch,
+            hidden,
+            n_layers,
+            n_heads,
+            head_dim,
+            max_position,
+        },
+    )?;
     // LongRoPE's (Phi-3): 1 where the file has none.
     let rope_attn_factor = g
         .get_f64(&key("rope.scaling.attn_factor"))?
@@ -288,22 +267,23 @@ fn read_config(g: &GgufFile) -> Result<LlamaConfig> {
         eps,
         rope_base,
         rope_dim,
-        rope_neox,
+        rope_neox: rules.gguf_rope_neox,
         rope_freq_scale,
         rope_attn_factor,
         max_position,
         mrope_section: None,
-        traits,
-        windows,
-        local_rope_base,
+        traits: layers.traits,
+        windows: layers.windows,
+        local_rope_base: layers.local_rope_base,
     })
 }
 
 impl LlamaModel {
-    /// Build the model from a parsed GGUF file (the tokenizer supplies BOS/EOS ids).
-    pub fn from_gguf(g: &GgufFile, tok: &GgufTokenizer) -> Result<Self> {
+    /// Build the model from a parsed GGUF file (the tokenizer supplies BOS/EOS ids) with its
+    /// family's rules.
+    pub fn from_gguf(g: &GgufFile, tok: &GgufTokenizer, rules: &DecoderRules) -> Result<Self> {
         let t0 = std::time::Instant::now();
-        let cfg = read_config(g)?;
+        let cfg = read_config(g, rules)?;
         let l = Loader { g };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let token_embd = l.matrix("token_embd.weight", cfg.vocab, h)?;

@@ -14,6 +14,7 @@ use safetensors::Dtype;
 use serde_json::Value;
 
 use super::hf_config::{read_hf_config, text_section, HfDecoderConfig};
+use super::rules::DecoderRules;
 use super::weights::offset_norm;
 use super::{load_layer, LlamaModel, StepState, Weight, WeightSource};
 use crate::error::{EngineError, Result};
@@ -152,6 +153,7 @@ impl LlamaModel {
         weights: &SafetensorsWeights,
         bos_token_id: Option<u32>,
         eos_token_ids: Vec<u32>,
+        rules: &DecoderRules,
     ) -> Result<Self> {
         let t0 = std::time::Instant::now();
         let prefix = ["model.language_model.", "model.", "language_model.model."]
@@ -173,7 +175,7 @@ impl LlamaModel {
             mrope_section,
             rope_factors,
             context_rope,
-        } = read_hf_config(config, vocab_from_weights)?;
+        } = read_hf_config(config, vocab_from_weights, rules)?;
         let l = HfLoader {
             w: weights,
             qkv_rows: (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim,
@@ -181,13 +183,12 @@ impl LlamaModel {
         };
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let token_embd = l.matrix(&embed_name, cfg.vocab, h)?;
-        // Absent from the file, transformers' class default decides: tied for Gemma, untied
-        // for the rest.
+        // Absent from the file, transformers' class default decides.
         let tied = text_section(config)
             .get("tie_word_embeddings")
             .or_else(|| config.get("tie_word_embeddings"))
             .and_then(Value::as_bool)
-            .unwrap_or(cfg.architecture.starts_with("Gemma"));
+            .unwrap_or(rules.tied_by_default);
         let head = ["lm_head.weight", "language_model.lm_head.weight"]
             .into_iter()
             .find(|n| weights.contains(n));

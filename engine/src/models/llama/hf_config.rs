@@ -6,33 +6,19 @@ use serde_json::Value;
 use super::rope_scaling::{
     dynamic, llama3_factors, longrope, original_context, yarn_factors, ContextRope,
 };
-use super::{gemma, FamilyTraits, LlamaConfig, MlpActivation};
+use super::rules::DecoderRules;
+use super::{LlamaConfig, MlpActivation};
 use crate::error::{EngineError, Result};
-
-/// `architectures` entries this loader accepts.
-pub const HF_DECODER_ARCHITECTURES: &[&str] = &[
-    "LlamaForCausalLM",
-    "MistralForCausalLM",
-    "Qwen2ForCausalLM",
-    "Qwen3ForCausalLM",
-    "Qwen2VLForConditionalGeneration",
-    "Qwen2AudioForConditionalGeneration",
-    // Llama's layers with q/k/v and gate/up each stored as one fused matrix (see `fused`).
-    "Phi3ForCausalLM",
-    // Llama's layers with the traits `gemma` reads.
-    "Gemma2ForCausalLM",
-    "Gemma3ForCausalLM",
-];
 
 /// More layers than any published decoder has (the largest have a few hundred).
 const MAX_LAYERS: usize = 4096;
 
-pub(super) fn cfg_error(msg: impl Into<String>) -> EngineError {
+pub fn cfg_error(msg: impl Into<String>) -> EngineError {
     EngineError::load("config.json", msg)
 }
 
 /// The text model's settings: top level, or `text_config` where the checkpoint nests them.
-pub(super) fn text_section(config: &Value) -> &Value {
+pub fn text_section(config: &Value) -> &Value {
     config
         .get("text_config")
         .filter(|v| v.is_object())
@@ -59,7 +45,7 @@ pub struct HfDecoderConfig {
 
 /// The MLP activation `config.json` names under `key` (`hidden_act`; Gemma's is
 /// `hidden_activation`).
-pub(super) fn activation(t: &Value, key: &str) -> Result<MlpActivation> {
+pub fn activation(t: &Value, key: &str) -> Result<MlpActivation> {
     let name = t.get(key).and_then(Value::as_str);
     match name {
         None | Some("silu" | "swish") => Ok(MlpActivation::Silu),
@@ -105,20 +91,12 @@ fn rope_sections(t: &Value) -> Result<(Option<&Value>, f32, Option<f32>)> {
 }
 
 /// Per layer, the sliding window it attends within: `layer_types` where the file lists them,
-/// else each family's rule (Gemma 2 alternates from layer 0, Gemma 3 has one global layer in
-/// `sliding_window_pattern`, Qwen2 slides from `max_window_layers` when
-/// `use_sliding_window`, Mistral and Phi-3 slide everywhere when `sliding_window` is set).
-/// Llama's layers never slide: transformers' Llama does not read the field.
-fn layer_windows(arch: &str, t: &Value, n_layers: usize) -> Result<Vec<Option<usize>>> {
-    if arch == "LlamaForCausalLM" {
+/// else the family's rule ([`DecoderRules::sliding_layer`]); a family without one never slides.
+fn layer_windows(rules: &DecoderRules, t: &Value, n_layers: usize) -> Result<Vec<Option<usize>>> {
+    let Some(sliding_layer) = rules.sliding_layer else {
         return Ok(Vec::new());
-    }
-    // Absent from the file, transformers' class default: 4096 for Mistral and Gemma.
-    let class_default = matches!(
-        arch,
-        "MistralForCausalLM" | "Gemma2ForCausalLM" | "Gemma3ForCausalLM"
-    )
-    .then_some(4096);
+    };
+    let class_default = rules.default_window;
     let window = match t.get("sliding_window") {
         None => class_default,
         Some(Value::Null) => None,
@@ -150,25 +128,7 @@ fn layer_windows(arch: &str, t: &Value, n_layers: usize) -> Result<Vec<Option<us
     } else if window.is_none() {
         return Ok(Vec::new());
     } else {
-        let qwen = arch.starts_with("Qwen");
-        let use_sliding = t.get("use_sliding_window").and_then(Value::as_bool);
-        let from = t
-            .get("max_window_layers")
-            .and_then(Value::as_u64)
-            .map_or(0, |n| n as usize);
-        let pattern = t
-            .get("sliding_window_pattern")
-            .or_else(|| t.get("_sliding_window_pattern"))
-            .and_then(Value::as_u64)
-            .map_or(6, |n| n.max(1) as usize);
-        (0..n_layers)
-            .map(|i| match arch {
-                "Gemma2ForCausalLM" => i % 2 == 0,
-                "Gemma3ForCausalLM" => (i + 1) % pattern != 0,
-                _ if qwen => use_sliding == Some(true) && i >= from,
-                _ => use_sliding != Some(false),
-            })
-            .collect()
+        (0..n_layers).map(|i| sliding_layer(t, i)).collect()
     };
     if !sliding.iter().any(|&s| s) {
         return Ok(Vec::new());
@@ -182,19 +142,18 @@ fn layer_windows(arch: &str, t: &Value, n_layers: usize) -> Result<Vec<Option<us
 }
 
 /// Reads the decoder's hyper-parameters from `config.json`.
-pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDecoderConfig> {
+/// The registry has matched the architecture to `rules` already.
+pub fn read_hf_config(
+    config: &Value,
+    vocab_from_weights: usize,
+    rules: &DecoderRules,
+) -> Result<HfDecoderConfig> {
     let arch = config
         .get("architectures")
         .and_then(|a| a.get(0))
         .and_then(Value::as_str)
         .unwrap_or("")
         .to_string();
-    if !HF_DECODER_ARCHITECTURES.contains(&arch.as_str()) {
-        return Err(cfg_error(format!(
-            "architecture `{arch}` is not supported as a decoder (supported: {})",
-            HF_DECODER_ARCHITECTURES.join(", ")
-        )));
-    }
     let t = text_section(config);
     let hidden = need_usize(t, "hidden_size")?;
     let n_layers = need_usize(t, "num_hidden_layers")?;
@@ -316,17 +275,10 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
         .or_else(|| config.get("vocab_size"))
         .and_then(Value::as_u64)
         .map_or(vocab_from_weights, |n| n as usize);
-    let traits = match gemma::traits(&arch, t, hidden)? {
-        Some(traits) => traits,
-        None => FamilyTraits {
-            activation: activation(t, "hidden_act")?,
-            ..FamilyTraits::default()
-        },
-    };
-    let mut windows = layer_windows(&arch, t, n_layers)?;
-    // Only Gemma 3 turns its sliding layers with their own base.
-    let local_rope_base = local_rope_base
-        .filter(|_| arch == "Gemma3ForCausalLM" && windows.iter().any(Option::is_some));
+    let traits = (rules.hf_traits)(t, hidden)?;
+    let mut windows = layer_windows(rules, t, n_layers)?;
+    let local_rope_base =
+        local_rope_base.filter(|_| rules.local_rope && windows.iter().any(Option::is_some));
     // Windows that cover the whole context change nothing (unless the layer's RoPE differs).
     if local_rope_base.is_none() && windows.iter().flatten().all(|&w| w >= max_position) {
         windows.clear();
@@ -362,6 +314,12 @@ pub fn read_hf_config(config: &Value, vocab_from_weights: usize) -> Result<HfDec
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `config.json` read with the rules of the family the registry finds for it.
+    fn read(config: &Value, vocab: usize) -> Result<HfDecoderConfig> {
+        let rules = crate::families::decoder_rules_for_hf(config)?;
+        read_hf_config(config, vocab, rules)
+    }
     use serde_json::json;
 
     fn base() -> Value {
@@ -379,7 +337,7 @@ mod tests {
             mrope_section: mrope,
             rope_factors,
             ..
-        } = read_hf_config(&base(), 0).unwrap();
+        } = read(&base(), 0).unwrap();
         assert_eq!(rope_factors, None);
         assert_eq!((cfg.head_dim, cfg.n_kv_heads, cfg.vocab), (16, 2, 100));
         assert!(cfg.rope_neox);
@@ -388,25 +346,22 @@ mod tests {
         let mut vl = base();
         vl["architectures"] = json!(["Qwen2VLForConditionalGeneration"]);
         vl["rope_scaling"] = json!({"type": "mrope", "mrope_section": [4, 2, 2]});
-        assert_eq!(
-            read_hf_config(&vl, 0).unwrap().mrope_section,
-            Some(vec![4, 2, 2])
-        );
+        assert_eq!(read(&vl, 0).unwrap().mrope_section, Some(vec![4, 2, 2]));
         // Nested text settings (transformers 5 layout).
         let nested =
             json!({"architectures": ["Qwen2VLForConditionalGeneration"], "text_config": base()});
-        assert_eq!(read_hf_config(&nested, 0).unwrap().cfg.hidden, 64);
+        assert_eq!(read(&nested, 0).unwrap().cfg.hidden, 64);
     }
 
     #[test]
     fn sliding_windows_per_layer_by_family_and_layer_types() {
-        let windows = |v: &Value| read_hf_config(v, 0).unwrap().cfg.windows;
+        let windows = |v: &Value| read(v, 0).unwrap().cfg.windows;
         let mut v = base();
         v["architectures"] = json!(["MistralForCausalLM"]);
         v["max_position_embeddings"] = json!(32768);
         v["sliding_window"] = json!(4096);
         assert_eq!(windows(&v), vec![Some(4096); 2]);
-        assert_eq!(read_hf_config(&v, 0).unwrap().cfg.max_position, 32768);
+        assert_eq!(read(&v, 0).unwrap().cfg.max_position, 32768);
         // A window as long as the context is no window; absent, transformers' default.
         v["sliding_window"] = json!(32768);
         assert!(windows(&v).is_empty());
@@ -441,7 +396,7 @@ mod tests {
         let mut v = base();
         v["architectures"] = json!(["Gemma2ForCausalLM"]);
         v["sliding_window"] = json!(8);
-        let cfg = read_hf_config(&v, 0).unwrap().cfg;
+        let cfg = read(&v, 0).unwrap().cfg;
         let t = &cfg.traits;
         assert_eq!(t.embed_scale, Some(8.0));
         assert!(t.norm_offset && t.sandwich_norms);
@@ -450,7 +405,7 @@ mod tests {
         assert_eq!(t.attn_scale, Some(1.0 / 16.0));
         v["final_logit_softcapping"] = Value::Null;
         v["query_pre_attn_scalar"] = json!(64);
-        let cfg = read_hf_config(&v, 0).unwrap().cfg;
+        let cfg = read(&v, 0).unwrap().cfg;
         assert_eq!(cfg.traits.final_softcap, None);
         assert_eq!(cfg.traits.attn_scale, Some(0.125));
         // Gemma 3: local layers turn with their own base, in either layout.
@@ -459,7 +414,7 @@ mod tests {
         v["sliding_window"] = json!(8);
         v["rope_theta"] = json!(1000000.0);
         v["rope_local_base_freq"] = json!(10000.0);
-        let cfg = read_hf_config(&v, 0).unwrap().cfg;
+        let cfg = read(&v, 0).unwrap().cfg;
         assert_eq!((cfg.rope_base, cfg.local_rope_base), (1e6, Some(1e4)));
         assert_eq!(cfg.traits.attn_softcap, None);
         let mut v = base();
@@ -469,13 +424,13 @@ mod tests {
         v["rope_parameters"] = json!({
             "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
             "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1000000.0}});
-        let cfg = read_hf_config(&v, 0).unwrap().cfg;
+        let cfg = read(&v, 0).unwrap().cfg;
         assert_eq!((cfg.rope_base, cfg.local_rope_base), (1e6, Some(1e4)));
         assert_eq!(cfg.rope_freq_scale, 0.125);
         // The field belongs to Gemma 3 only.
         let mut v = base();
         v["rope_local_base_freq"] = json!(10.0);
-        assert_eq!(read_hf_config(&v, 0).unwrap().cfg.local_rope_base, None);
+        assert_eq!(read(&v, 0).unwrap().cfg.local_rope_base, None);
     }
 
     #[test]
@@ -484,7 +439,7 @@ mod tests {
         v["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
             "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
         v["rope_theta"] = json!(10000.0);
-        let f = read_hf_config(&v, 0).unwrap().rope_factors.unwrap();
+        let f = read(&v, 0).unwrap().rope_factors.unwrap();
         assert_eq!(f.len(), 8);
         assert_eq!(f[0], 1.0);
         assert_eq!(f[7], 8.0);
@@ -497,12 +452,7 @@ mod tests {
 
     #[test]
     fn refuses_what_it_cannot_run_with_a_reason() {
-        let msg = |v: Value| {
-            read_hf_config(&v, 0)
-                .err()
-                .map(|e| e.to_string())
-                .unwrap_or_default()
-        };
+        let msg = |v: Value| read(&v, 0).err().map(|e| e.to_string()).unwrap_or_default();
         let mut v = base();
         v["architectures"] = json!(["GPT2LMHeadModel"]);
         assert!(msg(v).contains("GPT2LMHeadModel"));
