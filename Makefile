@@ -51,6 +51,7 @@ test: deps models nvrtc sdk torch llamacpp
 
 lint: deps
 	$(CARGO) fmt --all -- --check
+	python3 scripts/import_cycles.py engine >/dev/null  # the engine's module graph has no cycle
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
 	$(CARGO) clippy -p kernels -p engine --all-targets -- -D warnings  # without the cuda feature
 

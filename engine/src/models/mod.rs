@@ -1,4 +1,5 @@
-//! Model code, one model family per file.
+//! The model code the families of [`crate::families`] share: the Llama-shaped decoder, the
+//! BERT-shaped encoder, the vision and audio towers, and the layers those towers share.
 
 pub mod bert;
 pub(crate) mod layers;
