@@ -9,10 +9,11 @@
 //! [`LlamaConfig::windows`], and the one forward pass honours each.
 //!
 //! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
-//! fly. In [`ActivationMode::Q8`] (the default) steps of up to 16 tokens (`Q8_MAX_TOKENS`)
-//! quantise the activations to 8-bit blocks and use integer dot products against the 4- and
-//! 8-bit weights; larger steps, and every step in [`ActivationMode::F32`], use f32
-//! activations.
+//! fly. In [`ActivationMode::Q8`] (the default) every step quantises the activations to 8-bit
+//! blocks and uses integer dot products against quantised weights (float weights take f32
+//! activations); [`ActivationMode::F32`] keeps f32 activations throughout. The path depends on
+//! the mode and the weights only, never on the step's size: a token's numbers are the same
+//! whatever else is in its batch.
 //!
 //! A step stacks the tokens of every chunk in the batch into one activation matrix, so the
 //! projections of a batch of decode tokens run as one GEMM; attention runs per sequence over
@@ -166,10 +167,6 @@ pub struct LlamaModel {
     state: Mutex<StepState>,
 }
 
-/// In [`ActivationMode::Q8`], steps of at most this many tokens use the integer kernels; larger
-/// ones (prefill) keep the f32 GEMM path, which is faster there.
-const Q8_MAX_TOKENS: usize = 16;
-
 impl std::fmt::Debug for LlamaModel {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("LlamaModel")
@@ -220,7 +217,7 @@ impl LlamaModel {
         }
     }
 
-    /// `matmul_multi` on the path the activation mode picks for a step of `m` tokens.
+    /// `matmul_multi` on the path the activation mode picks (the same for every step size).
     fn matmul_multi(
         &self,
         x: &[f32],
@@ -228,7 +225,7 @@ impl LlamaModel {
         jobs: &mut [MatmulJob<'_, '_>],
         accumulate: bool,
     ) -> Result<()> {
-        if self.activation_mode == ActivationMode::Q8 && m <= Q8_MAX_TOKENS {
+        if self.activation_mode == ActivationMode::Q8 {
             kernels::matmul_multi_q8(x, m, jobs, accumulate)
         } else {
             kernels::matmul_multi(x, m, jobs, accumulate)

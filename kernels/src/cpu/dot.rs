@@ -192,8 +192,6 @@ mod x86 {
                     let has_min = a.dtype == DType::Q4_1;
                     let bb = a.dtype.block_bytes();
                     let qoff = if has_min { 4 } else { 2 };
-                    // Even and odd blocks accumulate separately (two dependency chains).
-                    let mut acc_odd = [_mm256_setzero_ps(); R];
                     macro_rules! q4_block {
                         ($b:expr, $acc:ident) => {{
                             let b = $b;
@@ -213,23 +211,10 @@ mod x86 {
                             }
                         }};
                     }
-                    let mut b = 0;
-                    while b + 1 < nb {
+                    // One chain per row whatever `R` is: a row's sum must not depend on how
+                    // many rows share the call (batch invariance).
+                    for b in 0..nb {
                         q4_block!(b, acc);
-                        // A second chain only helps the single-row kernel; more rows
-                        // already have independent chains (and need the registers).
-                        if R == 1 {
-                            q4_block!(b + 1, acc_odd);
-                        } else {
-                            q4_block!(b + 1, acc);
-                        }
-                        b += 2;
-                    }
-                    if b < nb {
-                        q4_block!(b, acc);
-                    }
-                    for r in 0..R {
-                        acc[r] = _mm256_add_ps(acc[r], acc_odd[r]);
                     }
                 }
                 DType::Q8_0 => {

@@ -1,31 +1,30 @@
-//! `out = x · Wᵀ` for quantised or float weights and f32 activations.
+//! `out = x · Wᵀ` for quantised or float weights and f32 (or 8-bit quantised) activations.
 //!
-//! - Few activation rows (decode): [`super::dot`]'s fused kernels, parallel over output rows.
-//! - Many rows (prefill, big batches): each task dequantises a tile of weight rows into a
-//!   thread-local f32 buffer and multiplies it with the `gemm` crate, parallel over tiles.
-
-use std::cell::RefCell;
+//! Every output element is one kernel's dot product of one weight row and one activation row,
+//! computed in the same order however many rows the call has and wherever the row sits in it:
+//! a row's result does not depend on the batch (batch invariance, which the serving
+//! guarantees rest on). Parallel over weight rows; activation rows go in groups that share
+//! each weight row's loads, and large calls walk the weight rows in sub-blocks that stay in
+//! cache while every group meets them.
 
 use rayon::prelude::*;
 
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
-use super::features::cpu_isa;
+use super::features::{cpu_isa, Isa};
 use super::kquant::MAX_XK;
 use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
 use crate::{DType, KernelError, QMatrix};
 
-/// Up to this many activation rows use the fused kernels; more use tiles + GEMM.
-pub const FUSED_MAX_ROWS: usize = 16;
-/// Weight rows per task in the fused path (at least).
+/// Weight rows per task (at least).
 const FUSED_CHUNK_MIN: usize = 16;
 /// Weight rows per integer-kernel call (its outputs go through a stack buffer).
 const Q8_SUB_ROWS: usize = 64;
 // The stack buffer holds `MAX_X` activation rows, enough for either kernel family.
 const _: () = assert!(MAX_XK <= MAX_X);
-/// Weight rows per dequantised tile in the GEMM path.
-const TILE_ROWS: usize = 64;
+/// Weight rows the f32 path walks before moving to the next group of activation rows.
+const F32_SUB_ROWS: usize = 16;
 
 /// One weight matrix and where its product goes (`m × w.rows()`, row-major).
 pub struct MatmulJob<'w, 'o> {
@@ -40,10 +39,6 @@ struct OutPtr(*mut f32);
 // parallel region (it is joined before the mutable borrows end).
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
-
-thread_local! {
-    static TILE: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
 
 /// `out = x · Wᵀ` (or `out += x · Wᵀ` when `accumulate`), with `x` holding `m` rows of
 /// `w.cols()` floats and `out` `m` rows of `w.rows()`.
@@ -64,14 +59,21 @@ pub fn matmul_multi(
     jobs: &mut [MatmulJob<'_, '_>],
     accumulate: bool,
 ) -> Result<(), KernelError> {
+    matmul_multi_at(cpu_isa(), x, m, jobs, accumulate)
+}
+
+/// [`matmul_multi`] on `isa`'s kernels.
+pub(crate) fn matmul_multi_at(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatmulJob<'_, '_>],
+    accumulate: bool,
+) -> Result<(), KernelError> {
     let Some(k) = check_shapes(x, m, jobs)? else {
         return Ok(());
     };
-    if m <= FUSED_MAX_ROWS {
-        fused(x, m, k, jobs, accumulate);
-    } else {
-        tiled(x, m, k, jobs, accumulate);
-    }
+    fused(isa, x, m, k, jobs, accumulate);
     Ok(())
 }
 
@@ -99,13 +101,24 @@ pub fn matmul_multi_q8(
     jobs: &mut [MatmulJob<'_, '_>],
     accumulate: bool,
 ) -> Result<(), KernelError> {
+    matmul_multi_q8_at(cpu_isa(), x, m, jobs, accumulate)
+}
+
+/// [`matmul_multi_q8`] on `isa`'s kernels.
+pub(crate) fn matmul_multi_q8_at(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    jobs: &mut [MatmulJob<'_, '_>],
+    accumulate: bool,
+) -> Result<(), KernelError> {
     let Some(k) = check_shapes(x, m, jobs)? else {
         return Ok(());
     };
     if !jobs.iter().all(|j| q8_supports(j.w.dtype())) || !k.is_multiple_of(Q8_BLOCK) {
-        return matmul_multi(x, m, jobs, accumulate);
+        return matmul_multi_at(isa, x, m, jobs, accumulate);
     }
-    fused_q8(x, m, k, jobs, accumulate);
+    fused_q8(isa, x, m, k, jobs, accumulate);
     Ok(())
 }
 
@@ -162,8 +175,14 @@ fn split_rows(
     tasks
 }
 
-fn fused(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
-    let isa = cpu_isa();
+fn fused(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    jobs: &mut [MatmulJob<'_, '_>],
+    accumulate: bool,
+) {
     let nb = k / 32;
     let need_sums = jobs.iter().any(|j| needs_block_sums(j.w.dtype()));
     let mut xsum = Vec::new();
@@ -186,90 +205,53 @@ fn fused(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumula
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
         let mut vals = [0f32; MAX_R];
-        for row in r0..r1 {
-            let wrow = w.row(row);
+        let mut sub = r0;
+        while sub < r1 {
+            let sub_end = (sub + F32_SUB_ROWS).min(r1);
             let mut g = 0;
             while g < m {
                 let rows = (m - g).min(MAX_R);
-                let args = DotArgs {
-                    dtype: w.dtype(),
-                    w: wrow,
-                    k,
-                    x: &x[g * k..],
-                    x_stride: k,
-                    xsum: if need_sums { &xsum[g * nb..] } else { &[] },
-                    xsum_stride: nb,
-                };
-                dot_rows(isa, &args, &mut vals[..rows]);
-                for (i, v) in vals[..rows].iter().enumerate() {
-                    let idx = (g + i) * n + row;
-                    // SAFETY: `idx < m * n` (the output length checked by `matmul_multi`), and
-                    // no other task writes column `row` of this job's output.
-                    unsafe {
-                        let p = out.0.add(idx);
-                        if accumulate {
-                            *p += *v;
-                        } else {
-                            *p = *v;
+                for row in sub..sub_end {
+                    let args = DotArgs {
+                        dtype: w.dtype(),
+                        w: w.row(row),
+                        k,
+                        x: &x[g * k..],
+                        x_stride: k,
+                        xsum: if need_sums { &xsum[g * nb..] } else { &[] },
+                        xsum_stride: nb,
+                    };
+                    dot_rows(isa, &args, &mut vals[..rows]);
+                    for (i, v) in vals[..rows].iter().enumerate() {
+                        let idx = (g + i) * n + row;
+                        // SAFETY: `idx < m * n` (the output length checked by
+                        // `check_shapes`), and no other task writes column `row` of this
+                        // job's output.
+                        unsafe {
+                            let p = out.0.add(idx);
+                            if accumulate {
+                                *p += *v;
+                            } else {
+                                *p = *v;
+                            }
                         }
                     }
                 }
                 g += rows;
             }
+            sub = sub_end;
         }
     });
 }
 
-fn tiled(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
-    let tasks = split_rows(jobs, |_| TILE_ROWS);
-    let ws: Vec<(QMatrix<'_>, usize, OutPtr)> = jobs
-        .iter_mut()
-        .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
-        .collect();
-    tasks.par_iter().for_each(|&(j, r0, r1)| {
-        let (w, n, out) = ws[j];
-        let rows = r1 - r0;
-        TILE.with(|tile| {
-            let mut tile = tile.borrow_mut();
-            if tile.len() < rows * k {
-                tile.resize(rows * k, 0.0);
-            }
-            for (i, row) in (r0..r1).enumerate() {
-                w.dequantize_row_into(row, &mut tile[i * k..(i + 1) * k]);
-            }
-            // SAFETY: dst covers rows 0..m, columns r0..r1 of this job's `m × n` output
-            // (checked length), which no other task touches; lhs is `m × k` with row stride
-            // k (checked length); rhs is the `k × rows` transpose view of the tile (element
-            // (kk, c) at tile[c * k + kk]).
-            unsafe {
-                gemm::gemm(
-                    m,
-                    rows,
-                    k,
-                    out.0.add(r0),
-                    1,
-                    n as isize,
-                    accumulate,
-                    x.as_ptr(),
-                    1,
-                    k as isize,
-                    tile.as_ptr(),
-                    k as isize,
-                    1,
-                    1.0f32,
-                    1.0f32,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::None,
-                );
-            }
-        });
-    });
-}
-
-fn fused_q8(x: &[f32], m: usize, k: usize, jobs: &mut [MatmulJob<'_, '_>], accumulate: bool) {
-    let isa = cpu_isa();
+fn fused_q8(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    jobs: &mut [MatmulJob<'_, '_>],
+    accumulate: bool,
+) {
     // Each weight family reads its own activation blocks: quantise only those needed.
     let nb = k / Q8_BLOCK;
     let nbk = k / QK_K;

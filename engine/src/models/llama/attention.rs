@@ -4,10 +4,11 @@
 //! position `p` attends to positions `0..=p` of its own sequence (`p - w + 1..=p` in a layer
 //! with a sliding window `w`), read through the sequence's block table; positions outside the
 //! window are never read, so a window works the same after chunked prefill or a prefix-cache
-//! hit. Two paths, both parallel over (chunk, KV head, block of queries):
-//! - short chunks (decode): direct dot products against the cached keys, block by block;
-//! - long chunks (prefill): the task gathers its KV head's keys and values into contiguous
-//!   buffers and runs `Q·Kᵀ` and `P·V` as GEMMs for all query heads of the group.
+//! hit. Every query, in a decode step or a prefill chunk of any length, takes the same path:
+//! direct dot products against the cached keys block by block, a softmax, and the values
+//! summed in position order, parallel over (chunk, KV head, query). A query's output thus
+//! depends on its position and the cache only, not on how its prompt was split into chunks
+//! or what else ran in the step (batch invariance).
 
 use std::cell::RefCell;
 
@@ -46,10 +47,8 @@ impl KvElem for half::bf16 {
     }
 }
 
-/// Chunks at least this long take the gather + GEMM path.
-const GEMM_MIN_QUERIES: usize = 8;
-/// Queries per task on the GEMM path.
-const GEMM_QUERY_BLOCK: usize = 64;
+/// Queries per task: enough to amortise a task, few enough to balance a short chunk.
+const QUERY_BLOCK: usize = 16;
 
 /// The tokens of one sequence within the step's activation matrix.
 pub(crate) struct ChunkSpan<'a> {
@@ -105,8 +104,6 @@ impl OutPtr {
 struct TaskScratch {
     scores: Vec<f32>,
     acc: Vec<f32>,
-    keys: Vec<f32>,
-    values: Vec<f32>,
     /// One cached row converted to f32 (16- and 8-bit caches).
     row: Vec<f32>,
 }
@@ -151,11 +148,7 @@ fn attend_typed<T: KvElem>(
     assert!(out.len() >= rows * q_stride && q.len() >= rows * q_stride);
     let mut tasks = Vec::new();
     for (c, ch) in chunks.iter().enumerate() {
-        let qb = if ch.len >= GEMM_MIN_QUERIES {
-            GEMM_QUERY_BLOCK
-        } else {
-            1
-        };
+        let qb = QUERY_BLOCK;
         for kvh in 0..shape.n_kv_heads {
             let mut i = 0;
             while i < ch.len {
@@ -170,11 +163,7 @@ fn attend_typed<T: KvElem>(
         let ch = &chunks[c];
         SCRATCH.with(|s| {
             let mut s = s.borrow_mut();
-            if ch.len >= GEMM_MIN_QUERIES {
-                gemm_task(shape, ch, kvh, i0, i1, q, k_cache, v_cache, out_ptr, &mut s);
-            } else {
-                direct_task(shape, ch, kvh, i0, i1, q, k_cache, v_cache, out_ptr, &mut s);
-            }
+            direct_task(shape, ch, kvh, i0, i1, q, k_cache, v_cache, out_ptr, &mut s);
         });
     });
 }
@@ -268,92 +257,6 @@ fn direct_task<T: KvElem>(
             unsafe {
                 let dst = out.get().add(t * q_stride + h * hd);
                 std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, hd);
-            }
-        }
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn gemm_task<T: KvElem>(
-    shape: &AttnShape,
-    ch: &ChunkSpan<'_>,
-    kvh: usize,
-    i0: usize,
-    i1: usize,
-    q: &[f32],
-    k_cache: &[T],
-    v_cache: &[T],
-    out: OutPtr,
-    s: &mut TaskScratch,
-) {
-    let hd = shape.head_dim;
-    let q_stride = shape.n_heads * hd;
-    let kv_stride = shape.n_kv_heads * hd;
-    let group = shape.n_heads / shape.n_kv_heads;
-    let nq = i1 - i0;
-    // The last query of the block sees the furthest position, the first the earliest.
-    let ctx = ch.start_pos + i1;
-    let lo = shape.first_visible(ch.start_pos + i0);
-    let width = ctx - lo;
-    let TaskScratch {
-        scores,
-        acc,
-        keys,
-        values,
-        row,
-    } = s;
-    row.resize(hd, 0.0);
-    keys.resize(width * hd, 0.0);
-    values.resize(width * hd, 0.0);
-    scores.resize(nq * width, 0.0);
-    for_each_block(
-        ch.block_table,
-        shape.block_size,
-        kv_stride,
-        lo,
-        ctx,
-        |p0, off, n| {
-            for j in 0..n {
-                let o = off + j * kv_stride + kvh * hd;
-                let r = p0 - lo + j;
-                keys[r * hd..(r + 1) * hd].copy_from_slice(T::row(&k_cache[o..o + hd], row));
-                values[r * hd..(r + 1) * hd].copy_from_slice(T::row(&v_cache[o..o + hd], row));
-            }
-        },
-    );
-    let t0 = ch.row + i0;
-    for h in kvh * group..(kvh + 1) * group {
-        let qh = &q[t0 * q_stride + h * hd..];
-        kernels::gemm_abt(
-            nq,
-            width,
-            hd,
-            shape.scale,
-            qh,
-            q_stride,
-            keys,
-            hd,
-            scores,
-            width,
-        );
-        for r in 0..nq {
-            // This query sees positions first..end, at columns first - lo..end - lo.
-            let pos = ch.start_pos + i0 + r;
-            let (first, end) = (shape.first_visible(pos) - lo, pos + 1 - lo);
-            let row = &mut scores[r * width..(r + 1) * width];
-            row[..first].fill(0.0);
-            shape.finish_scores(&mut row[first..end]);
-            ops::softmax(&mut row[first..end]);
-            row[end..].fill(0.0);
-        }
-        acc.resize(nq * hd, 0.0);
-        kernels::gemm_ab(nq, hd, width, scores, width, values, hd, acc, hd);
-        for r in 0..nq {
-            // SAFETY: row t0 + r, head h of `out` belongs to this task only (bounds asserted
-            // in attend).
-            unsafe {
-                let dst = out.get().add((t0 + r) * q_stride + h * hd);
-                std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * hd), dst, hd);
             }
         }
     }

@@ -185,7 +185,6 @@ fn matmul_paths_match_reference() {
         for &(n, k) in &[(7usize, 64usize), (130, 160)] {
             let bytes = random_matrix(&mut rng, dtype, n, k);
             let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
-            // m = 1..=16 use the fused path, larger the tiled GEMM path.
             for m in [1usize, 3, 5, 8, 9, 16, 17, 33] {
                 let x: Vec<f32> = (0..m * k).map(|_| rng.f32()).collect();
                 let want = reference(&x, m, &w);
@@ -343,5 +342,6 @@ fn rope_layouts_agree_after_permutation() {
     assert_eq!(c, neox_in);
 }
 
+mod invariance;
 mod q8;
 mod reference;

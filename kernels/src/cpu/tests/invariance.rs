@@ -1,0 +1,62 @@
+//! Batch invariance: a row's product is bit-identical alone and at every position of every
+//! batch size, on both activation paths, for every storage type, on every kernel level.
+
+use super::{random_matrix, Rng};
+use crate::cpu::features::Isa;
+use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
+use crate::{DType, MatmulJob, QMatrix};
+
+/// Past the kernels' row groups (8 f32 rows, 4 quantised rows) several times over, with
+/// ragged last groups.
+const M_MAX: usize = 37;
+
+fn rows_are_batch_invariant(isa: Isa) {
+    let mut rng = Rng(0x5EED_1234);
+    // 256 columns fit every block size (the K-quants' super-blocks included); 21 weight rows
+    // give the quantised path an odd last pass.
+    let (n, k) = (21usize, 256usize);
+    for dtype in DType::ALL {
+        let bytes = random_matrix(&mut rng, dtype, n, k);
+        let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
+        let x: Vec<f32> = (0..M_MAX * k).map(|_| rng.f32() * 3.0).collect();
+        for q8 in [false, true] {
+            let run = |rows: &[f32], m: usize| -> Vec<f32> {
+                let mut out = vec![f32::NAN; m * n];
+                let mut jobs = [MatmulJob { w, out: &mut out }];
+                if q8 {
+                    matmul_multi_q8_at(isa, rows, m, &mut jobs, false).unwrap();
+                } else {
+                    matmul_multi_at(isa, rows, m, &mut jobs, false).unwrap();
+                }
+                out
+            };
+            let alone: Vec<Vec<f32>> = (0..M_MAX).map(|r| run(&x[r * k..(r + 1) * k], 1)).collect();
+            for m in 1..=M_MAX {
+                // Rows 0..m of `x`, and the same rows in reverse, so that each row is also
+                // seen at another position and in another group.
+                let reversed: Vec<f32> = (0..m)
+                    .rev()
+                    .flat_map(|r| x[r * k..(r + 1) * k].iter().copied())
+                    .collect();
+                for (order, rows) in [("forward", &x[..m * k]), ("reversed", &reversed[..])] {
+                    let out = run(rows, m);
+                    for (pos, got) in out.chunks_exact(n).enumerate() {
+                        let r = if order == "forward" { pos } else { m - 1 - pos };
+                        let same = got
+                            .iter()
+                            .zip(&alone[r])
+                            .all(|(a, b)| a.to_bits() == b.to_bits());
+                        assert!(
+                            same,
+                            "{dtype} {isa:?} q8={q8}: row {r} at position {pos} of a batch of {m} ({order}) differs from the row alone"
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+mod rows_are_batch_invariant {
+    level_tests!(super::rows_are_batch_invariant => Scalar, Avx2, AvxVnni, Avx512, Avx512Vnni);
+}
