@@ -1,5 +1,6 @@
 //! Batch invariance: a row's product is bit-identical alone and at every position of every
-//! batch size, on both activation paths, for every storage type, on every kernel level.
+//! batch size, on both activation paths, for every storage type, on every kernel level; and
+//! whatever the thread count (which changes how the weight rows are split into tasks).
 
 use super::{random_matrix, Rng};
 use crate::cpu::features::Isa;
@@ -12,9 +13,10 @@ const M_MAX: usize = 37;
 
 fn rows_are_batch_invariant(isa: Isa) {
     let mut rng = Rng(0x5EED_1234);
-    // 256 columns fit every block size (the K-quants' super-blocks included); 21 weight rows
-    // give the quantised path an odd last pass.
-    let (n, k) = (21usize, 256usize);
+    // 256 columns fit every block size (the K-quants' super-blocks included); an odd number
+    // of weight rows, enough that each pool size below splits them into other tasks (and
+    // other odd last passes on the quantised path).
+    let (n, k) = (203usize, 256usize);
     for dtype in DType::ALL {
         let bytes = random_matrix(&mut rng, dtype, n, k);
         let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
@@ -31,7 +33,8 @@ fn rows_are_batch_invariant(isa: Isa) {
                 out
             };
             let alone: Vec<Vec<f32>> = (0..M_MAX).map(|r| run(&x[r * k..(r + 1) * k], 1)).collect();
-            for m in 1..=M_MAX {
+            let sizes = (1..=10).chain([15, 16, 17, 23, 31, 32, 33, M_MAX]);
+            for m in sizes {
                 // Rows 0..m of `x`, and the same rows in reverse, so that each row is also
                 // seen at another position and in another group.
                 let reversed: Vec<f32> = (0..m)
@@ -39,7 +42,13 @@ fn rows_are_batch_invariant(isa: Isa) {
                     .flat_map(|r| x[r * k..(r + 1) * k].iter().copied())
                     .collect();
                 for (order, rows) in [("forward", &x[..m * k]), ("reversed", &reversed[..])] {
-                    let out = run(rows, m);
+                    // Another pool size splits the weight rows into other tasks.
+                    let threads = 1 + m % 5;
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .unwrap();
+                    let out = pool.install(|| run(rows, m));
                     for (pos, got) in out.chunks_exact(n).enumerate() {
                         let r = if order == "forward" { pos } else { m - 1 - pos };
                         let same = got
@@ -48,7 +57,7 @@ fn rows_are_batch_invariant(isa: Isa) {
                             .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(
                             same,
-                            "{dtype} {isa:?} q8={q8}: row {r} at position {pos} of a batch of {m} ({order}) differs from the row alone"
+                            "{dtype} {isa:?} q8={q8}: row {r} at position {pos} of a batch of {m} ({order}, {threads} threads) differs from the row alone"
                         );
                     }
                 }
