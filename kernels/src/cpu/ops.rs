@@ -200,6 +200,44 @@ pub(crate) fn axpy_at(isa: Isa, alpha: f32, x: &[f32], y: &mut [f32]) {
     }
 }
 
+/// `y += Σ_j alpha[j] * x_j`, where row `j` is `x[j * stride..][..y.len()]`: bit for bit what
+/// [`axpy`] called once per row in order gives (each element takes the same operations in the
+/// same order), with `y` held in registers across the rows.
+///
+/// # Panics
+/// If `x` is shorter than the rows claim.
+pub fn axpy_rows(alpha: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    axpy_rows_at(cpu_isa(), alpha, x, stride, y);
+}
+
+/// [`axpy_rows`] on `isa`'s kernel.
+pub(crate) fn axpy_rows_at(isa: Isa, alpha: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+    let n = alpha.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        x.len() >= (n - 1) * stride + y.len(),
+        "axpy_rows: rows too short"
+    );
+    match isa.level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: every level above Scalar has the features, and `isa` runs here; the bounds
+        // were checked above.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::axpy_rows(alpha, x, stride, y)
+        },
+        _ => {
+            for (j, &a) in alpha.iter().enumerate() {
+                let row = &x[j * stride..j * stride + y.len()];
+                for (yi, &xi) in y.iter_mut().zip(row) {
+                    *yi += a * xi;
+                }
+            }
+        }
+    }
+}
+
 /// `y += x` element-wise.
 ///
 /// # Panics
@@ -311,6 +349,45 @@ mod x86 {
             s += a[i] * b[i];
         }
         s
+    }
+
+    /// # Safety
+    /// `x` holds `alpha.len()` rows of `y.len()` floats, `stride` apart (checked by the
+    /// caller).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn axpy_rows(alpha: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
+        // Eight vectors of y at a time stay in registers while every row meets them.
+        const CHUNK: usize = 64;
+        let len = y.len();
+        let full = len / 8 * 8;
+        let xp = x.as_ptr();
+        let mut c0 = 0;
+        while c0 < full {
+            let vecs = ((full - c0) / 8).min(CHUNK / 8);
+            let mut acc = [_mm256_setzero_ps(); CHUNK / 8];
+            // SAFETY (whole block): lanes c0..c0 + 8 * vecs lie inside y and inside each row.
+            unsafe {
+                for (v, a) in acc.iter_mut().enumerate().take(vecs) {
+                    *a = _mm256_loadu_ps(y.as_ptr().add(c0 + 8 * v));
+                }
+                for (j, &w) in alpha.iter().enumerate() {
+                    let wv = _mm256_set1_ps(w);
+                    let row = xp.add(j * stride + c0);
+                    for (v, a) in acc.iter_mut().enumerate().take(vecs) {
+                        *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * v)), *a);
+                    }
+                }
+                for (v, a) in acc.iter().enumerate().take(vecs) {
+                    _mm256_storeu_ps(y.as_mut_ptr().add(c0 + 8 * v), *a);
+                }
+            }
+            c0 += 8 * vecs;
+        }
+        for i in full..len {
+            for (j, &w) in alpha.iter().enumerate() {
+                y[i] += w * x[j * stride + i];
+            }
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -21,11 +21,34 @@ use crate::model::KvBuf;
 trait KvElem: Copy + Send + Sync {
     /// `src` as f32: the slice itself for f32, else converted into `scratch`.
     fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
+
+    /// `acc += Σ_j weights[j] · row_j`, row `j` at `src[j * stride..][..acc.len()]`, as
+    /// `axpy` once per row in order (so every path gives the same bits).
+    fn axpy_rows(
+        weights: &[f32],
+        src: &[Self],
+        stride: usize,
+        acc: &mut [f32],
+        scratch: &mut [f32],
+    ) {
+        let hd = acc.len();
+        for (j, &w) in weights.iter().enumerate() {
+            ops::axpy(
+                w,
+                Self::row(&src[j * stride..j * stride + hd], scratch),
+                acc,
+            );
+        }
+    }
 }
 
 impl KvElem for f32 {
     fn row<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
         src
+    }
+
+    fn axpy_rows(weights: &[f32], src: &[f32], stride: usize, acc: &mut [f32], _: &mut [f32]) {
+        ops::axpy_rows(weights, src, stride, acc);
     }
 }
 
@@ -247,10 +270,15 @@ fn direct_task<T: KvElem>(
                 lo,
                 ctx,
                 |p0, off, n| {
-                    for j in 0..n {
-                        let o = off + j * kv_stride + kvh * hd;
-                        ops::axpy(sc[p0 - lo + j], T::row(&v_cache[o..o + hd], row), acc);
-                    }
+                    let o = off + kvh * hd;
+                    let span = (n - 1) * kv_stride + hd;
+                    T::axpy_rows(
+                        &sc[p0 - lo..p0 - lo + n],
+                        &v_cache[o..o + span],
+                        kv_stride,
+                        acc,
+                        row,
+                    );
                 },
             );
             // SAFETY: row t, head h is written by this task only; bounds asserted in attend.

@@ -342,6 +342,36 @@ fn rope_layouts_agree_after_permutation() {
     assert_eq!(c, neox_in);
 }
 
+/// `axpy_rows` is bit for bit `axpy` once per row, at every width (tails included).
+fn axpy_rows_is_repeated_axpy(isa: Isa) {
+    let mut rng = Rng(77);
+    for &(width, rows, stride) in &[
+        (64usize, 5usize, 64usize),
+        (72, 9, 80),
+        (13, 3, 16),
+        (128, 17, 192),
+    ] {
+        let x: Vec<f32> = (0..rows * stride).map(|_| rng.f32()).collect();
+        let alpha: Vec<f32> = (0..rows).map(|_| rng.f32()).collect();
+        let y0: Vec<f32> = (0..width).map(|_| rng.f32()).collect();
+        let mut want = y0.clone();
+        for (j, &a) in alpha.iter().enumerate() {
+            super::ops::axpy_at(isa, a, &x[j * stride..j * stride + width], &mut want);
+        }
+        let mut got = y0.clone();
+        super::ops::axpy_rows_at(isa, &alpha, &x, stride, &mut got);
+        let same = got
+            .iter()
+            .zip(&want)
+            .all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "{isa:?} width {width} rows {rows}");
+    }
+}
+
+mod axpy_rows_is_repeated_axpy {
+    level_tests!(super::axpy_rows_is_repeated_axpy => Scalar, Avx2);
+}
+
 mod invariance;
 mod q8;
 mod reference;
