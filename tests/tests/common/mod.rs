@@ -71,6 +71,22 @@ pub fn must<T>(result: Result<T, String>) -> T {
     }
 }
 
+/// POSTs `body` as JSON to `url`; a transport failure fails the test.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    must(
+        client
+            .post(url)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string()),
+    )
+}
+
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> Result<u16, String> {
     let listener =
