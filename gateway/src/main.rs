@@ -121,6 +121,7 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Contract(args) => rt.block_on(gateway::contract_cmd::run(args)),
+        Command::UpgradeCheck(args) => rt.block_on(gateway::upgrade_check::run(args)),
         Command::Preload(args) => match rt.block_on(gateway::preload::run(args)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
