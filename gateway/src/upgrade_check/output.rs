@@ -108,9 +108,9 @@ fn text_answer(
     if !at("/choices/0/finish_reason").is_some_and(Value::is_string) {
         return Err("no finish_reason".into());
     }
-    if !at("/usage/completion_tokens")
+    if at("/usage/completion_tokens")
         .and_then(Value::as_u64)
-        .is_some_and(|n| n >= 1)
+        .is_none_or(|n| n == 0)
     {
         return Err(format!(
             "usage.completion_tokens {:?}, expected at least 1",

@@ -242,7 +242,10 @@ mod tests {
     }
 
     fn rows(items: &[&str]) -> Vec<Row> {
-        review(&strings(items))
+        match tokens(None, &strings(items)) {
+            Ok(tokens) => review(&tokens),
+            Err(why) => panic!("{why}"),
+        }
     }
 
     #[test]
@@ -318,7 +321,7 @@ mod tests {
             "x",
         ]);
         assert_eq!(clean.len(), 1, "{clean:?}");
-        assert_eq!(clean[0].status, Status::Pass);
+        assert_eq!(clean[0].status, Status::Pass, "{clean:?}");
         let bad = rows(&["--max-num-seqs", "eight"]);
         assert_eq!(bad.len(), 1, "{bad:?}");
         assert_eq!(bad[0].status, Status::Fail);
