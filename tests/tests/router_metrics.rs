@@ -133,4 +133,29 @@ async fn the_endpoint_picker_reads_vllm_router_gauges_that_follow_the_load() {
     drop(second);
     drop(first);
     until(&client, &base, "both cancelled", |s| load(s) == (0.0, 0.0)).await;
+
+    // The embedding model's requests count as running while its worker has them in hand.
+    let inputs: Vec<String> = (0..256)
+        .map(|i| format!("Sentence number {i} about the weather, the sea and the mountains."))
+        .collect();
+    let batch = {
+        let client = client.clone();
+        let url = format!("{base}/v1/embeddings");
+        let body = serde_json::json!({"model": EMBED_MODEL, "input": inputs});
+        tokio::spawn(async move { post_json(&client, &url, &body).await.status().as_u16() })
+    };
+    let of = [("model_name", EMBED_MODEL)];
+    let mut seen = false;
+    while !batch.is_finished() && !seen {
+        seen = must(scrape(&client, &base).await.picked(RUNNING, &of)) == 1.0;
+    }
+    assert_eq!(must(batch.await.map_err(|e| e.to_string())), 200);
+    assert!(
+        seen,
+        "{RUNNING} of {EMBED_MODEL} never showed the batch in hand"
+    );
+    until(&client, &base, "the batch answered", |s| {
+        s.picked(RUNNING, &of).is_ok_and(|running| running == 0.0)
+    })
+    .await;
 }
