@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, gateway_bin, must, run_to_exit, workspace_root, Gateway, TempDir};
+use common::{
+    free_port, gateway_bin, must, run_to_exit, upgrade_check, workspace_root, Gateway, TempDir,
+};
 use serde_json::{json, Value};
 
 const NAME: &str = "smollm2";
@@ -203,6 +205,23 @@ async fn cold_start_with_fallback_loads_from_disk_and_says_so() {
         line.contains("source=\"disk\"") && line.ends_with(" 1"),
         "{line}"
     );
+    // The upgrade check sees the disk load for what it is, on that row alone.
+    let outcome = upgrade_check(vec![
+        "--base-url".into(),
+        g.base_url.clone(),
+        "--".into(),
+        "--load-format".into(),
+        "ipc_cache".into(),
+    ])
+    .await;
+    let row = format!("{NAME} weights from ipc_cache");
+    assert_eq!(
+        outcome.failed(),
+        [("weight-cache", row.as_str())],
+        "{}",
+        outcome.stdout
+    );
+    assert_eq!(outcome.code, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +255,20 @@ async fn warm_start_maps_the_cache_and_health_follows_the_parts() {
     assert!(log.contains("bytes, identity sha256:"), "{log}");
     let line = weights_source_line(&warm).await;
     assert!(line.contains("source=\"ipc_cache\""), "{line}");
+    let outcome = upgrade_check(vec![
+        "--base-url".into(),
+        warm.base_url.clone(),
+        "--weight-cache-health".into(),
+        daemon.health.clone(),
+        "--".into(),
+        "--load-format".into(),
+        "ipc_cache".into(),
+    ])
+    .await;
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stdout);
+    assert_eq!(outcome.row("weight-cache", "daemon health").0, "pass");
+    let row = format!("{NAME} weights from ipc_cache");
+    assert_eq!(outcome.row("weight-cache", &row).0, "pass");
     assert_eq!(
         greedy(&warm).await,
         expected,
