@@ -176,6 +176,14 @@ async fn greedy_of(g: &Gateway, name: &str) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// `gateway upgrade-check` of a deployment started with `--load-format ipc_cache`.
+async fn check_ipc_cache(g: &Gateway, extra: &[&str]) -> common::Outcome {
+    let mut args = vec!["--base-url".to_string(), g.base_url.clone()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--", "--load-format", "ipc_cache"].map(String::from));
+    upgrade_check(args).await
+}
+
 async fn weights_source_line(g: &Gateway) -> String {
     let text = client()
         .get(format!("{}/metrics", g.base_url))
@@ -206,14 +214,7 @@ async fn cold_start_with_fallback_loads_from_disk_and_says_so() {
         "{line}"
     );
     // The upgrade check sees the disk load for what it is, on that row alone.
-    let outcome = upgrade_check(vec![
-        "--base-url".into(),
-        g.base_url.clone(),
-        "--".into(),
-        "--load-format".into(),
-        "ipc_cache".into(),
-    ])
-    .await;
+    let outcome = check_ipc_cache(&g, &[]).await;
     let row = format!("{NAME} weights from ipc_cache");
     assert_eq!(
         outcome.failed(),
@@ -255,16 +256,7 @@ async fn warm_start_maps_the_cache_and_health_follows_the_parts() {
     assert!(log.contains("bytes, identity sha256:"), "{log}");
     let line = weights_source_line(&warm).await;
     assert!(line.contains("source=\"ipc_cache\""), "{line}");
-    let outcome = upgrade_check(vec![
-        "--base-url".into(),
-        warm.base_url.clone(),
-        "--weight-cache-health".into(),
-        daemon.health.clone(),
-        "--".into(),
-        "--load-format".into(),
-        "ipc_cache".into(),
-    ])
-    .await;
+    let outcome = check_ipc_cache(&warm, &["--weight-cache-health", &daemon.health]).await;
     assert_eq!(outcome.code, Some(0), "{}", outcome.stdout);
     assert_eq!(outcome.row("weight-cache", "daemon health").0, "pass");
     let row = format!("{NAME} weights from ipc_cache");
