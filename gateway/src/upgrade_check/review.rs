@@ -19,8 +19,9 @@ pub struct Given {
     pub values: Vec<String>,
 }
 
-/// The deployment's command line as tokens: the `--config` file's flags first, then the
-/// command line's (without a leading `vllm serve`), as `vllm serve` reads them.
+/// The deployment's command line as tokens: the flags of its `--config` YAML files (the one
+/// given to the check, and one named on the command line) first, then the command line's own
+/// (without a leading `vllm serve`), as `vllm serve` reads them: the command line wins.
 pub fn tokens(config: Option<&Path>, command_line: &[String]) -> Result<Vec<String>, String> {
     let mut out = match config {
         Some(path) => vllm_args::config_to_args(path)?,
@@ -31,7 +32,21 @@ pub fn tokens(config: Option<&Path>, command_line: &[String]) -> Result<Vec<Stri
         [serve, ..] if serve == "serve" => 1,
         _ => 0,
     };
-    out.extend(command_line.iter().skip(skip).cloned());
+    let mut own = Vec::new();
+    let mut rest = command_line.iter().skip(skip);
+    while let Some(token) = rest.next() {
+        let file = match token.strip_prefix("--config") {
+            Some("") => rest.next().cloned(),
+            Some(inline) if inline.starts_with('=') => Some(inline[1..].to_string()),
+            _ => {
+                own.push(token.clone());
+                continue;
+            }
+        };
+        let file = file.ok_or("--config needs a file")?;
+        out.extend(vllm_args::config_to_args(Path::new(&file))?);
+    }
+    out.extend(own);
     Ok(out)
 }
 
@@ -327,6 +342,44 @@ mod tests {
         assert_eq!(bad[0].status, Status::Fail);
         assert!(bad[0].detail.contains("eight"), "{bad:?}");
         assert_eq!(rows(&[])[0].status, Status::Skip);
+    }
+
+    #[test]
+    fn config_files_come_first_and_their_findings_are_listed() {
+        let dir = std::env::temp_dir().join(format!("upgrade-review-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let yaml = dir.join("deployment.yaml");
+        std::fs::write(
+            &yaml,
+            "max_num_seqs: 8\nswap_space: 4\ndisable_log_requests: true\n",
+        )
+        .unwrap();
+        let line = strings(&[
+            "vllm",
+            "serve",
+            "--config",
+            yaml.to_str().unwrap(),
+            "--seed",
+            "1",
+        ]);
+        let tokens = tokens(None, &line).unwrap();
+        assert_eq!(
+            tokens,
+            [
+                "--max-num-seqs",
+                "8",
+                "--swap-space",
+                "4",
+                "--disable-log-requests",
+                "--seed",
+                "1"
+            ]
+        );
+        let found = review(&tokens);
+        let failed: Vec<&str> = found.iter().map(|r| r.check.as_str()).collect();
+        assert_eq!(failed, ["--swap-space", "--disable-log-requests"]);
+        assert_eq!(super::tokens(Some(&yaml), &[]).unwrap().len(), 5);
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]
