@@ -195,6 +195,38 @@ mod tests {
         items.iter().map(|s| s.to_string()).collect()
     }
 
+    #[tokio::test]
+    async fn an_unreachable_deployment_and_a_missing_config_are_failing_rows() {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.port())
+            .unwrap_or(9);
+        let args = UpgradeCheckArgs {
+            base_url: format!("http://127.0.0.1:{port}"),
+            api_key: None,
+            config: Some("no-such-deployment.yaml".into()),
+            weight_cache_health: None,
+            json: None,
+            timeout_s: 5,
+            serve_args: Vec::new(),
+        };
+        let table = check(&args).await;
+        let failed: Vec<(&str, &str)> = table
+            .rows
+            .iter()
+            .filter(|r| r.status == Status::Fail)
+            .map(|r| (r.section, r.check.as_str()))
+            .collect();
+        assert_eq!(
+            failed,
+            [("config", "--config"), ("deployment", "GET /v1/models")],
+            "{}",
+            table.render()
+        );
+        assert!(!table.passed());
+        assert!(table.rows[0].detail.contains("no-such-deployment.yaml"));
+    }
+
     #[test]
     fn trust_and_kwargs_are_read_from_the_command_line() {
         assert_eq!(expected_trust(&[]), Expected::Refused);
