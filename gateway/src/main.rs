@@ -143,6 +143,12 @@ fn one_line(e: &CliError) -> String {
         CliError::Clap(e) => e.render().to_string(),
         CliError::Refused(why) => why.clone(),
     };
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    line.trim_start_matches("error: ").to_string()
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let line = lines.next().unwrap_or("").trim_start_matches("error: ");
+    // clap lists what a line ending in a colon is about on the next one (the missing
+    // arguments): keep it on the same line.
+    match (line.strip_suffix(':'), lines.next()) {
+        (Some(head), Some(next)) => format!("{head}: {}", next.trim()),
+        _ => line.to_string(),
+    }
 }

@@ -320,6 +320,20 @@ async fn a_fake_deployment_fails_on_exactly_the_row_it_breaks() {
     }
 }
 
+#[test]
+fn a_missing_base_url_is_one_line_naming_it() {
+    let output = must(
+        std::process::Command::new(must(common::gateway_bin()))
+            .arg("upgrade-check")
+            .output()
+            .map_err(|e| e.to_string()),
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("--base-url"), "{stderr}");
+}
+
 /// The README shows the table of a run against the default deployment; keep the binary's
 /// notion of the sections in step with it.
 #[test]
