@@ -63,6 +63,32 @@ async fn passes_against_the_default_deployment() {
     assert!(embed.1.contains("stated 384"), "{}", outcome.stdout);
 }
 
+/// A deployment started with `--trust-request-mm-kwargs` passes when its command line says
+/// so (the gate matrix then runs trusted), and fails on the trust row alone when it does not.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_trusting_deployment_passes_only_with_the_flag_on_its_command_line() {
+    let gateway = must(Gateway::start(&["--trust-request-mm-kwargs"]).await);
+    let base = gateway.base_url.clone();
+    let with_flag = upgrade_check(vec![
+        "--base-url".into(),
+        base.clone(),
+        "--".into(),
+        "--trust-request-mm-kwargs".into(),
+    ])
+    .await;
+    assert_eq!(with_flag.code, Some(0), "{}", with_flag.stdout);
+    let chat = with_flag.row("contract", "POST /v1/chat/completions");
+    assert!(chat.1.contains("(trusted)"), "{}", with_flag.stdout);
+
+    let without = upgrade_check(vec!["--base-url".into(), base]).await;
+    assert_eq!(
+        without.failed(),
+        [("trust", "per-request mm_processor_kwargs / media_io_kwargs")],
+        "{}",
+        without.stdout
+    );
+}
+
 /// The one condition a fake deployment gets wrong.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Broken {
