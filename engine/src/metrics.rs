@@ -1,9 +1,12 @@
 //! Engine metrics under vLLM's names, recorded through the `metrics` facade (the gateway
-//! installs the Prometheus recorder). Every series carries the label `model_name`.
+//! installs the Prometheus recorder). Every series carries vLLM's labels `model_name` and
+//! `engine`: routers (the Gateway API Inference Extension's endpoint picker, llm-d) select
+//! series by them. Each model here has one engine, so `engine` is always `0`, as on a vLLM
+//! server without data parallelism.
 
 use std::time::Duration;
 
-use metrics::{Counter, Gauge, Histogram};
+use metrics::{Counter, Gauge, Histogram, Label};
 
 use crate::api::FinishReason;
 
@@ -12,7 +15,11 @@ pub const NUM_REQUESTS_WAITING: &str = "vllm:num_requests_waiting";
 pub const KV_CACHE_USAGE_PERC: &str = "vllm:kv_cache_usage_perc";
 /// The same usage under vLLM's older name, exported for models whose cache is on a GPU.
 pub const GPU_CACHE_USAGE_PERC: &str = "vllm:gpu_cache_usage_perc";
-/// An info series (value 1) whose labels say where each model runs and how its cache is cut.
+/// An info series (value 1) whose labels say where each model runs and how its cache is cut:
+/// vLLM's `block_size`, `num_gpu_blocks` (the engine's KV blocks on whatever device holds them,
+/// as vLLM's V1 engine counts them, CPU included), `num_cpu_blocks` (0: nothing is swapped),
+/// `enable_prefix_caching` (`True` / `False`, as Python prints it) and `engine`, plus ours:
+/// `model_name` and `device`.
 pub const CACHE_CONFIG_INFO: &str = "vllm:cache_config_info";
 /// 1 per served model, labelled with the path that loaded its weights (`disk`, `ipc_cache`).
 pub const WEIGHTS_SOURCE: &str = "gateway:weights_source";
@@ -150,6 +157,17 @@ pub fn finish_label(reason: FinishReason) -> &'static str {
     }
 }
 
+/// vLLM's engine index; one engine per model here.
+pub const ENGINE_INDEX: &str = "0";
+
+/// The labels of every per-model series.
+fn model_labels(model_name: &str) -> Vec<Label> {
+    vec![
+        Label::new("model_name", model_name.to_string()),
+        Label::new("engine", ENGINE_INDEX),
+    ]
+}
+
 /// Metric handles of one served model.
 #[derive(Debug)]
 pub struct ModelMetrics {
@@ -174,21 +192,22 @@ pub struct ModelMetrics {
 impl ModelMetrics {
     pub fn new(model_name: &str) -> Self {
         let name = model_name.to_string();
+        let labels = model_labels(model_name);
         ModelMetrics {
-            running: metrics::gauge!(NUM_REQUESTS_RUNNING, "model_name" => name.clone()),
-            waiting: metrics::gauge!(NUM_REQUESTS_WAITING, "model_name" => name.clone()),
-            kv_usage: metrics::gauge!(KV_CACHE_USAGE_PERC, "model_name" => name.clone()),
+            running: metrics::gauge!(NUM_REQUESTS_RUNNING, labels.clone()),
+            waiting: metrics::gauge!(NUM_REQUESTS_WAITING, labels.clone()),
+            kv_usage: metrics::gauge!(KV_CACHE_USAGE_PERC, labels.clone()),
             gpu_usage: std::sync::OnceLock::new(),
-            prefix_queries: metrics::counter!(PREFIX_CACHE_QUERIES, "model_name" => name.clone()),
-            prefix_hits: metrics::counter!(PREFIX_CACHE_HITS, "model_name" => name.clone()),
-            prompt_tokens: metrics::counter!(PROMPT_TOKENS, "model_name" => name.clone()),
-            generation_tokens: metrics::counter!(GENERATION_TOKENS, "model_name" => name.clone()),
-            ttft: metrics::histogram!(TIME_TO_FIRST_TOKEN, "model_name" => name.clone()),
-            itl: metrics::histogram!(INTER_TOKEN_LATENCY, "model_name" => name.clone()),
-            e2e: metrics::histogram!(E2E_REQUEST_LATENCY, "model_name" => name.clone()),
-            queue_time: metrics::histogram!(REQUEST_QUEUE_TIME, "model_name" => name.clone()),
-            preemptions: metrics::counter!(NUM_PREEMPTIONS, "model_name" => name.clone()),
-            forced_closings: metrics::counter!(FORCED_CLOSINGS, "model_name" => name.clone()),
+            prefix_queries: metrics::counter!(PREFIX_CACHE_QUERIES, labels.clone()),
+            prefix_hits: metrics::counter!(PREFIX_CACHE_HITS, labels.clone()),
+            prompt_tokens: metrics::counter!(PROMPT_TOKENS, labels.clone()),
+            generation_tokens: metrics::counter!(GENERATION_TOKENS, labels.clone()),
+            ttft: metrics::histogram!(TIME_TO_FIRST_TOKEN, labels.clone()),
+            itl: metrics::histogram!(INTER_TOKEN_LATENCY, labels.clone()),
+            e2e: metrics::histogram!(E2E_REQUEST_LATENCY, labels.clone()),
+            queue_time: metrics::histogram!(REQUEST_QUEUE_TIME, labels.clone()),
+            preemptions: metrics::counter!(NUM_PREEMPTIONS, labels.clone()),
+            forced_closings: metrics::counter!(FORCED_CLOSINGS, labels.clone()),
             model_name: name,
         }
     }
@@ -205,20 +224,33 @@ impl ModelMetrics {
     /// Where the model's KV cache lives (`cpu`, `cuda:0`) and how it is cut: the
     /// `vllm:cache_config_info` series, and `vllm:gpu_cache_usage_perc` from now on when the
     /// cache is on a GPU.
-    pub fn placed(&self, device: &str, block_size: usize, num_blocks: usize) {
-        metrics::gauge!(
-            CACHE_CONFIG_INFO,
-            "model_name" => self.model_name.clone(),
-            "device" => device.to_string(),
-            "block_size" => block_size.to_string(),
-            "num_gpu_blocks" => if device.starts_with("cuda") { num_blocks.to_string() } else { "0".to_string() },
-            "num_cpu_blocks" => if device.starts_with("cuda") { "0".to_string() } else { num_blocks.to_string() }
-        )
-        .set(1.0);
+    pub fn placed(
+        &self,
+        device: &str,
+        block_size: usize,
+        num_blocks: usize,
+        enable_prefix_caching: bool,
+    ) {
+        let mut labels = model_labels(&self.model_name);
+        labels.extend([
+            Label::new("device", device.to_string()),
+            Label::new("block_size", block_size.to_string()),
+            Label::new("num_gpu_blocks", num_blocks.to_string()),
+            Label::new("num_cpu_blocks", "0"),
+            Label::new(
+                "enable_prefix_caching",
+                if enable_prefix_caching {
+                    "True"
+                } else {
+                    "False"
+                },
+            ),
+        ]);
+        metrics::gauge!(CACHE_CONFIG_INFO, labels).set(1.0);
         if device.starts_with("cuda") {
             let _ = self.gpu_usage.set(metrics::gauge!(
                 GPU_CACHE_USAGE_PERC,
-                "model_name" => self.model_name.clone()
+                model_labels(&self.model_name)
             ));
         }
     }
@@ -265,12 +297,9 @@ impl ModelMetrics {
 
     /// A request ended (on the async side, where stop strings are known).
     pub fn request_finished(&self, reason: FinishReason, e2e: Duration) {
-        metrics::counter!(
-            REQUEST_SUCCESS,
-            "model_name" => self.model_name.clone(),
-            "finished_reason" => finish_label(reason)
-        )
-        .increment(1);
+        let mut labels = model_labels(&self.model_name);
+        labels.push(Label::new("finished_reason", finish_label(reason)));
+        metrics::counter!(REQUEST_SUCCESS, labels).increment(1);
         self.e2e.record(e2e.as_secs_f64());
     }
 }

@@ -10,6 +10,7 @@
 //! - [`parsers`]: tool calls and reasoning read out of a reply.
 //! - [`app`]: the service every connection runs (front stack and dispatcher); [`serve`] runs it.
 //! - [`error`]: the one error type and its envelope.
+//! - [`contract_cmd`], [`upgrade_check`]: checks of a running deployment.
 
 pub mod app;
 pub mod cli;
@@ -23,3 +24,4 @@ pub mod protocol;
 pub mod routes;
 pub mod serve;
 pub mod state;
+pub mod upgrade_check;

@@ -121,6 +121,7 @@ fn main() -> std::process::ExitCode {
             }
         },
         Command::Contract(args) => rt.block_on(gateway::contract_cmd::run(args)),
+        Command::UpgradeCheck(args) => rt.block_on(gateway::upgrade_check::run(args)),
         Command::Preload(args) => match rt.block_on(gateway::preload::run(args)) {
             Ok(()) => std::process::ExitCode::SUCCESS,
             Err(e) => {
@@ -142,6 +143,12 @@ fn one_line(e: &CliError) -> String {
         CliError::Clap(e) => e.render().to_string(),
         CliError::Refused(why) => why.clone(),
     };
-    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("");
-    line.trim_start_matches("error: ").to_string()
+    let mut lines = text.lines().filter(|l| !l.trim().is_empty());
+    let line = lines.next().unwrap_or("").trim_start_matches("error: ");
+    // clap lists what a line ending in a colon is about on the next one (the missing
+    // arguments): keep it on the same line.
+    match (line.strip_suffix(':'), lines.next()) {
+        (Some(head), Some(next)) => format!("{head}: {}", next.trim()),
+        _ => line.to_string(),
+    }
 }

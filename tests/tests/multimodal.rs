@@ -61,14 +61,7 @@ async fn chat(base: &str, model: &str, part: Value, text: &str, extra: Value) ->
             .build()
             .map_err(|e| e.to_string()),
     );
-    let resp = must(
-        client
-            .post(format!("{base}/v1/chat/completions"))
-            .json(&body)
-            .send()
-            .await
-            .map_err(|e| e.to_string()),
-    );
+    let resp = common::post_json(&client, &format!("{base}/v1/chat/completions"), &body).await;
     let status = resp.status().as_u16();
     let json = must(resp.json::<Value>().await.map_err(|e| e.to_string()));
     (status, json)

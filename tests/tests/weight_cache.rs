@@ -11,7 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{free_port, gateway_bin, must, run_to_exit, workspace_root, Gateway, TempDir};
+use common::{
+    free_port, gateway_bin, must, run_to_exit, upgrade_check, workspace_root, Gateway, TempDir,
+};
 use serde_json::{json, Value};
 
 const NAME: &str = "smollm2";
@@ -174,6 +176,14 @@ async fn greedy_of(g: &Gateway, name: &str) -> String {
     v["choices"][0]["text"].as_str().unwrap().to_string()
 }
 
+/// `gateway upgrade-check` of a deployment started with `--load-format ipc_cache`.
+async fn check_ipc_cache(g: &Gateway, extra: &[&str]) -> common::Outcome {
+    let mut args = vec!["--base-url".to_string(), g.base_url.clone()];
+    args.extend(extra.iter().map(|s| s.to_string()));
+    args.extend(["--", "--load-format", "ipc_cache"].map(String::from));
+    upgrade_check(args).await
+}
+
 async fn weights_source_line(g: &Gateway) -> String {
     let text = client()
         .get(format!("{}/metrics", g.base_url))
@@ -203,6 +213,16 @@ async fn cold_start_with_fallback_loads_from_disk_and_says_so() {
         line.contains("source=\"disk\"") && line.ends_with(" 1"),
         "{line}"
     );
+    // The upgrade check sees the disk load for what it is, on that row alone.
+    let outcome = check_ipc_cache(&g, &[]).await;
+    let row = format!("{NAME} weights from ipc_cache");
+    assert_eq!(
+        outcome.failed(),
+        [("weight-cache", row.as_str())],
+        "{}",
+        outcome.stdout
+    );
+    assert_eq!(outcome.code, Some(1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -236,6 +256,11 @@ async fn warm_start_maps_the_cache_and_health_follows_the_parts() {
     assert!(log.contains("bytes, identity sha256:"), "{log}");
     let line = weights_source_line(&warm).await;
     assert!(line.contains("source=\"ipc_cache\""), "{line}");
+    let outcome = check_ipc_cache(&warm, &["--weight-cache-health", &daemon.health]).await;
+    assert_eq!(outcome.code, Some(0), "{}", outcome.stdout);
+    assert_eq!(outcome.row("weight-cache", "daemon health").0, "pass");
+    let row = format!("{NAME} weights from ipc_cache");
+    assert_eq!(outcome.row("weight-cache", &row).0, "pass");
     assert_eq!(
         greedy(&warm).await,
         expected,

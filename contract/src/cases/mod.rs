@@ -10,6 +10,7 @@ pub mod media;
 pub mod meta;
 pub mod metrics;
 pub mod ordering;
+pub mod router;
 pub mod streaming;
 pub mod validation;
 
@@ -226,6 +227,7 @@ pub fn all(ctx: &Ctx) -> Vec<Case> {
     let mut cases = Vec::new();
     cases.extend(meta::cases(ctx));
     cases.extend(metrics::cases(ctx));
+    cases.extend(router::cases(ctx));
     cases.extend(auth::cases(ctx));
     cases.extend(gate::cases(ctx));
     cases.extend(ordering::cases(ctx));

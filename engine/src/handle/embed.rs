@@ -9,6 +9,7 @@ use std::sync::Arc;
 use tokio::sync::oneshot;
 
 use crate::error::{EngineError, Result};
+use crate::metrics::ModelMetrics;
 use crate::model::{EmbeddingModel, EncoderInput};
 
 /// One tokenised input: ids and, for a pair, each token's segment.
@@ -50,14 +51,17 @@ struct Active {
 /// Embed queued jobs a batch of at most `batch_tokens` tokens at a time. A batch takes inputs
 /// from every job in turn, so a small request is not stuck behind a huge one, and the decoder
 /// sharing the CPU waits at most one batch; a job whose client has gone is dropped at the next
-/// batch instead of being worked through to its end.
+/// batch instead of being worked through to its end. The jobs in hand are the model's
+/// `vllm:num_requests_running` (none wait: every queued job joins the round-robin at once).
 pub(super) fn embed_worker(
     model: Box<dyn EmbeddingModel>,
     rx: Receiver<EmbedJob>,
     batch_tokens: usize,
+    metrics: Arc<ModelMetrics>,
 ) {
     let mut active: Vec<Active> = Vec::new();
     loop {
+        metrics.queue(active.len(), 0, 0.0);
         // Wait for work only when there is none in hand.
         if active.is_empty() {
             match rx.recv() {
@@ -72,6 +76,7 @@ pub(super) fn embed_worker(
         if active.is_empty() {
             continue;
         }
+        metrics.queue(active.len(), 0, 0.0);
         // Round-robin over the jobs, one input each per turn, up to the token budget (a batch
         // always has at least one input).
         let mut picks: Vec<(usize, usize)> = Vec::new();

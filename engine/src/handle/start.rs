@@ -100,7 +100,12 @@ pub(super) fn start_decoder(
             }
             other => other,
         })?;
-    metrics.placed(&device, config.block_size, num_blocks);
+    metrics.placed(
+        &device,
+        config.block_size,
+        num_blocks,
+        config.enable_prefix_caching,
+    );
     std::thread::Builder::new()
         .name(format!("engine-{}", spec.served_name))
         .spawn(move || engine.run())
@@ -172,6 +177,8 @@ pub(super) fn start_encoder(
     let worker_alive = alive.clone();
     let batch_tokens = config.max_num_batched_tokens.max(1);
     let model = e.model;
+    let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
+    let worker_metrics = metrics.clone();
     // Its own pool: in a pool shared with a decoder, each of a decode step's many small
     // parallel jobs would queue behind an embedding batch's large ones, so the decoder would
     // get far less than half the CPU; with two pools the OS shares the cores between them.
@@ -190,7 +197,7 @@ pub(super) fn start_encoder(
         .name(format!("embed-{}", spec.served_name))
         .spawn(move || {
             let _guard = AliveFlag(worker_alive);
-            pool.install(|| embed_worker(model, rx, batch_tokens));
+            pool.install(|| embed_worker(model, rx, batch_tokens, worker_metrics));
         })
         .map_err(|err| {
             EngineError::Internal(format!("cannot start the embedding thread: {err}"))
@@ -212,7 +219,7 @@ pub(super) fn start_encoder(
             template,
             bos_token: None,
             eos_token: None,
-            metrics: Arc::new(ModelMetrics::new(&spec.served_name)),
+            metrics,
             backend: Backend::Encoder(EncoderBackend {
                 jobs: tx,
                 alive,

@@ -1,4 +1,4 @@
-//! The command line: `gateway serve | contract | preload`. `serve` takes every flag of
+//! The command line: `gateway serve | contract | preload | upgrade-check`. `serve` takes every flag of
 //! `vllm serve` 0.31 as vLLM spells it: [`vllm_flags`] is the table of what each does here,
 //! [`vllm_args`] builds parsing, `--help`, the `--config` YAML reader and the README's table
 //! from it; the flags it honours are the fields of [`ServeArgs`].
@@ -34,6 +34,8 @@ pub enum Command {
     Contract(ContractArgs),
     /// Load a model's weights once and hold them for `serve --load-format ipc_cache`.
     Preload(PreloadArgs),
+    /// Run the upgrade's acceptance checks against a deployment: one pass/fail table.
+    UpgradeCheck(UpgradeCheckArgs),
 }
 
 #[derive(Debug, Clone, Args)]
@@ -382,6 +384,32 @@ pub struct ContractArgs {
     /// Write the report as JSON here too.
     #[arg(long = "json-report")]
     pub json_report: Option<PathBuf>,
+}
+
+/// `gateway upgrade-check --base-url URL [...] [-- VLLM SERVE ARGS...]`.
+#[derive(Debug, Clone, Args)]
+pub struct UpgradeCheckArgs {
+    /// The deployment to check (this server or vLLM 0.31), e.g. http://127.0.0.1:8000
+    #[arg(long = "base-url")]
+    pub base_url: String,
+    /// The key the deployment wants (default: the --api-key of its command line, if any).
+    #[arg(long = "api-key")]
+    pub api_key: Option<String>,
+    /// The deployment's `vllm serve --config` YAML, reviewed with the arguments after `--`.
+    #[arg(long = "config", value_name = "DEPLOYMENT.yaml")]
+    pub config: Option<PathBuf>,
+    /// The weight-cache daemon's health URL (`gateway preload --weight-cache-health-port`).
+    #[arg(long = "weight-cache-health", value_name = "URL")]
+    pub weight_cache_health: Option<String>,
+    /// Write the rows as JSON here too.
+    #[arg(long = "json", value_name = "FILE")]
+    pub json: Option<PathBuf>,
+    /// Seconds each request may take.
+    #[arg(long = "timeout", value_name = "SECONDS", default_value_t = 60)]
+    pub timeout_s: u64,
+    /// The deployment's `vllm serve` arguments (a leading `vllm serve` is dropped).
+    #[arg(last = true, value_name = "VLLM SERVE ARGS")]
+    pub serve_args: Vec<String>,
 }
 
 #[cfg(test)]

@@ -35,6 +35,11 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
                 "input_modalities": card.input_modalities,
                 "tasks": card.tasks.iter().map(|t| task_name(*t)).collect::<Vec<_>>(),
                 "limit_mm_per_prompt": limits,
+                // Ours, for `gateway upgrade-check`: what the deployment applies to every
+                // request (CONTRACT section 3) and the width of the vectors it embeds.
+                "mm_processor_kwargs": state.defaults.mm_processor_kwargs,
+                "media_io_kwargs": state.defaults.media_io_kwargs,
+                "embedding_size": state.engine.model(&card.name).and_then(|m| m.hidden_size()),
             })
         })
         .collect();

@@ -71,6 +71,22 @@ pub fn must<T>(result: Result<T, String>) -> T {
     }
 }
 
+/// POSTs `body` as JSON to `url`; a transport failure fails the test.
+pub async fn post_json(
+    client: &reqwest::Client,
+    url: &str,
+    body: &serde_json::Value,
+) -> reqwest::Response {
+    must(
+        client
+            .post(url)
+            .json(body)
+            .send()
+            .await
+            .map_err(|e| e.to_string()),
+    )
+}
+
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> Result<u16, String> {
     let listener =
@@ -364,6 +380,80 @@ impl MediaServer {
 impl Drop for MediaServer {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+/// The rows of one run: (section, check, status, detail) each, and the exit code.
+pub struct Outcome {
+    pub code: Option<i32>,
+    pub rows: Vec<(String, String, String, String)>,
+    pub stdout: String,
+}
+
+impl Outcome {
+    pub fn failed(&self) -> Vec<(&str, &str)> {
+        self.rows
+            .iter()
+            .filter(|(_, _, status, _)| status == "fail")
+            .map(|(section, check, _, _)| (section.as_str(), check.as_str()))
+            .collect()
+    }
+
+    /// The status and detail of the row `check` of `section`.
+    pub fn row(&self, section: &str, check: &str) -> (&str, &str) {
+        self.rows
+            .iter()
+            .find(|(s, c, _, _)| s == section && c == check)
+            .map(|(_, _, status, detail)| (status.as_str(), detail.as_str()))
+            .unwrap_or_else(|| panic!("no row {section} {check}:\n{}", self.stdout))
+    }
+}
+
+/// Runs `gateway upgrade-check` with `args` (blocking: the caller's runtime keeps serving).
+pub async fn upgrade_check(args: Vec<String>) -> Outcome {
+    let dir = must(TempDir::new("upgrade-check"));
+    let json_path = dir.path.join("rows.json");
+    let bin = must(gateway_bin());
+    let mut full = vec![
+        "upgrade-check".to_string(),
+        "--json".into(),
+        json_path.display().to_string(),
+    ];
+    full.extend(args);
+    let output = must(
+        tokio::task::spawn_blocking(move || Command::new(bin).args(full).output())
+            .await
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string())),
+    );
+    let stdout = String::from_utf8_lossy(&output.stdout).into_owned();
+    let text = must(std::fs::read_to_string(&json_path).map_err(|e| {
+        format!(
+            "no JSON rows ({e}); stderr:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        )
+    }));
+    let json: serde_json::Value = must(serde_json::from_str(&text).map_err(|e| e.to_string()));
+    let rows = json["rows"]
+        .as_array()
+        .map(|rows| {
+            rows.iter()
+                .map(|r| {
+                    let field = |k: &str| r[k].as_str().unwrap_or_default().to_string();
+                    (
+                        field("section"),
+                        field("check"),
+                        field("status"),
+                        field("detail"),
+                    )
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Outcome {
+        code: output.status.code(),
+        rows,
+        stdout,
     }
 }
 
