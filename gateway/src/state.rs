@@ -131,6 +131,8 @@ pub struct Settings {
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     /// CORS, the root path, the access log.
     pub front: FrontOptions,
+    /// `--ssl-*`: HTTPS, its files read and checked.
+    pub tls: Option<Arc<crate::http::tls::Tls>>,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -379,8 +381,19 @@ impl Settings {
                 })
             })
             .transpose()?;
+        let tls = crate::http::tls::TlsFiles::from_flags(
+            args.ssl_keyfile.as_deref(),
+            args.ssl_certfile.as_deref(),
+            args.ssl_ca_certs.as_deref(),
+            args.ssl_cert_reqs,
+            args.enable_ssl_refresh,
+        )
+        .and_then(|files| files.map(crate::http::tls::Tls::load).transpose())
+        .map_err(|e| fail(e.to_string()))?
+        .map(Arc::new);
         Ok(Settings {
             front: front_options(args)?,
+            tls,
             tool_parser,
             reasoning_parser,
             models,

@@ -121,6 +121,23 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
+    /// HTTPS: the server's certificate chain (PEM); the private key may be in the same file.
+    #[arg(long = "ssl-certfile", value_name = "FILE")]
+    pub ssl_certfile: Option<PathBuf>,
+    /// HTTPS: the private key (PEM: PKCS#8, PKCS#1 or SEC1), with --ssl-certfile.
+    #[arg(long = "ssl-keyfile", value_name = "FILE")]
+    pub ssl_keyfile: Option<PathBuf>,
+    /// HTTPS: the CA certificates (PEM) client certificates are checked against.
+    #[arg(long = "ssl-ca-certs", value_name = "FILE")]
+    pub ssl_ca_certs: Option<PathBuf>,
+    /// HTTPS client certificates: 0 none asked for, 1 optional (a bad one is refused), 2
+    /// required (needs --ssl-ca-certs).
+    #[arg(long = "ssl-cert-reqs", value_name = "0|1|2", default_value_t = 0)]
+    pub ssl_cert_reqs: u8,
+    /// HTTPS: reload the certificate, key and CA files when they change; new connections
+    /// get them (checked every second).
+    #[arg(long = "enable-ssl-refresh", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_ssl_refresh: bool,
     /// Serve under this path prefix too (behind a proxy that forwards it): `/PREFIX/v1/...`
     /// is answered as `/v1/...`.
     #[arg(long = "root-path", value_name = "PATH")]
