@@ -2,6 +2,7 @@
 //!
 //! - [`cli`]: flags (as `vllm serve` spells them) and `--config` YAML.
 //! - [`state`]: start-up validation and the shared state.
+//! - [`generation_config`]: each model's request defaults (`--generation-config`).
 //! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
 //!   overload, body limit, timeout), SSE framing.
 //! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
@@ -15,6 +16,7 @@ pub mod app;
 pub mod cli;
 pub mod contract_cmd;
 pub mod error;
+pub mod generation_config;
 pub mod http;
 pub mod parsers;
 pub mod policy;

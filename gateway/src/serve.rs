@@ -48,6 +48,18 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             "--trust-remote-code has no effect here: no code from a checkpoint runs, and every architecture served is built in"
         );
     }
+    for (spec, defaults) in settings.models.iter().zip(&settings.generation) {
+        if engine
+            .model(&spec.served_name)
+            .is_some_and(|m| m.card().tasks.contains(&engine::api::Task::Generate))
+        {
+            tracing::info!(
+                model = %spec.served_name,
+                generation_config = %args.generation_config,
+                "request defaults: {defaults}"
+            );
+        }
+    }
     let front = settings.front.clone();
     let tls = settings.tls.clone();
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);

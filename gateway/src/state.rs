@@ -11,6 +11,7 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::cli::ServeArgs;
+use crate::generation_config::{self, GenerationDefaults};
 use crate::http::options::{Cors, FrontOptions};
 
 /// A flag value that stops start-up. Printed as one line.
@@ -52,6 +53,8 @@ pub struct AppState {
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
     /// Set when shutdown begins: `/health` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Each served model's request defaults (`--generation-config`), by served name.
+    pub generation: std::collections::HashMap<String, GenerationDefaults>,
 }
 
 impl AppState {
@@ -104,7 +107,27 @@ impl AppState {
             media,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
+            generation: settings
+                .models
+                .iter()
+                .map(|spec| spec.served_name.clone())
+                .zip(settings.generation)
+                .collect(),
         })
+    }
+
+    /// The request defaults of the model served as `name` (vLLM's own for an unknown name).
+    pub fn generation_defaults(&self, name: &str) -> &GenerationDefaults {
+        static NONE: GenerationDefaults = GenerationDefaults {
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+            repetition_penalty: None,
+            max_tokens: None,
+            max_tokens_cap: None,
+        };
+        self.generation.get(name).unwrap_or(&NONE)
     }
 
     pub fn is_trusted(&self, api_key: Option<&str>) -> bool {
@@ -131,6 +154,8 @@ pub struct Settings {
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     /// CORS, the root path, the access log.
     pub front: FrontOptions,
+    /// Each model's request defaults, in the order of `models`.
+    pub generation: Vec<GenerationDefaults>,
     /// `--ssl-*`: HTTPS, its files read and checked.
     pub tls: Option<Arc<crate::http::tls::Tls>>,
 }
@@ -391,9 +416,18 @@ impl Settings {
         .and_then(|files| files.map(crate::http::tls::Tls::load).transpose())
         .map_err(|e| fail(e.to_string()))?
         .map(Arc::new);
+        let source = generation_config::Source::parse(&args.generation_config).map_err(fail)?;
+        let overrides = generation_config::overrides(args.override_generation_config.as_deref())
+            .map_err(fail)?;
+        let generation = models
+            .iter()
+            .map(|spec| generation_config::defaults_for(&source, &overrides, Path::new(&spec.path)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
         Ok(Settings {
             front: front_options(args)?,
             tls,
+            generation,
             tool_parser,
             reasoning_parser,
             models,

@@ -230,6 +230,18 @@ pub struct ServeArgs {
     /// `auto` / -1 for the model's own limit.
     #[arg(long = "max-model-len", value_parser = values::model_len, allow_negative_numbers = true)]
     pub max_model_len: Option<values::ModelLen>,
+    /// Request defaults: `auto` (the model's generation_config.json, or a GGUF's sampling
+    /// metadata), `vllm` (vLLM's own), or a folder with a generation_config.json (whose
+    /// max_new_tokens also caps max_tokens).
+    #[arg(
+        long = "generation-config",
+        value_name = "auto|vllm|FOLDER",
+        default_value = "auto"
+    )]
+    pub generation_config: String,
+    /// A JSON object merged over the generation config, e.g. '{"temperature": 0.5}'.
+    #[arg(long = "override-generation-config", value_name = "JSON")]
+    pub override_generation_config: Option<String>,
     /// Seed of the sampler that requests without a `seed` draw from (default: a fresh one
     /// each start).
     #[arg(long = "seed", allow_negative_numbers = true)]

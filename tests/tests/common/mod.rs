@@ -343,8 +343,13 @@ pub fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration
 
 /// The tiny Llama checkpoint served as `tiny` on the CPU, then `extra`.
 pub fn tiny_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    served_as_tiny("tests/data/tiny-llama", extra)
+}
+
+/// `model` served as `tiny` on the CPU with a 256-token context, then `extra`.
+pub fn served_as_tiny<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut args = vec![
-        "tests/data/tiny-llama",
+        model,
         "--served-model-name",
         "tiny",
         "--max-model-len",
