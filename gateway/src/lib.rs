@@ -2,6 +2,7 @@
 //!
 //! - [`cli`]: flags (as `vllm serve` spells them) and `--config` YAML.
 //! - [`state`]: start-up validation and the shared state.
+//! - [`served`]: the names models are served under (aliases) and what each was given as.
 //! - [`generation_config`]: each model's request defaults (`--generation-config`).
 //! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
 //!   overload, body limit, timeout), SSE framing.
@@ -24,4 +25,5 @@ pub mod preload;
 pub mod protocol;
 pub mod routes;
 pub mod serve;
+pub mod served;
 pub mod state;

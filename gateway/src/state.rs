@@ -13,6 +13,7 @@ use thiserror::Error;
 use crate::cli::ServeArgs;
 use crate::generation_config::{self, GenerationDefaults};
 use crate::http::options::{Cors, FrontOptions};
+use crate::served::{self, ServedModel, ServedNames};
 
 /// A flag value that stops start-up. Printed as one line.
 #[derive(Debug, Error)]
@@ -53,6 +54,8 @@ pub struct AppState {
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
     /// Set when shutdown begins: `/health` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Every served name (aliases included) and what each model was given as.
+    pub served: ServedNames,
     /// Each served model's request defaults (`--generation-config`), by served name.
     pub generation: std::collections::HashMap<String, GenerationDefaults>,
 }
@@ -107,6 +110,7 @@ impl AppState {
             media,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
+            served: ServedNames::new(settings.served),
             generation: settings
                 .models
                 .iter()
@@ -154,6 +158,8 @@ pub struct Settings {
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     /// CORS, the root path, the access log.
     pub front: FrontOptions,
+    /// Each model's names and what it was given as, in the order of `models`.
+    pub served: Vec<ServedModel>,
     /// Each model's request defaults, in the order of `models`.
     pub generation: Vec<GenerationDefaults>,
     /// `--ssl-*`: HTTPS, its files read and checked.
@@ -197,25 +203,27 @@ fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, Start
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
         let given: Vec<String> = args.model_arg.iter().chain(&args.model).cloned().collect();
-        let models = if given.is_empty() {
+        let (models, served) = if given.is_empty() {
             if !args.served_model_name.is_empty() {
                 return Err(fail(
                     "--served-model-name needs --model (one name per model)",
                 ));
             }
-            default_models(&args.models_cache)?
-        } else {
-            if !args.served_model_name.is_empty() && args.served_model_name.len() != given.len() {
-                return Err(fail(format!(
-                    "--served-model-name gives {} name(s) for {} model(s): give one name per model",
-                    args.served_model_name.len(),
-                    given.len()
-                )));
-            }
-            given
+            let models = default_models(&args.models_cache)?;
+            let served = models
                 .iter()
-                .enumerate()
-                .map(|(i, path)| {
+                .map(|m| ServedModel {
+                    names: vec![m.served_name.clone()],
+                    given: m.served_name.clone(),
+                })
+                .collect();
+            (models, served)
+        } else {
+            let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
+            let models = given
+                .iter()
+                .zip(&served)
+                .map(|(path, served)| {
                     let local = if Path::new(path).exists() {
                         path.clone()
                     } else if engine::hf::hub::is_hub_id(path) {
@@ -232,14 +240,15 @@ impl Settings {
                     };
                     Ok(ModelSpec {
                         path: local,
-                        served_name: args
-                            .served_model_name
-                            .get(i)
+                        served_name: served
+                            .names
+                            .first()
                             .cloned()
                             .unwrap_or_else(|| path.clone()),
                     })
                 })
-                .collect::<Result<Vec<_>, _>>()?
+                .collect::<Result<Vec<_>, _>>()?;
+            (models, served)
         };
         if let Some(rev) = &args.revision {
             let hub_ids = given
@@ -255,13 +264,6 @@ impl Settings {
         if args.runner == "draft" {
             return Err(fail(
                 "--runner draft: draft models serve speculative decoding, which is not built",
-            ));
-        }
-        let mut names: Vec<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(fail(
-                "two models are served under the same name: use --served-model-name",
             ));
         }
 
@@ -425,6 +427,7 @@ impl Settings {
             .collect::<Result<Vec<_>, _>>()
             .map_err(fail)?;
         Ok(Settings {
+            served,
             front: front_options(args)?,
             tls,
             generation,

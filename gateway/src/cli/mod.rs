@@ -108,7 +108,8 @@ pub struct ServeArgs {
     /// main).
     #[arg(long = "tokenizer-revision", value_name = "REV")]
     pub tokenizer_revision: Option<String>,
-    /// Name clients use for each --model, in the same order.
+    /// Names clients use: for one model, every name given (the first answers); for several
+    /// --model, one name each, in the same order.
     #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,
     /// `auto`; or `generate` / `pooling`, checked against what each served model does.

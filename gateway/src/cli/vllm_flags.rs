@@ -236,7 +236,7 @@ pub static FLAGS: &[Flag] = &[
     f("ModelConfig", "--disable-cascade-attn,--no-disable-cascade-attn", Bool, NoEffect(KERNELS)),
     f("ModelConfig", "--skip-tokenizer-init,--no-skip-tokenizer-init", Bool, Only(OFF, "serving without a tokenizer is not built")),
     f("ModelConfig", "--enable-prompt-embeds,--no-enable-prompt-embeds", Bool, Only(OFF, "prompt embeddings as input are not built")),
-    f("ModelConfig", "--served-model-name", Values, Honoured("the name clients use for each model, in order")),
+    f("ModelConfig", "--served-model-name", Values, Honoured("the names clients use: for one model every name is accepted, the first is the `model` of responses and /v1/models lists each (vLLM's aliases); with several --model, one name each, in order")),
     f("ModelConfig", "--config-format", Value, Only(&["auto", "hf"], "only Hugging Face config.json (and GGUF metadata) is read")),
     f("ModelConfig", "--hf-token", MaybeValue, NoEffect("downloading from the hub is not built: hub ids are read from the local cache")),
     f("ModelConfig", "--hf-overrides", Value, Only(EMPTY_JSON, "overriding the checkpoint's config is not built")),
