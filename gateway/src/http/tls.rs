@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
-use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{RootCertStore, ServerConfig};
 use rustls_pki_types::pem::{self, PemObject};
@@ -234,9 +233,6 @@ pub struct Tls {
 impl Tls {
     /// Read and check the files now.
     pub fn load(files: TlsFiles) -> Result<Self, TlsError> {
-        // ring is the only provider built; installing it is for any rustls user that asks
-        // for the process default (a second install is refused, and harmless).
-        let _ = CryptoProvider::install_default(rustls::crypto::ring::default_provider());
         let config = files.config(&files.read()?)?;
         Ok(Self {
             files,
