@@ -773,6 +773,8 @@ async fn the_front_door_checks_before_it_starts() {
         params: greedy(0),
         max_tokens,
         max_tokens_field: "max_completion_tokens",
+        default_max_tokens: None,
+        max_tokens_cap: None,
         n,
         cache_salt: None,
     };
@@ -875,6 +877,8 @@ async fn one_request_cannot_take_every_slot() {
         params: greedy(0),
         max_tokens: Some(max_tokens),
         max_tokens_field: "max_tokens",
+        default_max_tokens: None,
+        max_tokens_cap: None,
         n,
         cache_salt: None,
     };

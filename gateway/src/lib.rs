@@ -2,6 +2,8 @@
 //!
 //! - [`cli`]: flags (as `vllm serve` spells them) and `--config` YAML.
 //! - [`state`]: start-up validation and the shared state.
+//! - [`served`]: the names models are served under (aliases) and what each was given as.
+//! - [`generation_config`]: each model's request defaults (`--generation-config`).
 //! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
 //!   overload, body limit, timeout), SSE framing.
 //! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
@@ -16,6 +18,7 @@ pub mod app;
 pub mod cli;
 pub mod contract_cmd;
 pub mod error;
+pub mod generation_config;
 pub mod http;
 pub mod parsers;
 pub mod policy;
@@ -23,5 +26,6 @@ pub mod preload;
 pub mod protocol;
 pub mod routes;
 pub mod serve;
+pub mod served;
 pub mod state;
 pub mod upgrade_check;

@@ -48,7 +48,20 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             "--trust-remote-code has no effect here: no code from a checkpoint runs, and every architecture served is built in"
         );
     }
+    for (spec, defaults) in settings.models.iter().zip(&settings.generation) {
+        if engine
+            .model(&spec.served_name)
+            .is_some_and(|m| m.card().tasks.contains(&engine::api::Task::Generate))
+        {
+            tracing::info!(
+                model = %spec.served_name,
+                generation_config = %args.generation_config,
+                "request defaults: {defaults}"
+            );
+        }
+    }
     let front = settings.front.clone();
+    let tls = settings.tls.clone();
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
     let drain_state = state.clone();
     watch_engine_health(state.clone());
@@ -66,7 +79,11 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         .await
         .map_err(|e| StartupError(format!("cannot listen on {addr}: {e}")))?;
     let local = listener.local_addr().map(|a| a.to_string()).unwrap_or(addr);
-    tracing::info!(address = %local, "listening");
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    tracing::info!(address = %local, scheme, "listening");
+    if let Some(tls) = &tls {
+        tls.clone().watch(Duration::from_secs(1));
+    }
     let (drain_tx, mut drain_rx) = tokio::sync::watch::channel(false);
     let drain_timeout = Duration::from_secs(args.shutdown_timeout);
     let signalled = async move {
@@ -92,7 +109,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         header_read_timeout: Duration::from_secs(args.header_read_timeout),
         max_connections: args.max_connections.map_or(cap, |m| m.min(cap)),
     };
-    let served = crate::http::listener::serve(listener, app, limits, signalled);
+    let served = crate::http::listener::serve(listener, app, limits, tls, signalled);
     // The drain is bounded: a stream that would run for minutes, or a client that never
     // finishes sending its request, does not hold the process past the timeout.
     let deadline = async move {

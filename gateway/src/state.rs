@@ -11,7 +11,9 @@ use serde_json::{Map, Value};
 use thiserror::Error;
 
 use crate::cli::ServeArgs;
+use crate::generation_config::{self, GenerationDefaults};
 use crate::http::options::{Cors, FrontOptions};
+use crate::served::{self, ServedModel, ServedNames};
 
 /// A flag value that stops start-up. Printed as one line.
 #[derive(Debug, Error)]
@@ -52,6 +54,10 @@ pub struct AppState {
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
     /// Set when shutdown begins: `/health` answers 503 from then on.
     pub draining: std::sync::atomic::AtomicBool,
+    /// Every served name (aliases included) and what each model was given as.
+    pub served: ServedNames,
+    /// Each served model's request defaults (`--generation-config`), by served name.
+    pub generation: std::collections::HashMap<String, GenerationDefaults>,
 }
 
 impl AppState {
@@ -104,7 +110,28 @@ impl AppState {
             media,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),
+            served: ServedNames::new(settings.served),
+            generation: settings
+                .models
+                .iter()
+                .map(|spec| spec.served_name.clone())
+                .zip(settings.generation)
+                .collect(),
         })
+    }
+
+    /// The request defaults of the model served as `name` (vLLM's own for an unknown name).
+    pub fn generation_defaults(&self, name: &str) -> &GenerationDefaults {
+        static NONE: GenerationDefaults = GenerationDefaults {
+            temperature: None,
+            top_p: None,
+            top_k: None,
+            min_p: None,
+            repetition_penalty: None,
+            max_tokens: None,
+            max_tokens_cap: None,
+        };
+        self.generation.get(name).unwrap_or(&NONE)
     }
 
     pub fn is_trusted(&self, api_key: Option<&str>) -> bool {
@@ -131,6 +158,12 @@ pub struct Settings {
     pub reasoning_parser: Option<crate::parsers::reasoning::ReasoningParser>,
     /// CORS, the root path, the access log.
     pub front: FrontOptions,
+    /// Each model's names and what it was given as, in the order of `models`.
+    pub served: Vec<ServedModel>,
+    /// Each model's request defaults, in the order of `models`.
+    pub generation: Vec<GenerationDefaults>,
+    /// `--ssl-*`: HTTPS, its files read and checked.
+    pub tls: Option<Arc<crate::http::tls::Tls>>,
 }
 
 pub const DEFAULT_CHAT_MODEL: &str = "HuggingFaceTB/SmolLM2-135M-Instruct";
@@ -170,25 +203,27 @@ fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, Start
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
         let given: Vec<String> = args.model_arg.iter().chain(&args.model).cloned().collect();
-        let models = if given.is_empty() {
+        let (models, served) = if given.is_empty() {
             if !args.served_model_name.is_empty() {
                 return Err(fail(
                     "--served-model-name needs --model (one name per model)",
                 ));
             }
-            default_models(&args.models_cache)?
-        } else {
-            if !args.served_model_name.is_empty() && args.served_model_name.len() != given.len() {
-                return Err(fail(format!(
-                    "--served-model-name gives {} name(s) for {} model(s): give one name per model",
-                    args.served_model_name.len(),
-                    given.len()
-                )));
-            }
-            given
+            let models = default_models(&args.models_cache)?;
+            let served = models
                 .iter()
-                .enumerate()
-                .map(|(i, path)| {
+                .map(|m| ServedModel {
+                    names: vec![m.served_name.clone()],
+                    given: m.served_name.clone(),
+                })
+                .collect();
+            (models, served)
+        } else {
+            let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
+            let models = given
+                .iter()
+                .zip(&served)
+                .map(|(path, served)| {
                     let local = if Path::new(path).exists() {
                         path.clone()
                     } else if engine::hf::hub::is_hub_id(path) {
@@ -205,14 +240,15 @@ impl Settings {
                     };
                     Ok(ModelSpec {
                         path: local,
-                        served_name: args
-                            .served_model_name
-                            .get(i)
+                        served_name: served
+                            .names
+                            .first()
                             .cloned()
                             .unwrap_or_else(|| path.clone()),
                     })
                 })
-                .collect::<Result<Vec<_>, _>>()?
+                .collect::<Result<Vec<_>, _>>()?;
+            (models, served)
         };
         if let Some(rev) = &args.revision {
             let hub_ids = given
@@ -228,13 +264,6 @@ impl Settings {
         if args.runner == "draft" {
             return Err(fail(
                 "--runner draft: draft models serve speculative decoding, which is not built",
-            ));
-        }
-        let mut names: Vec<&str> = models.iter().map(|m| m.served_name.as_str()).collect();
-        names.sort_unstable();
-        if names.windows(2).any(|w| w[0] == w[1]) {
-            return Err(fail(
-                "two models are served under the same name: use --served-model-name",
             ));
         }
 
@@ -379,8 +408,29 @@ impl Settings {
                 })
             })
             .transpose()?;
+        let tls = crate::http::tls::TlsFiles::from_flags(
+            args.ssl_keyfile.as_deref(),
+            args.ssl_certfile.as_deref(),
+            args.ssl_ca_certs.as_deref(),
+            args.ssl_cert_reqs,
+            args.enable_ssl_refresh,
+        )
+        .and_then(|files| files.map(crate::http::tls::Tls::load).transpose())
+        .map_err(|e| fail(e.to_string()))?
+        .map(Arc::new);
+        let source = generation_config::Source::parse(&args.generation_config).map_err(fail)?;
+        let overrides = generation_config::overrides(args.override_generation_config.as_deref())
+            .map_err(fail)?;
+        let generation = models
+            .iter()
+            .map(|spec| generation_config::defaults_for(&source, &overrides, Path::new(&spec.path)))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(fail)?;
         Ok(Settings {
+            served,
             front: front_options(args)?,
+            tls,
+            generation,
             tool_parser,
             reasoning_parser,
             models,

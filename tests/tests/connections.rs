@@ -4,44 +4,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::TcpStream;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use common::{must, workspace_root, Gateway};
+use common::{closed_within, must, workspace_root, Gateway};
 
 fn tiny() -> String {
     workspace_root()
         .join("tests/data/tiny-llama")
         .display()
         .to_string()
-}
-
-/// How long until the server closes `stream` (reads until EOF); `None` if it is still open
-/// after `limit`.
-///
-/// The limits these tests pass are many times the timeouts they check, so a loaded machine
-/// cannot reach them, and below every other timer that would close the connection anyway
-/// (hyper's own 30 s header timeout), so a server without the behaviour still fails.
-fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
-    let started = Instant::now();
-    stream
-        .set_read_timeout(Some(Duration::from_millis(100)))
-        .unwrap_or_else(|e| panic!("set_read_timeout: {e}"));
-    let mut buf = [0u8; 4096];
-    while started.elapsed() < limit {
-        match stream.read(&mut buf) {
-            Ok(0) => return Some(started.elapsed()),
-            Ok(_) => {}
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
-                ) => {}
-            Err(_) => return Some(started.elapsed()),
-        }
-    }
-    None
 }
 
 fn connect(port: u16) -> TcpStream {

@@ -1,5 +1,5 @@
 //! `gateway serve MODEL` as `vllm serve MODEL`: the model positional, and a Hugging Face hub id
-//! served from the local hub cache (`HF_HUB_CACHE`), under the id as its name. An id the cache
+//! served from the local hub cache (`HF_HUB_CACHE`), under the id as its name and root. An id the cache
 //! lacks, and a `--revision` with no hub id to apply to, stop the start with one line.
 
 mod common;
@@ -55,6 +55,8 @@ async fn a_hub_id_is_served_from_the_local_cache_under_its_id() {
         .map(|a| a.iter().filter_map(|m| m["id"].as_str()).collect())
         .unwrap_or_default();
     assert_eq!(ids, ["org/tiny-llama"], "{models}");
+    // The root is the model as given, as vLLM shows it, not the snapshot folder.
+    assert_eq!(models["data"][0]["root"], "org/tiny-llama", "{models}");
 }
 
 #[test]

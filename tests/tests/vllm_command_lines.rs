@@ -5,26 +5,11 @@ mod common;
 
 use std::time::Duration;
 
-use common::{must, run_to_exit, run_to_exit_with_env, Gateway, TempDir};
+use common::{must, run_to_exit, run_to_exit_with_env, tiny_args, Gateway, TempDir};
 use serde_json::{json, Value};
 
 const LIMIT: Duration = Duration::from_secs(60);
 const TINY: &str = "tests/data/tiny-llama";
-
-/// The tiny Llama served as `tiny` on the CPU, then `extra`.
-fn tiny<'a>(extra: &[&'a str]) -> Vec<&'a str> {
-    let mut args = vec![
-        TINY,
-        "--served-model-name",
-        "tiny",
-        "--max-model-len",
-        "256",
-        "--device",
-        "cpu",
-    ];
-    args.extend_from_slice(extra);
-    args
-}
 
 fn client() -> reqwest::Client {
     must(
@@ -196,7 +181,7 @@ async fn a_vllm_command_line_starts_and_serves() {
 async fn a_seed_makes_unseeded_sampling_repeat_across_starts() {
     let mut texts = Vec::new();
     for _ in 0..2 {
-        let gateway = must(Gateway::start(&tiny(&["--seed", "1234"])).await);
+        let gateway = must(Gateway::start(&tiny_args(&["--seed", "1234"])).await);
         let (status, reply) = post(
             &gateway,
             "/v1/completions",
@@ -241,7 +226,7 @@ async fn a_vllm_config_file_starts_and_serves() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn root_path_and_cors_are_served() {
     let gateway = must(
-        Gateway::start(&tiny(&[
+        Gateway::start(&tiny_args(&[
             "--root-path",
             "/llm",
             "--allowed-origins",
@@ -333,7 +318,11 @@ fn features_not_built_are_refused_by_name() {
         "speculative decoding is not built",
     );
     refuses(&["--enable-lora"], "--enable-lora", "LoRA");
-    refuses(&["--ssl-keyfile", "key.pem"], "--ssl-keyfile", "TLS");
+    refuses(
+        &["--ssl-ciphers", "HIGH"],
+        "--ssl-ciphers",
+        "OpenSSL cipher strings",
+    );
     refuses(
         &["--tokenizer", "other/tokenizer", TINY],
         "--tokenizer other/tokenizer",
@@ -398,7 +387,7 @@ fn a_config_file_gets_the_same_answers() {
 #[test]
 fn a_runner_the_model_is_not_is_refused() {
     refuses_with(
-        &tiny(&["--runner", "pooling"]),
+        &tiny_args(&["--runner", "pooling"]),
         &[("RUST_LOG", "off")],
         "--runner pooling",
         "not a pooling model",

@@ -73,6 +73,11 @@ pub struct SubmitOptions {
     pub max_tokens: Option<i64>,
     /// The field that carried `max_tokens` (`max_tokens`, `max_completion_tokens`).
     pub max_tokens_field: &'static str,
+    /// The deployment's new-token limit for a request without one (vLLM's `max_new_tokens`
+    /// of the generation config), fitted to the context like the rest.
+    pub default_max_tokens: Option<u64>,
+    /// The deployment's cap on every request's new tokens.
+    pub max_tokens_cap: Option<u64>,
     /// Choices per prompt.
     pub n: usize,
     /// Isolates prefix-cache reuse between tenants.
@@ -238,7 +243,8 @@ impl ModelHandle {
     }
 
     /// The new-token budget of a prompt of `prompt_len` tokens: the request's, checked against
-    /// the context, else what the context leaves.
+    /// the context, else the deployment's default, else what the context leaves; then at most
+    /// the deployment's cap (vLLM's `get_max_tokens`: the least of them).
     /// A prompt that fills the context is vLLM's 400 naming `messages` on every route.
     fn fit_max_tokens(&self, prompt_len: usize, opts: &SubmitOptions) -> Result<usize> {
         let max_len = self.card().max_model_len;
@@ -249,9 +255,13 @@ impl ModelHandle {
             ));
         }
         let room = max_len - prompt_len;
+        let cap = |n: u64| {
+            let n = opts.max_tokens_cap.map_or(n, |cap| n.min(cap));
+            usize::try_from(n).unwrap_or(usize::MAX)
+        };
         match opts.max_tokens {
-            None => Ok(room),
-            Some(m) if m >= 0 && (m as u64) <= room as u64 => Ok(m as usize),
+            None => Ok(cap(opts.default_max_tokens.map_or(room as u64, |d| d.min(room as u64)))),
+            Some(m) if m >= 0 && (m as u64) <= room as u64 => Ok(cap(m as u64)),
             Some(m) => Err(EngineError::invalid(
                 format!("'{}' is too large: {m}. This model's maximum context length is {max_len} tokens and your request has {prompt_len} input tokens ({m} > {max_len} - {prompt_len}).", opts.max_tokens_field),
                 Some(opts.max_tokens_field),

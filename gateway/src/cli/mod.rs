@@ -110,7 +110,8 @@ pub struct ServeArgs {
     /// main).
     #[arg(long = "tokenizer-revision", value_name = "REV")]
     pub tokenizer_revision: Option<String>,
-    /// Name clients use for each --model, in the same order.
+    /// Names clients use: for one model, every name given (the first answers); for several
+    /// --model, one name each, in the same order.
     #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,
     /// `auto`; or `generate` / `pooling`, checked against what each served model does.
@@ -123,6 +124,23 @@ pub struct ServeArgs {
     pub host: String,
     #[arg(long, default_value_t = 8000)]
     pub port: u16,
+    /// HTTPS: the server's certificate chain (PEM); the private key may be in the same file.
+    #[arg(long = "ssl-certfile", value_name = "FILE")]
+    pub ssl_certfile: Option<PathBuf>,
+    /// HTTPS: the private key (PEM: PKCS#8, PKCS#1 or SEC1), with --ssl-certfile.
+    #[arg(long = "ssl-keyfile", value_name = "FILE")]
+    pub ssl_keyfile: Option<PathBuf>,
+    /// HTTPS: the CA certificates (PEM) client certificates are checked against.
+    #[arg(long = "ssl-ca-certs", value_name = "FILE")]
+    pub ssl_ca_certs: Option<PathBuf>,
+    /// HTTPS client certificates: 0 none asked for, 1 optional (a bad one is refused), 2
+    /// required (needs --ssl-ca-certs).
+    #[arg(long = "ssl-cert-reqs", value_name = "0|1|2", default_value_t = 0)]
+    pub ssl_cert_reqs: u8,
+    /// HTTPS: reload the certificate, key and CA files when they change; new connections
+    /// get them (checked every second).
+    #[arg(long = "enable-ssl-refresh", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_ssl_refresh: bool,
     /// Serve under this path prefix too (behind a proxy that forwards it): `/PREFIX/v1/...`
     /// is answered as `/v1/...`.
     #[arg(long = "root-path", value_name = "PATH")]
@@ -215,6 +233,18 @@ pub struct ServeArgs {
     /// `auto` / -1 for the model's own limit.
     #[arg(long = "max-model-len", value_parser = values::model_len, allow_negative_numbers = true)]
     pub max_model_len: Option<values::ModelLen>,
+    /// Request defaults: `auto` (the model's generation_config.json, or a GGUF's sampling
+    /// metadata), `vllm` (vLLM's own), or a folder with a generation_config.json (whose
+    /// max_new_tokens also caps max_tokens).
+    #[arg(
+        long = "generation-config",
+        value_name = "auto|vllm|FOLDER",
+        default_value = "auto"
+    )]
+    pub generation_config: String,
+    /// A JSON object merged over the generation config, e.g. '{"temperature": 0.5}'.
+    #[arg(long = "override-generation-config", value_name = "JSON")]
+    pub override_generation_config: Option<String>,
     /// Seed of the sampler that requests without a `seed` draw from (default: a fresh one
     /// each start).
     #[arg(long = "seed", allow_negative_numbers = true)]

@@ -22,6 +22,7 @@ use tower::ServiceExt;
 
 use crate::app::Dispatch;
 use crate::http::front::Front;
+use crate::http::tls::Tls;
 
 /// How connections are held to account.
 #[derive(Debug, Clone, Copy)]
@@ -75,12 +76,13 @@ pub fn raise_file_limit() -> usize {
     cap
 }
 
-/// Serve `app` on `listener` until `shutdown` completes; then stop accepting, ask every
+/// Serve `app` on `listener` (over TLS when `tls` is given) until `shutdown` completes; then stop accepting, ask every
 /// connection to finish its requests and close, and return once they have.
 pub async fn serve(
     listener: TcpListener,
     app: Front<Dispatch>,
     limits: ConnLimits,
+    tls: Option<Arc<Tls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) {
     let slots = Arc::new(Semaphore::new(limits.max_connections.max(1)));
@@ -128,33 +130,39 @@ pub async fn serve(
             continue;
         };
         let _ = stream.set_nodelay(true);
-        let service = app
-            .clone()
-            .map_request(|req: hyper::Request<Incoming>| req.map(Body::new));
-        let hyper_service = TowerToHyperService::new(service);
+        let to_body: fn(hyper::Request<Incoming>) -> hyper::Request<Body> =
+            |req| req.map(Body::new);
+        let hyper_service = TowerToHyperService::new(app.clone().map_request(to_body));
         let mut stop = stop_rx.clone();
         let done = done_rx.clone();
         let timeout = limits.header_read_timeout;
+        let acceptor = tls.as_ref().map(|tls| tls.acceptor());
         tokio::spawn(async move {
-            let mut builder = Builder::new(TokioExecutor::new());
-            builder
-                .http1()
-                .timer(TokioTimer::new())
-                .header_read_timeout(timeout);
-            // HTTP/2 has no header timeout in hyper: keep-alive pings close dead peers.
-            builder
-                .http2()
-                .timer(TokioTimer::new())
-                .keep_alive_interval(Some(timeout))
-                .keep_alive_timeout(timeout);
-            let mut conn = pin!(builder.serve_connection(TokioIo::new(stream), hyper_service));
-            let mut stopping = false;
-            loop {
-                tokio::select! {
-                    _ = conn.as_mut() => break,
-                    _ = stop.wait_for(|s| *s), if !stopping => {
-                        stopping = true;
-                        conn.as_mut().graceful_shutdown();
+            match acceptor {
+                None => serve_connection(TokioIo::new(stream), hyper_service, timeout, stop).await,
+                Some(acceptor) => {
+                    // The handshake has the header timeout too: a client that opens a
+                    // connection and sends nothing (or a byte at a time) cannot hold it.
+                    let handshake = tokio::time::timeout(timeout, acceptor.accept(stream));
+                    let tls_stream = tokio::select! {
+                        shaken = handshake => match shaken {
+                            Ok(Ok(tls_stream)) => Some(tls_stream),
+                            Ok(Err(e)) => {
+                                metrics::counter!("gateway_tls_handshake_failures_total", "reason" => "error").increment(1);
+                                tracing::debug!("TLS handshake failed: {e}");
+                                None
+                            }
+                            Err(_) => {
+                                metrics::counter!("gateway_tls_handshake_failures_total", "reason" => "timeout").increment(1);
+                                tracing::debug!("TLS handshake timed out");
+                                None
+                            }
+                        },
+                        _ = stop.wait_for(|s| *s) => None,
+                    };
+                    if let Some(tls_stream) = tls_stream {
+                        serve_connection(TokioIo::new(tls_stream), hyper_service, timeout, stop)
+                            .await;
                     }
                 }
             }
@@ -165,4 +173,43 @@ pub async fn serve(
     drop(listener);
     drop(done_rx);
     done_tx.closed().await;
+}
+
+/// The app as hyper serves it on a connection.
+type ConnService = TowerToHyperService<
+    tower::util::MapRequest<Front<Dispatch>, fn(hyper::Request<Incoming>) -> hyper::Request<Body>>,
+>;
+
+/// One connection, HTTP/1.1 or HTTP/2, until it closes; asked to finish its requests and
+/// close when `stop` turns true.
+async fn serve_connection<I>(
+    io: I,
+    service: ConnService,
+    timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) where
+    I: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(timeout);
+    // HTTP/2 has no header timeout in hyper: keep-alive pings close dead peers.
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .keep_alive_interval(Some(timeout))
+        .keep_alive_timeout(timeout);
+    let mut conn = pin!(builder.serve_connection(io, service));
+    let mut stopping = false;
+    loop {
+        tokio::select! {
+            _ = conn.as_mut() => break,
+            _ = stop.wait_for(|s| *s), if !stopping => {
+                stopping = true;
+                conn.as_mut().graceful_shutdown();
+            }
+        }
+    }
 }

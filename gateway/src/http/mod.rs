@@ -8,3 +8,4 @@ pub mod options;
 pub mod overload;
 pub mod sse;
 pub mod stack;
+pub mod tls;

@@ -6,6 +6,7 @@ use serde::Deserialize;
 use serde_json::{Number, Value};
 
 use crate::error::{ApiError, ApiResult};
+use crate::generation_config::GenerationDefaults;
 
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, Deserialize)]
@@ -402,22 +403,33 @@ impl SamplingFields {
     }
 
     /// The engine's sampling parameters, but `max_tokens`: the engine's front door fits that
-    /// to each prompt's context. A 400 for a malformed structured-output or token-rule field.
-    pub fn to_params(&self, logprobs: Option<usize>) -> ApiResult<SamplingParams> {
+    /// to each prompt's context. A field the request leaves out (or sends as null) takes the
+    /// model's default (`defaults`), else vLLM's. A 400 for a malformed structured-output or
+    /// token-rule field.
+    pub fn to_params(
+        &self,
+        logprobs: Option<usize>,
+        defaults: &GenerationDefaults,
+    ) -> ApiResult<SamplingParams> {
         use super::structured;
         let d = SamplingParams::default();
+        let float = |own: Option<f64>, model: Option<f64>, vllm: f32| {
+            own.or(model).map_or(vllm, |v| v as f32)
+        };
         Ok(SamplingParams {
-            temperature: self.temperature.map(|t| t as f32).unwrap_or(d.temperature),
-            top_p: self.top_p.map(|t| t as f32).unwrap_or(d.top_p),
+            temperature: float(self.temperature, defaults.temperature, d.temperature),
+            top_p: float(self.top_p, defaults.top_p, d.top_p),
             top_k: self
                 .top_k
+                .or(defaults.top_k)
                 .map(|k| k.clamp(-1, i32::MAX as i64) as i32)
                 .unwrap_or(d.top_k),
-            min_p: self.min_p.map(|t| t as f32).unwrap_or(d.min_p),
-            repetition_penalty: self
-                .repetition_penalty
-                .map(|t| t as f32)
-                .unwrap_or(d.repetition_penalty),
+            min_p: float(self.min_p, defaults.min_p, d.min_p),
+            repetition_penalty: float(
+                self.repetition_penalty,
+                defaults.repetition_penalty,
+                d.repetition_penalty,
+            ),
             presence_penalty: self.presence_penalty.map(|t| t as f32).unwrap_or(0.0),
             frequency_penalty: self.frequency_penalty.map(|t| t as f32).unwrap_or(0.0),
             seed: self
@@ -573,7 +585,9 @@ mod tests {
     #[test]
     fn params_conversion() {
         let f = fields(r#"{"temperature": 0, "seed": 7, "stop": "x", "top_k": -1}"#);
-        let p = f.to_params(Some(2)).unwrap();
+        let p = f
+            .to_params(Some(2), &GenerationDefaults::default())
+            .unwrap();
         assert_eq!(p.temperature, 0.0);
         assert_eq!(p.seed, Some(7));
         assert_eq!(p.stop, vec!["x".to_string()]);

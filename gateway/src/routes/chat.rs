@@ -270,7 +270,8 @@ pub async fn handler(
         .await?
     };
     // (6) structured outputs, checked before any work starts
-    let mut params = req.sampling.to_params(logprobs)?;
+    let defaults = state.generation_defaults(&model.card().name);
+    let mut params = req.sampling.to_params(logprobs, defaults)?;
     params.prompt_logprobs =
         generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
     generate::check_constraint(&model, &req.sampling).await?;
@@ -306,6 +307,8 @@ pub async fn handler(
                 } else {
                     "max_tokens"
                 },
+                default_max_tokens: defaults.max_tokens,
+                max_tokens_cap: defaults.max_tokens_cap,
                 n: req.sampling.n(),
                 cache_salt: req.sampling.cache_salt.clone(),
             },

@@ -144,9 +144,10 @@ pub async fn handler(
         .into_iter()
         .map(|source| model.prompt(source, opts))
         .collect::<Result<Vec<_>, _>>()?;
+    let defaults = state.generation_defaults(&model.card().name);
     let params = SamplingParams {
         prompt_logprobs,
-        ..req.sampling.to_params(logprobs)?
+        ..req.sampling.to_params(logprobs, defaults)?
     };
     generate::check_constraint(&model, &req.sampling).await?;
 
@@ -176,8 +177,12 @@ pub async fn handler(
             SubmitOptions {
                 request_id: rid.to_string(),
                 params,
+                // vLLM's completion requests default to 16 tokens, so the generation
+                // config's max_new_tokens only caps them.
                 max_tokens: req.sampling.max_tokens.or(Some(16)),
                 max_tokens_field: "max_tokens",
+                default_max_tokens: defaults.max_tokens,
+                max_tokens_cap: defaults.max_tokens_cap,
                 n: req.sampling.n(),
                 cache_salt: req.sampling.cache_salt.clone(),
             },

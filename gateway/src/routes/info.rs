@@ -15,7 +15,13 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
         .engine
         .models()
         .iter()
-        .map(|card| {
+        .flat_map(|card| {
+            let served = state.served.model(&card.name);
+            let root = served.map_or(card.root.as_str(), |m| m.given.as_str());
+            let names = served.map_or_else(|| vec![card.name.clone()], |m| m.names.clone());
+            names.into_iter().map(move |name| (card, name, root))
+        })
+        .map(|(card, name, root)| {
             let limits: serde_json::Map<String, Value> = card
                 .input_modalities
                 .iter()
@@ -23,11 +29,11 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
                 .map(|m| (m.clone(), json!(state.limits.limit_for(m))))
                 .collect();
             json!({
-                "id": card.name,
+                "id": name,
                 "object": "model",
                 "created": created,
                 "owned_by": "vllm",
-                "root": card.root,
+                "root": root,
                 "parent": null,
                 "max_model_len": card.max_model_len,
                 "permission": [],

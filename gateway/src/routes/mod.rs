@@ -65,8 +65,9 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
 pub fn resolve_model(state: &AppState, name: Option<&str>, task: Task) -> ApiResult<ModelHandle> {
     match name {
         Some(name) => state
-            .engine
-            .model(name)
+            .served
+            .primary(name)
+            .and_then(|primary| state.engine.model(primary))
             .ok_or_else(|| ApiError::ModelNotFound(name.to_string())),
         None => state
             .engine

@@ -6,6 +6,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::net::TcpListener as StdListener;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -167,6 +168,21 @@ impl Gateway {
 
     /// [`Gateway::start`] with extra environment variables.
     pub async fn start_with_env(args: &[&str], env: &[(&str, &str)]) -> Result<Self, String> {
+        let client = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(2))
+            .build()
+            .map_err(|err| err.to_string())?;
+        Self::start_with_client(args, env, "http", &client).await
+    }
+
+    /// [`Gateway::start`] served as `scheme` (`http` or `https`), probed with `client`.
+    pub async fn start_with_client(
+        args: &[&str],
+        env: &[(&str, &str)],
+        scheme: &str,
+        client: &reqwest::Client,
+    ) -> Result<Self, String> {
         let bin = gateway_bin()?;
         let port = free_port()?;
         let dir = TempDir::new("gateway")?;
@@ -185,20 +201,19 @@ impl Gateway {
         let mut gateway = Self {
             child,
             port,
-            base_url: format!("http://127.0.0.1:{port}"),
+            base_url: format!("{scheme}://127.0.0.1:{port}"),
             log,
             _dir: dir,
         };
-        gateway.wait_healthy(&args).await?;
+        gateway.wait_healthy(&args, client).await?;
         Ok(gateway)
     }
 
-    async fn wait_healthy(&mut self, args: &[String]) -> Result<(), String> {
-        let client = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(2))
-            .build()
-            .map_err(|err| err.to_string())?;
+    async fn wait_healthy(
+        &mut self,
+        args: &[String],
+        client: &reqwest::Client,
+    ) -> Result<(), String> {
         let url = format!("{}/health", self.base_url);
         let started = Instant::now();
         loop {
@@ -313,6 +328,53 @@ pub fn run_to_exit_with_env(
     };
     let text = std::fs::read_to_string(&log).unwrap_or_default();
     Ok((status, text))
+}
+
+/// How long until the server closes `stream` (reads until EOF); `None` if it is still open
+/// after `limit`.
+///
+/// The limits these tests pass are many times the timeouts they check, so a loaded machine
+/// cannot reach them, and below every other timer that would close the connection anyway
+/// (hyper's own 30 s header timeout), so a server without the behaviour still fails.
+pub fn closed_within(stream: &mut TcpStream, limit: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    stream
+        .set_read_timeout(Some(Duration::from_millis(100)))
+        .unwrap_or_else(|e| panic!("set_read_timeout: {e}"));
+    let mut buf = [0u8; 4096];
+    while started.elapsed() < limit {
+        match stream.read(&mut buf) {
+            Ok(0) => return Some(started.elapsed()),
+            Ok(_) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+                ) => {}
+            Err(_) => return Some(started.elapsed()),
+        }
+    }
+    None
+}
+
+/// The tiny Llama checkpoint served as `tiny` on the CPU, then `extra`.
+pub fn tiny_args<'a>(extra: &[&'a str]) -> Vec<&'a str> {
+    served_as_tiny("tests/data/tiny-llama", extra)
+}
+
+/// `model` served as `tiny` on the CPU with a 256-token context, then `extra`.
+pub fn served_as_tiny<'a>(model: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut args = vec![
+        model,
+        "--served-model-name",
+        "tiny",
+        "--max-model-len",
+        "256",
+        "--device",
+        "cpu",
+    ];
+    args.extend_from_slice(extra);
+    args
 }
 
 /// A 1x1 PNG.
