@@ -16,6 +16,7 @@ pub mod cli;
 pub mod contract_cmd;
 pub mod error;
 pub mod http;
+pub mod memory;
 pub mod parsers;
 pub mod policy;
 pub mod preload;

@@ -46,7 +46,7 @@ use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::model::{
     host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, KvDtype, PagedKvCache,
-    SeqChunk,
+    SeqChunk, StepShape,
 };
 
 use forward::validate_chunks;
@@ -277,6 +277,21 @@ impl LlamaModel {
 impl CausalLm for LlamaModel {
     fn info(&self) -> &DecoderInfo {
         &self.info
+    }
+
+    fn step_host_bytes(&self, s: &StepShape) -> u64 {
+        let c = &self.cfg;
+        let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        // The scratch's rows: x and h, q, k, v, the attention output, gate and up.
+        let per_row = 2 * c.hidden + 2 * q + 2 * kv + 2 * c.ffn;
+        // A prefill task gathers one KV head's keys and values and scores a block of queries
+        // of its group against the whole context; one task per thread at a time.
+        let group = c.n_heads / c.n_kv_heads.max(1);
+        let per_task = (2 * c.head_dim + attention::GEMM_QUERY_BLOCK * group) * s.max_len;
+        let floats = (s.rows as u64) * per_row as u64
+            + (s.logit_rows as u64) * 3 * c.vocab as u64
+            + (s.threads as u64) * per_task as u64;
+        floats.saturating_mul(4)
     }
 
     fn activation_mode(&self) -> ActivationMode {

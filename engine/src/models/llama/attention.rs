@@ -49,7 +49,7 @@ impl KvElem for half::bf16 {
 /// Chunks at least this long take the gather + GEMM path.
 const GEMM_MIN_QUERIES: usize = 8;
 /// Queries per task on the GEMM path.
-const GEMM_QUERY_BLOCK: usize = 64;
+pub(super) const GEMM_QUERY_BLOCK: usize = 64;
 
 /// The tokens of one sequence within the step's activation matrix.
 pub(crate) struct ChunkSpan<'a> {
