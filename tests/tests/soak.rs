@@ -490,14 +490,15 @@ fn recording() -> Vec<u8> {
 }
 
 /// The memory bound the server printed at start-up (`bound_bytes=N` on its `memory bound`
-/// line), in bytes.
-fn printed_bound(log: &str) -> Option<u64> {
+/// line), in bytes, with the line.
+fn printed_bound(log: &str) -> Option<(u64, String)> {
     let plain = regex::Regex::new("\x1b\\[[0-9;]*m")
         .ok()?
         .replace_all(log, "");
     let line = plain.lines().find(|l| l.contains("memory bound"))?;
     let figure = line.split("bound_bytes=").nth(1)?;
-    figure.split_whitespace().next()?.parse().ok()
+    let bytes = figure.split_whitespace().next()?.parse().ok()?;
+    Some((bytes, line.to_string()))
 }
 
 /// Samples `pid`'s resident set every 200 ms until `stop`; the largest sample.
@@ -573,8 +574,9 @@ async fn a_minute_of_hostile_load_leaves_normal_clients_served() {
         ])
         .await,
     );
-    let bound = printed_bound(&gw.output())
+    let (bound, line) = printed_bound(&gw.output())
         .unwrap_or_else(|| panic!("no memory bound in the start-up log:\n{}", gw.output()));
+    println!("{line}");
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let sampler = tokio::spawn(sample_rss(gw.pid(), stop.clone()));
     let before = scrape(&gw.base_url).await;
