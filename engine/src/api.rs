@@ -42,8 +42,10 @@ pub struct ModelMemory {
     /// towers' work on one prompt.
     pub step: u64,
     /// What one sequence (a decoder's choice, an encoder's input) holds besides the request
-    /// body: its token ids, output, and a multimodal prompt's media tensors.
+    /// body and its media: its token ids, its block table, its output.
     pub per_sequence: u64,
+    /// The longest vocabulary entry in bytes: a logprob entry holds one token's text.
+    pub max_token_bytes: u64,
 }
 
 /// Sampling and stopping for one sequence. Defaults are vLLM's.

@@ -39,7 +39,10 @@ fn the_card_states_the_weights_the_cache_and_a_step() {
         .unwrap_or(0);
     assert!(file > 0);
     assert!(m.weights >= file, "weights {} < file {file}", m.weights);
-    assert_eq!(m.per_sequence, 512 * 16);
+    // Per token: its ids and block table entry (16 bytes) and its text twice, each token's
+    // at most the longest vocabulary entry.
+    assert!(m.max_token_bytes > 0);
+    assert_eq!(m.per_sequence, 512 * (16 + 2 * m.max_token_bytes));
 
     let half = memory(&EngineConfig {
         kv_cache_dtype: KvDtype::Float16,

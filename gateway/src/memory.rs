@@ -43,6 +43,8 @@ pub struct Inputs<'a> {
     pub max_concurrent_requests: usize,
     pub max_request_body_bytes: usize,
     pub max_num_seqs: usize,
+    /// `--max-logprobs`: the alternatives a token's logprob entry may list.
+    pub max_logprobs: usize,
     pub max_connections: usize,
     pub threads: usize,
     /// The program's file (mapped, resident once touched).
@@ -73,12 +75,12 @@ impl MemoryBound {
             .cards
             .iter()
             .map(|c| {
-                let n = if c.tasks.contains(&engine::api::Task::Generate) {
-                    i.max_num_seqs as u64
+                if c.tasks.contains(&engine::api::Task::Generate) {
+                    let each = c.memory.per_sequence.saturating_add(logprobs(i, c));
+                    (i.max_num_seqs as u64).saturating_mul(each)
                 } else {
-                    body / MIN_INPUT_BYTES
-                };
-                n.saturating_mul(c.memory.per_sequence)
+                    (body / MIN_INPUT_BYTES).saturating_mul(c.memory.per_sequence)
+                }
             })
             .max()
             .unwrap_or(0);
@@ -121,6 +123,20 @@ impl MemoryBound {
         .into_iter()
         .fold(0, u64::saturating_add)
     }
+}
+
+/// A sequence's logprob entries at most: each of its tokens (prompt and output together fill
+/// the context at most) with `--max-logprobs` alternatives, each a token's text, its id and
+/// value, as held and as sent.
+fn logprobs(i: &Inputs<'_>, c: &ModelCard) -> u64 {
+    let entry = c
+        .memory
+        .max_token_bytes
+        .saturating_add(48)
+        .saturating_mul(2);
+    (c.max_model_len as u64)
+        .saturating_mul(i.max_logprobs as u64 + 1)
+        .saturating_mul(entry)
 }
 
 /// One request's media: each item's fetched bytes at the fetcher's cap for its modality (data
@@ -205,6 +221,7 @@ mod tests {
             max_concurrent_requests: 10,
             max_request_body_bytes: 1000,
             max_num_seqs: 4,
+            max_logprobs: 2,
             max_connections: 100,
             threads: 2,
             program_bytes: 7,
@@ -220,6 +237,7 @@ mod tests {
                 kv_cache: 1000,
                 step: 10,
                 per_sequence: 5,
+                max_token_bytes: 2,
             },
         );
         let encoder = card(
@@ -229,6 +247,7 @@ mod tests {
                 kv_cache: 0,
                 step: 20,
                 per_sequence: 3,
+                max_token_bytes: 2,
             },
         );
         let cards = [decoder, encoder];
@@ -240,8 +259,10 @@ mod tests {
         assert_eq!(b.engine_steps, 30);
         assert_eq!(b.media_budget, 0);
         // A request: its body as parsed, and the larger of the decoder's 4 choices (5 bytes
-        // each) and the encoder's 333 inputs (3 bytes each).
-        assert_eq!(b.requests, 10 * (1000 * BODY_EXPANSION + 333 * 3));
+        // each, and 4096 tokens' logprob entries of 3 tokens of (2 + 48) x 2 bytes) and the
+        // encoder's 333 inputs (3 bytes each).
+        let choice = 5 + 4096 * 3 * 100;
+        assert_eq!(b.requests, 10 * (1000 * BODY_EXPANSION + 4 * choice));
         assert_eq!(b.connections, 100 * CONNECTION_BYTES);
         assert_eq!(
             b.threads,
@@ -285,8 +306,8 @@ mod tests {
         let audio = spec.audio.as_ref().map_or(0, |a| a.n_mels * a.n_frames()) as u64 * 4;
         let fetched = pipeline.fetch.max_bytes_for(preprocess::Modality::Image) as u64
             + 2 * pipeline.fetch.max_bytes_for(preprocess::Modality::Audio) as u64;
-        // A decoder's choices hold nothing here (per_sequence 0).
-        let per_request = 1000 * BODY_EXPANSION + fetched + 2 * audio;
+        // A decoder's 4 choices hold their logprob entries only (per_sequence 0).
+        let per_request = 1000 * BODY_EXPANSION + 4 * 4096 * 3 * 96 + fetched + 2 * audio;
         assert_eq!(b.requests, 10 * per_request);
     }
 }

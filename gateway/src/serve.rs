@@ -139,6 +139,7 @@ fn log_memory_bound(args: &ServeArgs, state: &AppState, max_connections: usize) 
         max_concurrent_requests: args.max_concurrent_requests,
         max_request_body_bytes: args.max_request_body_bytes,
         max_num_seqs: args.max_num_seqs,
+        max_logprobs: args.max_logprobs,
         max_connections,
         threads: args.threads.unwrap_or_else(|| {
             std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)

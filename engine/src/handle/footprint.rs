@@ -59,6 +59,7 @@ pub(super) struct DecoderShape {
     pub active: usize,
     pub max_model_len: usize,
     pub threads: usize,
+    pub max_token_bytes: usize,
 }
 
 /// A decoder's terms before its KV cache is allocated ([`kv_bytes`] fills that one in).
@@ -78,9 +79,11 @@ pub(super) fn decoder(d: &LoadedDecoder, s: &DecoderShape) -> ModelMemory {
         weights: s.weights,
         kv_cache: 0,
         step: model_step.saturating_add(media_step),
-        // A sequence's prompt and output ids, its block table and the detokeniser's text (its
-        // media tensors are the gateway's to count: the preprocessing makes them).
-        per_sequence: s.max_model_len as u64 * 16,
+        // A sequence's prompt and output ids, its block table and its text, as detokenised
+        // and as sent (its media tensors are the gateway's to count: the preprocessing makes
+        // them).
+        per_sequence: s.max_model_len as u64 * (16 + 2 * s.max_token_bytes as u64),
+        max_token_bytes: s.max_token_bytes as u64,
     }
 }
 
@@ -107,6 +110,7 @@ pub(super) fn encoder(
     weights: u64,
     batch_tokens: usize,
     threads: usize,
+    max_token_bytes: usize,
 ) -> ModelMemory {
     let info = e.model.info();
     ModelMemory {
@@ -114,5 +118,6 @@ pub(super) fn encoder(
         kv_cache: 0,
         step: e.model.step_host_bytes(batch_tokens, threads),
         per_sequence: info.hidden_size as u64 * 4 + 96,
+        max_token_bytes: max_token_bytes as u64,
     }
 }

@@ -85,6 +85,7 @@ pub(super) fn start_decoder(
             active,
             max_model_len,
             threads: footprint::threads(config.threads),
+            max_token_bytes: max_token_bytes(&d.tokenizer),
         },
     );
     // Before the engine thread starts: a --chat-template that does not compile stops the start.
@@ -138,7 +139,7 @@ pub(super) fn start_decoder(
     );
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
-            max_token_bytes: max_token_bytes(&d.tokenizer),
+            max_token_bytes: memory.max_token_bytes as usize,
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
@@ -185,7 +186,14 @@ pub(super) fn start_encoder(
     let info = e.model.info().clone();
     let max_model_len = resolve_max_len(config, info.max_seq_len);
     let threads = footprint::threads(config.threads);
-    let memory = footprint::encoder(&e, weights, config.max_num_batched_tokens.max(1), threads);
+    let token_bytes = max_token_bytes(&e.tokenizer);
+    let memory = footprint::encoder(
+        &e,
+        weights,
+        config.max_num_batched_tokens.max(1),
+        threads,
+        token_bytes,
+    );
     let (tx, rx) = mpsc::sync_channel(config.max_num_seqs.max(1));
     let alive = Arc::new(AtomicBool::new(true));
     let worker_alive = alive.clone();
@@ -215,7 +223,7 @@ pub(super) fn start_encoder(
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
-            max_token_bytes: max_token_bytes(&e.tokenizer),
+            max_token_bytes: token_bytes,
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
