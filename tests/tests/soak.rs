@@ -1,5 +1,5 @@
-//! A shared deployment's worst minute, on the release binary's defaults and the default models:
-//! 64 streaming chats and 16 embedding clients for a phase alone, then for a phase with 200
+//! A shared deployment's worst minute, on the default models (and two tiny media models) with
+//! the limits that size its memory bound, the other flags at their defaults: 64 streaming chats and 16 embedding clients for a phase alone, then for a phase with 200
 //! slowloris connections (one header byte a second) and an abusive client (100,000-input
 //! embedding requests, each abandoned after 2 s) alongside. Every normal response must be
 //! complete or an explicit 503, at most 1 % of the normal requests of a phase a 503, the chats'
