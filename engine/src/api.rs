@@ -26,6 +26,26 @@ pub struct ModelCard {
     pub tasks: Vec<Task>,
     /// e.g. `["text"]`, `["text", "image", "video"]`.
     pub input_modalities: Vec<String>,
+    /// Host memory the model holds and may use.
+    pub memory: ModelMemory,
+}
+
+/// A served model's host memory, as the deployment's memory bound counts it (bytes).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ModelMemory {
+    /// The weights: every byte of the checkpoint's weight files (mapped, resident once
+    /// touched) plus the anonymous memory its load kept (converted tensors, the tokenizer).
+    pub weights: u64,
+    /// The host KV cache at its full size (0 for a GPU model's or an encoder).
+    pub kv_cache: u64,
+    /// One engine step at its largest: activations, logits, attention scratch, and the media
+    /// towers' work on one prompt.
+    pub step: u64,
+    /// What one sequence (a decoder's choice, an encoder's input) holds besides the request
+    /// body and its media: its token ids, its block table, its output.
+    pub per_sequence: u64,
+    /// The longest vocabulary entry in bytes: a logprob entry holds one token's text.
+    pub max_token_bytes: u64,
 }
 
 /// Sampling and stopping for one sequence. Defaults are vLLM's.

@@ -25,6 +25,7 @@ use crate::model::{ActivationMode, LoadedEncoder};
 use crate::scheduler::{Command, EngineStats, Shared, Submission};
 
 mod embed;
+mod footprint;
 mod front_door;
 mod load;
 mod media_worker;
@@ -263,10 +264,19 @@ impl EngineHandle {
         let active = active_seqs(config)?;
         let mut loaded = Vec::with_capacity(models.len());
         let mut kv_ready = Vec::with_capacity(models.len());
+        let mut weights = Vec::with_capacity(models.len());
         let device_label = device.label();
         for spec in models {
             tracing::info!(path = %spec.path, name = %spec.served_name, "loading model");
+            // Models load one after another before anything serves, so what the process
+            // kept across a load is that model's.
+            let before = footprint::rss_anon();
             let mut model = load(spec, config, &device_label)?;
+            weights.push(footprint::weights(
+                std::path::Path::new(&spec.path),
+                before,
+                footprint::rss_anon(),
+            ));
             if let LoadedModel::Decoder(d) = &mut model {
                 let max_len = start::resolve_max_len(config, d.model.info().max_position);
                 d.model.fit_context(max_len);
@@ -304,7 +314,7 @@ impl EngineHandle {
             };
             kv_ready.push(kv);
         }
-        Self::start_loaded(loaded, kv_ready, config)
+        Self::start_loaded(loaded, kv_ready, weights, config)
     }
 
     /// Start serving models that are already loaded (tests, or a caller with its own loader).
@@ -313,18 +323,25 @@ impl EngineHandle {
         config: &EngineConfig,
     ) -> Result<Self> {
         let none = vec![None; models.len()];
-        Self::start_loaded(models, none, config)
+        // Loaded elsewhere: only the files are known of their weights.
+        let weights = models
+            .iter()
+            .map(|(spec, _)| footprint::weight_file_bytes(std::path::Path::new(&spec.path)))
+            .collect();
+        Self::start_loaded(models, none, weights, config)
     }
 
-    /// Start the models; `kv_ready[i]` is the block count of a cache model `i` already holds.
+    /// Start the models; `kv_ready[i]` is the block count of a cache model `i` already holds,
+    /// `weights[i]` its weights' bytes as loaded.
     fn start_loaded(
         models: Vec<(ModelSpec, LoadedModel)>,
         kv_ready: Vec<Option<usize>>,
+        weights: Vec<u64>,
         config: &EngineConfig,
     ) -> Result<Self> {
         let active = active_seqs(config)?;
         let mut handles: Vec<ModelHandle> = Vec::with_capacity(models.len());
-        for ((spec, model), kv) in models.into_iter().zip(kv_ready) {
+        for (((spec, model), kv), weights) in models.into_iter().zip(kv_ready).zip(weights) {
             if handles
                 .iter()
                 .any(|h| h.inner.card.name == spec.served_name)
@@ -335,11 +352,11 @@ impl EngineHandle {
                 ));
             }
             let handle = match model {
-                LoadedModel::Decoder(d) => start_decoder(&spec, d, config, active, kv)?,
+                LoadedModel::Decoder(d) => start_decoder(&spec, d, config, active, kv, weights)?,
                 LoadedModel::Encoder {
                     encoder,
                     chat_template,
-                } => start_encoder(&spec, encoder, chat_template, config)?,
+                } => start_encoder(&spec, encoder, chat_template, config, weights)?,
             };
             handles.push(handle);
         }

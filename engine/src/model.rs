@@ -301,6 +301,19 @@ impl std::str::FromStr for ActivationMode {
     }
 }
 
+/// The largest step the engine runs, as [`CausalLm::step_host_bytes`] sizes it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StepShape {
+    /// Tokens computed in the step (`--max-num-batched-tokens`).
+    pub rows: usize,
+    /// Rows that return logits: one per active sequence, or a chunk of prompt logprobs.
+    pub logit_rows: usize,
+    /// The longest context attended over.
+    pub max_len: usize,
+    /// Threads working at once.
+    pub threads: usize,
+}
+
 /// A Llama-family decoder (or any causal LM) behind the serving machinery.
 pub trait CausalLm: Send {
     fn info(&self) -> &DecoderInfo;
@@ -322,6 +335,14 @@ pub trait CausalLm: Send {
     /// Allocate the paged KV cache in blocks of `block_size` tokens within `budget`, replacing
     /// any earlier one. Returns the number of blocks.
     fn allocate_kv(&mut self, block_size: usize, budget: &KvBudget) -> Result<usize>;
+
+    /// Host bytes one step of `shape` may hold beyond the weights and the KV cache (a term of
+    /// the deployment's memory bound). This default counts the logits only, for models whose
+    /// activations live on a device.
+    fn step_host_bytes(&self, shape: &StepShape) -> u64 {
+        // Each row of logits, and the sampler's sorted (index, value) copy of it.
+        (shape.logit_rows as u64).saturating_mul(self.info().vocab_size as u64 * 12)
+    }
 
     /// The activation precision of the quantised matmuls (models without a choice run f32).
     fn activation_mode(&self) -> ActivationMode {

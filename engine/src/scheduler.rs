@@ -47,7 +47,8 @@ mod sequence;
 mod slots;
 
 pub use protocol::{Command, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission};
-use sequence::{Sequence, PROMPT_LOGPROB_ROWS};
+use sequence::Sequence;
+pub(crate) use sequence::PROMPT_LOGPROB_ROWS;
 
 /// Marks the engine dead when its thread ends, however it ends.
 struct AliveGuard(Arc<Shared>);

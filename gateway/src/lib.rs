@@ -20,6 +20,7 @@ pub mod contract_cmd;
 pub mod error;
 pub mod generation_config;
 pub mod http;
+pub mod memory;
 pub mod parsers;
 pub mod policy;
 pub mod preload;

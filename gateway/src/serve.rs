@@ -63,6 +63,16 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     let front = settings.front.clone();
     let tls = settings.tls.clone();
     let state = Arc::new(AppState::new(&args, settings, engine, Some(metrics))?);
+    let cap = crate::http::listener::raise_file_limit();
+    if let Some(asked) = args.max_connections.filter(|&m| m > cap) {
+        tracing::warn!(
+            asked,
+            max_connections = cap,
+            "--max-connections is above what the open-file limit allows: using the limit's cap"
+        );
+    }
+    let max_connections = args.max_connections.map_or(cap, |m| m.min(cap));
+    log_memory_bound(&args, &state, max_connections);
     let drain_state = state.clone();
     watch_engine_health(state.clone());
     let app = app(
@@ -97,17 +107,9 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
         );
         let _ = drain_tx.send(true);
     };
-    let cap = crate::http::listener::raise_file_limit();
-    if let Some(asked) = args.max_connections.filter(|&m| m > cap) {
-        tracing::warn!(
-            asked,
-            max_connections = cap,
-            "--max-connections is above what the open-file limit allows: using the limit's cap"
-        );
-    }
     let limits = crate::http::listener::ConnLimits {
         header_read_timeout: Duration::from_secs(args.header_read_timeout),
-        max_connections: args.max_connections.map_or(cap, |m| m.min(cap)),
+        max_connections,
     };
     let served = crate::http::listener::serve(listener, app, limits, tls, signalled);
     // The drain is bounded: a stream that would run for minutes, or a client that never
@@ -134,6 +136,37 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Logs the deployment's memory bound with its terms (one line; `bound_bytes` is the figure).
+fn log_memory_bound(args: &ServeArgs, state: &AppState, max_connections: usize) {
+    let cards = state.engine.models();
+    let media_specs: Vec<_> = cards
+        .iter()
+        .filter_map(|c| state.engine.model(&c.name)?.media_spec().cloned())
+        .collect();
+    let program_bytes = std::env::current_exe()
+        .and_then(std::fs::metadata)
+        .map_or(0, |m| m.len());
+    let bound = crate::memory::MemoryBound::of(&crate::memory::Inputs {
+        cards: &cards,
+        media_specs: &media_specs,
+        pipeline: state.media.as_ref().map(|m| m.config()),
+        limits: &state.limits,
+        max_concurrent_requests: args.max_concurrent_requests,
+        max_request_body_bytes: args.max_request_body_bytes,
+        max_num_seqs: args.max_num_seqs,
+        max_logprobs: args.max_logprobs,
+        max_connections,
+        threads: args.threads.unwrap_or_else(|| {
+            std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
+        }),
+        program_bytes,
+    });
+    tracing::info!(
+        bound_bytes = bound.total(),
+        "memory bound {bound} (README: Operating it)"
+    );
 }
 
 /// `--runner generate` / `pooling`: every served model must be one (vLLM would build it as

@@ -187,3 +187,32 @@ pub fn container(
         (header.width, header.height),
     )
 }
+
+/// The most bytes one request's processed media can hold under `spec`, whatever its items'
+/// sizes: the patches `max_tokens` placeholder tokens allow (images and video together share
+/// the tokens), `image_items` fixed-size CLIP tensors, and `audio_items` clips' features (a
+/// whole window each, however short the clip). A term of the deployment's memory bound.
+pub fn request_tensor_bytes(
+    spec: &media::spec::ModelMediaSpec,
+    max_tokens: usize,
+    image_items: usize,
+    audio_items: usize,
+) -> u64 {
+    let patches = |q: &Qwen2VlConfig| {
+        let per_token = q.merge_size * q.merge_size;
+        let values = 3 * q.temporal_patch_size * q.patch_size * q.patch_size;
+        max_tokens as u64 * (per_token * values) as u64 * 4
+    };
+    let image = match &spec.image {
+        Some(ImageProcessor::Qwen2Vl(q)) => patches(q),
+        Some(ImageProcessor::Clip(_)) => {
+            image_items as u64 * crate::image::MAX_PATCH_VALUES as u64 * 4
+        }
+        None => 0,
+    };
+    let video = spec.video.as_ref().map_or(0, patches);
+    let audio = spec.audio.as_ref().map_or(0, |a| {
+        audio_items.min(max_tokens) as u64 * (a.n_mels * a.n_frames()) as u64 * 4
+    });
+    image.max(video).saturating_add(audio)
+}

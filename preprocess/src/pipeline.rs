@@ -147,6 +147,11 @@ impl MediaPipeline {
         &self.pool
     }
 
+    /// The sizes it was built with.
+    pub fn config(&self) -> &PipelineConfig {
+        &self.config
+    }
+
     /// The decoded-media bytes budget (for metrics and tests).
     pub fn decoded_bytes(&self) -> &ByteBudget {
         &self.bytes

@@ -5,6 +5,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{mpsc, Arc};
 
 use super::embed::{embed_worker, AliveFlag};
+use super::footprint;
 use super::media_worker::MediaWorker;
 use super::{
     Backend, DecoderBackend, EncoderBackend, EngineConfig, ModelHandle, ModelInner, ModelSpec,
@@ -71,11 +72,23 @@ pub(super) fn start_decoder(
     config: &EngineConfig,
     active: usize,
     kv_allocated: Option<usize>,
+    weights: u64,
 ) -> Result<ModelHandle> {
     d.model.set_activation_mode(config.activation_mode);
     let info = d.model.info().clone();
     let device = d.model.device();
     let max_model_len = resolve_max_len(config, info.max_position);
+    let mut memory = footprint::decoder(
+        &d,
+        &footprint::DecoderShape {
+            weights,
+            max_batched_tokens: config.max_num_batched_tokens,
+            active,
+            max_model_len,
+            threads: footprint::threads(config.threads),
+            max_token_bytes: max_token_bytes(&d.tokenizer),
+        },
+    );
     // Before the engine thread starts: a --chat-template that does not compile stops the start.
     let template = compile_template(spec, config, d.chat_template, &d.bos_token, &d.eos_token)?;
     let cfg = SchedulerConfig {
@@ -106,6 +119,10 @@ pub(super) fn start_decoder(
         num_blocks,
         config.enable_prefix_caching,
     );
+    if device == "cpu" {
+        memory.kv_cache =
+            footprint::kv_bytes(&info, num_blocks, config.block_size, config.kv_cache_dtype);
+    }
     std::thread::Builder::new()
         .name(format!("engine-{}", spec.served_name))
         .spawn(move || engine.run())
@@ -128,7 +145,7 @@ pub(super) fn start_decoder(
     );
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
-            max_token_bytes: max_token_bytes(&d.tokenizer),
+            max_token_bytes: memory.max_token_bytes as usize,
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
@@ -146,6 +163,7 @@ pub(super) fn start_decoder(
                     )
                     .map(str::to_string)
                     .collect(),
+                memory,
             },
             tokenizer: Arc::new(d.tokenizer),
             template,
@@ -169,9 +187,19 @@ pub(super) fn start_encoder(
     e: LoadedEncoder,
     chat_template: Option<String>,
     config: &EngineConfig,
+    weights: u64,
 ) -> Result<ModelHandle> {
     let info = e.model.info().clone();
     let max_model_len = resolve_max_len(config, info.max_seq_len);
+    let threads = footprint::threads(config.threads);
+    let token_bytes = max_token_bytes(&e.tokenizer);
+    let memory = footprint::encoder(
+        &e,
+        weights,
+        config.max_num_batched_tokens.max(1),
+        threads,
+        token_bytes,
+    );
     let (tx, rx) = mpsc::sync_channel(config.max_num_seqs.max(1));
     let alive = Arc::new(AtomicBool::new(true));
     let worker_alive = alive.clone();
@@ -182,9 +210,6 @@ pub(super) fn start_encoder(
     // Its own pool: in a pool shared with a decoder, each of a decode step's many small
     // parallel jobs would queue behind an embedding batch's large ones, so the decoder would
     // get far less than half the CPU; with two pools the OS shares the cores between them.
-    let threads = config.threads.unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get)
-    });
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .thread_name({
@@ -206,7 +231,7 @@ pub(super) fn start_encoder(
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
-            max_token_bytes: max_token_bytes(&e.tokenizer),
+            max_token_bytes: token_bytes,
             card: ModelCard {
                 name: spec.served_name.clone(),
                 root: spec.path.clone(),
@@ -214,6 +239,7 @@ pub(super) fn start_encoder(
                 device: "cpu".into(),
                 tasks: encoder_tasks(&info.head),
                 input_modalities: vec!["text".into()],
+                memory,
             },
             tokenizer: Arc::new(e.tokenizer),
             template,

@@ -99,6 +99,15 @@ pub struct EncoderInput<'a> {
 pub trait EmbeddingModel: Send + Sync {
     fn info(&self) -> &EncoderInfo;
 
+    /// Host bytes one batch of up to `tokens` tokens may hold beyond the weights, on
+    /// `threads` threads (a term of the deployment's memory bound). This default counts eight
+    /// hidden-wide rows per token and each thread's scores over the longest input.
+    fn step_host_bytes(&self, tokens: usize, threads: usize) -> u64 {
+        let i = self.info();
+        let floats = tokens * 8 * i.hidden_size + threads * i.max_seq_len * i.max_seq_len;
+        (floats as u64).saturating_mul(4)
+    }
+
     /// Runs a batch of tokenised inputs (special tokens included, each no longer than
     /// `max_seq_len`) through the encoder and its head: per input, the pooled vector before
     /// any normalisation (an embedding head) or the logits (a classification head). An input's

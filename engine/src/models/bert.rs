@@ -530,6 +530,15 @@ impl EmbeddingModel for BertEncoder {
         &self.info
     }
 
+    fn step_host_bytes(&self, tokens: usize, threads: usize) -> u64 {
+        let d = &self.dims;
+        // The workspace's rows (x, qkv, per-head and merged context, tmp, ffn), the pooled
+        // outputs, and each thread's scores of one head over the longest input.
+        let rows = tokens * (8 * d.hidden + d.intermediate);
+        let scores = threads * d.max_position * d.max_position;
+        ((rows + scores) as u64).saturating_mul(4)
+    }
+
     fn forward(&self, batch: &[EncoderInput<'_>]) -> Result<Vec<Vec<f32>>> {
         for (i, input) in batch.iter().enumerate() {
             self.check_input(i, input)?;

@@ -51,7 +51,7 @@ use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::model::{
     host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, KvDtype, PagedKvCache,
-    SeqChunk,
+    SeqChunk, StepShape,
 };
 
 use forward::validate_chunks;
@@ -278,6 +278,23 @@ impl LlamaModel {
 impl CausalLm for LlamaModel {
     fn info(&self) -> &DecoderInfo {
         &self.info
+    }
+
+    fn step_host_bytes(&self, s: &StepShape) -> u64 {
+        let c = &self.cfg;
+        let (q, kv) = (c.n_heads * c.head_dim, c.n_kv_heads * c.head_dim);
+        // The scratch's rows: x and h, q, k, v, the attention output, gate and up.
+        let per_row = 2 * c.hidden + 2 * q + 2 * kv + 2 * c.ffn;
+        // The activations quantised for the integer kernels (at most 2 bytes a value, i.e.
+        // half a float), or their block sums on the f32 path.
+        let per_row = per_row + c.hidden.max(c.ffn).div_ceil(2);
+        // An attention task scores one query against the whole context and sums the values
+        // into a head-sized row; one task per thread at a time.
+        let per_task = s.max_len + 2 * c.head_dim;
+        let floats = (s.rows as u64) * per_row as u64
+            + (s.logit_rows as u64) * 3 * c.vocab as u64
+            + (s.threads as u64) * per_task as u64;
+        floats.saturating_mul(4)
     }
 
     fn activation_mode(&self) -> ActivationMode {

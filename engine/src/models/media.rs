@@ -160,6 +160,36 @@ impl MediaEncoders {
         m
     }
 
+    /// Host bytes one prompt's encoding may hold, for media of at most `max_tokens`
+    /// placeholder tokens (a term of the deployment's memory bound): the tower's activations
+    /// row by row, a block of attention scores, and the embeddings of the whole prompt.
+    pub fn work_bytes(&self, max_tokens: usize) -> u64 {
+        let block = crate::models::layers::QUERY_BLOCK;
+        let vision = self.vision.as_ref().map_or(0, |(t, _, _)| {
+            let c = t.config();
+            let n = max_tokens * c.spatial_merge_size * c.spatial_merge_size;
+            let hd = c.embed_dim / c.num_heads.max(1);
+            // x, h, qkv, attn, tmp and the merger's rows; ff and its output; cos and sin.
+            n * (8 * c.embed_dim + 2 * c.mlp_hidden + 2 * hd) + block * n
+        });
+        let audio = self.audio.as_ref().map_or(0, |(t, _)| {
+            let c = t.config();
+            let n = c.max_source_positions;
+            // The first convolution's output (twice the positions), then each layer's rows.
+            2 * n * c.d_model + n * (6 * c.d_model + 2 * c.ffn) + block * n
+        });
+        let hidden = self
+            .vision
+            .as_ref()
+            .map_or(0, |(t, _, _)| t.config().hidden_size)
+            .max(
+                self.audio
+                    .as_ref()
+                    .map_or(0, |(t, _)| t.config().text_hidden),
+            );
+        ((vision.max(audio) + max_tokens * hidden) as u64).saturating_mul(4)
+    }
+
     /// Placeholder tokens an item takes: the one count ([`media::tokens`]).
     fn num_tokens(&self, item: &MediaInput<'_>) -> Result<usize> {
         match (item, &self.vision, &self.audio) {

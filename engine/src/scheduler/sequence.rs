@@ -40,7 +40,7 @@ pub(super) struct Sequence {
 
 /// Prompt tokens a sequence with prompt logprobs runs per step: each needs a row of logits
 /// (vocabulary-sized), so its prefill goes in chunks of this size to bound that memory.
-pub(super) const PROMPT_LOGPROB_ROWS: usize = 512;
+pub(crate) const PROMPT_LOGPROB_ROWS: usize = 512;
 
 impl Sequence {
     pub(super) fn generated(&self) -> usize {

@@ -241,10 +241,12 @@ impl Gateway {
 
     /// The server process's peak resident set (VmHWM), in bytes; `None` off Linux.
     pub fn peak_rss(&self) -> Option<u64> {
-        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).ok()?;
-        let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
+        proc_status_bytes(self.child.id(), "VmHWM:")
+    }
+
+    /// The server's process id.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     /// Send SIGTERM and wait up to `limit` for the process to exit; its status, or `None`
@@ -283,6 +285,15 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// A `kB` field (`VmRSS:`, `VmHWM:`) of process `pid`'s `/proc` status, in bytes; `None` off
+/// Linux or once the process is gone.
+pub fn proc_status_bytes(pid: u32, field: &str) -> Option<u64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with(field))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// Runs `gateway serve` with `args`, expecting it to exit by itself within `limit`;
@@ -393,8 +404,17 @@ pub struct MediaServer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// A file [`MediaServer::with_files`] answers at a path: its content type and bytes.
+pub type MediaFile = (String, &'static str, Arc<Vec<u8>>);
+
 impl MediaServer {
     pub async fn start() -> Result<Self, String> {
+        Self::with_files(Vec::new()).await
+    }
+
+    /// As [`MediaServer::start`], answering each of `files`' paths with that file.
+    pub async fn with_files(files: Vec<MediaFile>) -> Result<Self, String> {
+        let files = Arc::new(files);
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .map_err(|err| format!("binding the media server: {err}"))?;
@@ -404,6 +424,7 @@ impl MediaServer {
         let task = tokio::spawn(async move {
             while let Ok((mut socket, _)) = listener.accept().await {
                 let counter = Arc::clone(&counter);
+                let files = Arc::clone(&files);
                 tokio::spawn(async move {
                     let mut head = Vec::new();
                     let mut buf = [0u8; 1024];
@@ -417,12 +438,21 @@ impl MediaServer {
                         return;
                     }
                     counter.fetch_add(1, Ordering::SeqCst);
+                    let path = String::from_utf8_lossy(&head)
+                        .split_whitespace()
+                        .nth(1)
+                        .unwrap_or_default()
+                        .to_string();
+                    let (mime, body): (&str, &[u8]) = files
+                        .iter()
+                        .find(|(p, _, _)| *p == path)
+                        .map_or(("image/png", PNG_1X1), |(_, m, b)| (*m, b.as_slice()));
                     let header = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Type: image/png\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
-                        PNG_1X1.len()
+                        "HTTP/1.1 200 OK\r\nContent-Type: {mime}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                        body.len()
                     );
                     let _ = socket.write_all(header.as_bytes()).await;
-                    let _ = socket.write_all(PNG_1X1).await;
+                    let _ = socket.write_all(body).await;
                     let _ = socket.shutdown().await;
                 });
             }
