@@ -349,13 +349,19 @@ impl<'a> Cursor<'a> {
                 }
                 let item_ty = self.u32(what)?;
                 let len = self.u64(what)?;
-                // Every item takes at least one byte: a length beyond the remaining bytes
-                // is corrupt (and must not drive a huge allocation).
+                // A length the remaining bytes cannot hold is corrupt, and must not size the
+                // allocation below.
                 let len = usize::try_from(len)
                     .ok()
-                    .filter(|&l| l <= self.remaining())
+                    .filter(|&l| {
+                        l.checked_mul(min_value_bytes(item_ty))
+                            .is_some_and(|b| b <= self.remaining())
+                    })
                     .ok_or_else(|| {
-                        format!("file truncated or corrupt: {what} claims {len} array items")
+                        format!(
+                            "file truncated or corrupt: {what} claims {len} array items in the {} bytes left",
+                            self.remaining()
+                        )
                     })?;
                 let mut items = Vec::with_capacity(len);
                 for _ in 0..len {
@@ -370,6 +376,23 @@ impl<'a> Cursor<'a> {
         })
     }
 }
+
+/// The fewest bytes a metadata value of type `ty` takes (a string or an array is its length
+/// field at least; an unknown type fails when read).
+fn min_value_bytes(ty: u32) -> usize {
+    match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        9 => 12,
+        _ => 8,
+    }
+}
+
+/// The fewest bytes of a metadata entry (key length, value type, a one-byte value) and of a
+/// tensor info (name length, dimension count, one dimension, type, offset).
+const MIN_ENTRY_BYTES: u64 = 8 + 4 + 1;
+const MIN_TENSOR_INFO_BYTES: u64 = 8 + 4 + 8 + 4 + 8;
 
 impl GgufFile {
     /// Open and parse a GGUF file. The tensor data stays in the memory map.
@@ -391,6 +414,18 @@ impl GgufFile {
         Self::parse(name, mmap)
     }
 
+    /// Parse GGUF bytes held in memory, copied into an anonymous read-only map (tests, and the
+    /// fuzz target's entry [`decoder_from_bytes`]); `name` stands for the file in messages.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<Self> {
+        let map_err = |e: std::io::Error| EngineError::load(name, format!("cannot map: {e}"));
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(map_err)?;
+        map.copy_from_slice(bytes);
+        Self::parse(
+            name.to_string(),
+            Arc::new(map.make_read_only().map_err(map_err)?),
+        )
+    }
+
     fn parse(path: String, mmap: Arc<Mmap>) -> Result<Self> {
         let err = |reason: String| EngineError::load(&path, reason);
         let mut c = Cursor { buf: &mmap, pos: 0 };
@@ -406,8 +441,12 @@ impl GgufFile {
         }
         let n_tensors = c.u64("tensor count").map_err(err)?;
         let n_kv = c.u64("metadata count").map_err(err)?;
-        // Each entry takes well over 8 bytes; larger counts are corrupt.
-        if n_tensors > (c.remaining() / 8) as u64 || n_kv > (c.remaining() / 8) as u64 {
+        // Counts the remaining bytes cannot hold are corrupt, and must not size allocations.
+        let least = n_tensors
+            .checked_mul(MIN_TENSOR_INFO_BYTES)
+            .zip(n_kv.checked_mul(MIN_ENTRY_BYTES))
+            .and_then(|(t, m)| t.checked_add(m));
+        if least.is_none_or(|b| b > c.remaining() as u64) {
             return Err(err(format!(
                 "file truncated or corrupt: header claims {n_tensors} tensors and {n_kv} metadata entries"
             )));
@@ -466,9 +505,10 @@ impl GgufFile {
         let mut by_name = HashMap::with_capacity(raw.len());
         for r in raw {
             let name = &r.name;
-            let (block, type_size) =
-                r.ty.block_layout()
-                    .ok_or_else(|| err(format!("tensor '{name}' has unsupported type {}", r.ty)))?;
+            let (block, type_size) = r
+                .ty
+                .block_layout()
+                .ok_or_else(|| err(format!("tensor '{name}' has unknown GGML type {}", r.ty.0)))?;
             let n_el = r
                 .dims
                 .iter()
@@ -644,6 +684,14 @@ pub fn decoder_from_gguf(gguf: GgufFile) -> Result<LoadedDecoder> {
     let tok = crate::tokenizer::from_gguf(&gguf)?;
     let chat_template = gguf.get_str("tokenizer.chat_template")?.map(str::to_string);
     let model = crate::models::llama::LlamaModel::from_gguf(&gguf, &tok)?;
+    // As llama.cpp: an id the tokenizer can give must have an embedding row.
+    let rows = crate::model::CausalLm::info(&model).vocab_size;
+    if tok.vocab_size > rows {
+        return Err(gguf.error(format!(
+            "the vocabulary has {} tokens but token_embd.weight has {rows} rows",
+            tok.vocab_size
+        )));
+    }
     tracing::info!(
         file = %gguf.path(),
         architecture = %architecture,
@@ -660,6 +708,12 @@ pub fn decoder_from_gguf(gguf: GgufFile) -> Result<LoadedDecoder> {
         architecture,
         media: None,
     })
+}
+
+/// [`decoder_from_gguf`] over GGUF bytes in memory: the fuzz target's entry and its seed
+/// corpus test's, so both take the path a file takes at start-up, from the header to the model.
+pub fn decoder_from_bytes(name: &str, bytes: &[u8]) -> Result<LoadedDecoder> {
+    decoder_from_gguf(GgufFile::from_bytes(name, bytes)?)
 }
 
 /// The GGUF file of a folder given as a model (the first `.gguf` in it).
