@@ -264,9 +264,11 @@ fn every_corpus_file_loads_or_says_what_is_wrong() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
-/// The valid seed loads, and its tokenizer stays inside the embedding table.
+/// The valid seed loads, its tokenizer stays inside the embedding table, and the model says
+/// what it holds: each matrix at its stored size (rows × blocks × block bytes of its type) and
+/// the norms as f32.
 #[test]
-fn the_valid_seed_loads() {
+fn the_valid_seed_loads_and_counts_its_weights() {
     let (_, bytes) = corpus()
         .into_iter()
         .find(|(f, _)| f == "valid.gguf")
@@ -281,4 +283,26 @@ fn the_valid_seed_loads() {
         .get_ids()
         .iter()
         .all(|&id| (id as usize) < info.vocab_size));
+
+    let held = loaded.model.weight_summary();
+    let expected = [
+        // token_embd (16 rows), attn_q and ffn_up (32 rows each): one 34-byte block a row.
+        ("Q8_0", 34 * (16 + 32 + 32)),
+        ("F16", 16 * 32 * 2),
+        ("Q5_0", 16 * 22),
+        ("Q4_0", 32 * 18),
+        ("Q4_1", 32 * 20),
+        ("IQ4_NL", 32 * 18),
+        // output_norm, attn_norm, ffn_norm.
+        ("F32", 3 * 32 * 4),
+    ];
+    for (ty, bytes) in expected {
+        assert_eq!(held.bytes_of(ty), bytes, "{ty}");
+    }
+    assert_eq!(held.total(), expected.iter().map(|e| e.1).sum::<u64>());
+    assert!(
+        held.to_string()
+            .starts_with("Q8_0 2.7 KiB (43%), F16 1.0 KiB (16%), "),
+        "{held}"
+    );
 }

@@ -46,7 +46,7 @@ use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::model::{
     host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, KvDtype, PagedKvCache,
-    SeqChunk,
+    SeqChunk, WeightSummary,
 };
 
 use forward::validate_chunks;
@@ -277,6 +277,22 @@ impl LlamaModel {
 impl CausalLm for LlamaModel {
     fn info(&self) -> &DecoderInfo {
         &self.info
+    }
+
+    fn weight_summary(&self) -> WeightSummary {
+        let mut s = WeightSummary::default();
+        s.add(self.token_embd.dtype, self.token_embd.len as u64);
+        if !self.output.same_bytes(&self.token_embd) {
+            s.add(self.output.dtype, self.output.len as u64);
+        }
+        weights::count_f32(&mut s, &self.output_norm);
+        if let Some(f) = &self.rope_factors {
+            weights::count_f32(&mut s, f);
+        }
+        for l in &self.layers {
+            l.count(&mut s);
+        }
+        s
     }
 
     fn activation_mode(&self) -> ActivationMode {
