@@ -17,6 +17,10 @@ use memmap2::Mmap;
 
 use crate::error::{EngineError, Result};
 
+mod cursor;
+
+use cursor::{Cursor, MIN_ENTRY_BYTES, MIN_TENSOR_INFO_BYTES};
+
 const GGUF_MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 const MAX_DIMS: u32 = 4;
@@ -261,114 +265,6 @@ impl fmt::Debug for GgufFile {
     }
 }
 
-/// A bounds-checked cursor over the file bytes. Errors are plain strings; the caller adds
-/// the file name.
-struct Cursor<'a> {
-    buf: &'a [u8],
-    pos: usize,
-}
-
-impl<'a> Cursor<'a> {
-    fn take(&mut self, n: usize, what: &str) -> std::result::Result<&'a [u8], String> {
-        let end = self
-            .pos
-            .checked_add(n)
-            .filter(|&e| e <= self.buf.len())
-            .ok_or_else(|| {
-                format!(
-                    "file truncated or corrupt: {what} needs {n} bytes at offset {} but the file has {}",
-                    self.pos,
-                    self.buf.len()
-                )
-            })?;
-        let s = &self.buf[self.pos..end];
-        self.pos = end;
-        Ok(s)
-    }
-
-    fn array<const N: usize>(&mut self, what: &str) -> std::result::Result<[u8; N], String> {
-        let s = self.take(N, what)?;
-        let mut a = [0u8; N];
-        a.copy_from_slice(s);
-        Ok(a)
-    }
-
-    fn u8(&mut self, what: &str) -> std::result::Result<u8, String> {
-        Ok(self.array::<1>(what)?[0])
-    }
-    fn u16(&mut self, what: &str) -> std::result::Result<u16, String> {
-        Ok(u16::from_le_bytes(self.array(what)?))
-    }
-    fn u32(&mut self, what: &str) -> std::result::Result<u32, String> {
-        Ok(u32::from_le_bytes(self.array(what)?))
-    }
-    fn u64(&mut self, what: &str) -> std::result::Result<u64, String> {
-        Ok(u64::from_le_bytes(self.array(what)?))
-    }
-
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
-    }
-
-    fn string(&mut self, what: &str) -> std::result::Result<String, String> {
-        let len = self.u64(what)?;
-        let len = usize::try_from(len)
-            .ok()
-            .filter(|&l| l <= self.remaining())
-            .ok_or_else(|| {
-                format!(
-                    "file truncated or corrupt: {what} claims {len} bytes at offset {} but only {} remain",
-                    self.pos,
-                    self.remaining()
-                )
-            })?;
-        let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec()).map_err(|_| format!("{what} is not valid UTF-8"))
-    }
-
-    fn value(&mut self, ty: u32, what: &str, depth: u32) -> std::result::Result<MetaValue, String> {
-        Ok(match ty {
-            0 => MetaValue::U8(self.u8(what)?),
-            1 => MetaValue::I8(self.u8(what)? as i8),
-            2 => MetaValue::U16(self.u16(what)?),
-            3 => MetaValue::I16(self.u16(what)? as i16),
-            4 => MetaValue::U32(self.u32(what)?),
-            5 => MetaValue::I32(self.u32(what)? as i32),
-            6 => MetaValue::F32(f32::from_bits(self.u32(what)?)),
-            7 => match self.u8(what)? {
-                0 => MetaValue::Bool(false),
-                1 => MetaValue::Bool(true),
-                b => return Err(format!("{what}: invalid bool byte {b}")),
-            },
-            8 => MetaValue::String(self.string(what)?),
-            9 => {
-                if depth > 4 {
-                    return Err(format!("{what}: arrays nested too deeply"));
-                }
-                let item_ty = self.u32(what)?;
-                let len = self.u64(what)?;
-                // Every item takes at least one byte: a length beyond the remaining bytes
-                // is corrupt (and must not drive a huge allocation).
-                let len = usize::try_from(len)
-                    .ok()
-                    .filter(|&l| l <= self.remaining())
-                    .ok_or_else(|| {
-                        format!("file truncated or corrupt: {what} claims {len} array items")
-                    })?;
-                let mut items = Vec::with_capacity(len);
-                for _ in 0..len {
-                    items.push(self.value(item_ty, what, depth + 1)?);
-                }
-                MetaValue::Array(items)
-            }
-            10 => MetaValue::U64(self.u64(what)?),
-            11 => MetaValue::I64(self.u64(what)? as i64),
-            12 => MetaValue::F64(f64::from_bits(self.u64(what)?)),
-            other => return Err(format!("{what}: unknown metadata value type {other}")),
-        })
-    }
-}
-
 impl GgufFile {
     /// Open and parse a GGUF file. The tensor data stays in the memory map.
     pub fn open(path: &Path) -> Result<Self> {
@@ -389,6 +285,18 @@ impl GgufFile {
         Self::parse(name, mmap)
     }
 
+    /// Parse GGUF bytes held in memory, copied into an anonymous read-only map (tests, and the
+    /// fuzz target's entry [`crate::load::gguf_decoder_from_bytes`]); `name` stands for the file in messages.
+    pub fn from_bytes(name: &str, bytes: &[u8]) -> Result<Self> {
+        let map_err = |e: std::io::Error| EngineError::load(name, format!("cannot map: {e}"));
+        let mut map = memmap2::MmapMut::map_anon(bytes.len()).map_err(map_err)?;
+        map.copy_from_slice(bytes);
+        Self::parse(
+            name.to_string(),
+            Arc::new(map.make_read_only().map_err(map_err)?),
+        )
+    }
+
     fn parse(path: String, mmap: Arc<Mmap>) -> Result<Self> {
         let err = |reason: String| EngineError::load(&path, reason);
         let mut c = Cursor { buf: &mmap, pos: 0 };
@@ -404,8 +312,12 @@ impl GgufFile {
         }
         let n_tensors = c.u64("tensor count").map_err(err)?;
         let n_kv = c.u64("metadata count").map_err(err)?;
-        // Each entry takes well over 8 bytes; larger counts are corrupt.
-        if n_tensors > (c.remaining() / 8) as u64 || n_kv > (c.remaining() / 8) as u64 {
+        // Counts the remaining bytes cannot hold are corrupt, and must not size allocations.
+        let least = n_tensors
+            .checked_mul(MIN_TENSOR_INFO_BYTES)
+            .zip(n_kv.checked_mul(MIN_ENTRY_BYTES))
+            .and_then(|(t, m)| t.checked_add(m));
+        if least.is_none_or(|b| b > c.remaining() as u64) {
             return Err(err(format!(
                 "file truncated or corrupt: header claims {n_tensors} tensors and {n_kv} metadata entries"
             )));
@@ -464,9 +376,10 @@ impl GgufFile {
         let mut by_name = HashMap::with_capacity(raw.len());
         for r in raw {
             let name = &r.name;
-            let (block, type_size) =
-                r.ty.block_layout()
-                    .ok_or_else(|| err(format!("tensor '{name}' has unsupported type {}", r.ty)))?;
+            let (block, type_size) = r
+                .ty
+                .block_layout()
+                .ok_or_else(|| err(format!("tensor '{name}' has unknown GGML type {}", r.ty.0)))?;
             let n_el = r
                 .dims
                 .iter()

@@ -297,6 +297,14 @@ pub fn gguf_decoder(gguf: GgufFile) -> Result<LoadedDecoder> {
     let tok = tokenizer::from_gguf(&gguf)?;
     let chat_template = gguf.get_str("tokenizer.chat_template")?.map(str::to_string);
     let model = LlamaModel::from_gguf(&gguf, &tok, rules)?;
+    // As llama.cpp: an id the tokenizer can give must have an embedding row.
+    let rows = CausalLm::info(&model).vocab_size;
+    if tok.vocab_size > rows {
+        return Err(gguf.error(format!(
+            "the vocabulary has {} tokens but token_embd.weight has {rows} rows",
+            tok.vocab_size
+        )));
+    }
     tracing::info!(
         file = %gguf.path(),
         architecture = %architecture,
@@ -313,6 +321,12 @@ pub fn gguf_decoder(gguf: GgufFile) -> Result<LoadedDecoder> {
         architecture,
         media: None,
     })
+}
+
+/// [`gguf_decoder`] over GGUF bytes in memory: the fuzz target's entry and its seed corpus
+/// test's, so both take the path a file takes at start-up, from the header to the model.
+pub fn gguf_decoder_from_bytes(name: &str, bytes: &[u8]) -> Result<LoadedDecoder> {
+    gguf_decoder(GgufFile::from_bytes(name, bytes)?)
 }
 
 #[cfg(test)]

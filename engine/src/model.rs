@@ -16,11 +16,13 @@ use crate::error::{EngineError, Result};
 use crate::sampling::{Sampled, SequenceSampler};
 
 mod encoder;
+mod summary;
 
 pub use encoder::{
     l2_normalize, ClassActivation, ClassifierInfo, EmbeddingModel, EncoderHead, EncoderInfo,
     EncoderInput, LoadedEncoder, Pooling,
 };
+pub use summary::{human_bytes, WeightSummary};
 
 /// Shape facts the scheduler and the KV cache need about a decoder.
 #[derive(Debug, Clone, PartialEq)]
@@ -330,6 +332,12 @@ pub trait CausalLm: Send {
         Err(EngineError::BackendUnavailable(
             "this model has no GPU implementation".into(),
         ))
+    }
+
+    /// The weights this model holds where it runs, by stored type (empty where a model does
+    /// not say).
+    fn weight_summary(&self) -> WeightSummary {
+        WeightSummary::default()
     }
 
     /// Allocate the paged KV cache in blocks of `block_size` tokens within `budget`, replacing

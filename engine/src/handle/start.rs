@@ -103,6 +103,14 @@ pub(super) fn start_decoder(
         threads: config.threads,
         seed: config.seed,
     };
+    let weights = d.model.weight_summary();
+    tracing::info!(
+        model = %spec.served_name,
+        device = %device,
+        types = %weights,
+        resident = %crate::model::human_bytes(weights.total()),
+        "weights held"
+    );
     let metrics = Arc::new(ModelMetrics::new(&spec.served_name));
     let shared = Arc::new(Shared::default());
     let (tx, rx) = mpsc::channel();

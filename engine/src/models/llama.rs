@@ -51,7 +51,7 @@ use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::model::{
     host_kv_blocks, ActivationMode, CausalLm, DecoderInfo, KvBudget, KvDtype, PagedKvCache,
-    SeqChunk, StepShape,
+    SeqChunk, StepShape, WeightSummary,
 };
 
 use forward::validate_chunks;
@@ -295,6 +295,22 @@ impl CausalLm for LlamaModel {
             + (s.logit_rows as u64) * 3 * c.vocab as u64
             + (s.threads as u64) * per_task as u64;
         floats.saturating_mul(4)
+    }
+
+    fn weight_summary(&self) -> WeightSummary {
+        let mut s = WeightSummary::default();
+        s.add(self.token_embd.dtype, self.token_embd.len as u64);
+        if !self.output.same_bytes(&self.token_embd) {
+            s.add(self.output.dtype, self.output.len as u64);
+        }
+        weights::count_f32(&mut s, &self.output_norm);
+        if let Some(f) = &self.rope_factors {
+            weights::count_f32(&mut s, f);
+        }
+        for l in &self.layers {
+            l.count(&mut s);
+        }
+        s
     }
 
     fn activation_mode(&self) -> ActivationMode {

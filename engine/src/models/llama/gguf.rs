@@ -189,6 +189,14 @@ fn read_config(g: &GgufFile, rules: &DecoderRules) -> Result<LlamaConfig> {
             )))
         }
     };
+    // The projections' row counts: a product that overflows is a claim no tensor can match.
+    for (what, heads) in [("head_count", n_heads), ("head_count_kv", n_kv_heads)] {
+        if heads.checked_mul(head_dim).is_none() {
+            return Err(g.error(format!(
+                "attention.{what} {heads} times key_length {head_dim} overflows"
+            )));
+        }
+    }
     if let Some(vl) = g.get_u64(&key("attention.value_length"))? {
         if vl as usize != head_dim {
             return Err(g.error("attention.value_length differs from key_length (unsupported)"));
@@ -202,10 +210,16 @@ fn read_config(g: &GgufFile, rules: &DecoderRules) -> Result<LlamaConfig> {
             "invalid rope dimension {rope_dim} for head dim {head_dim}"
         )));
     }
-    let eps = g
-        .get_f64(&key("attention.layer_norm_rms_epsilon"))?
-        .unwrap_or(1e-5) as f32;
-    let rope_base = g.get_f64(&key("rope.freq_base"))?.unwrap_or(10000.0) as f32;
+    let positive = |k: &str, default: f64| -> Result<f32> {
+        let v = g.get_f64(&key(k))?.unwrap_or(default) as f32;
+        if v.is_finite() && v > 0.0 {
+            Ok(v)
+        } else {
+            Err(g.error(format!("{} is {v}; it must be a positive number", key(k))))
+        }
+    };
+    let eps = positive("attention.layer_norm_rms_epsilon", 1e-5)?;
+    let rope_base = positive("rope.freq_base", 10000.0)?;
     let scaling = g.get_str(&key("rope.scaling.type"))?.unwrap_or("none");
     let factor = g.get_f64(&key("rope.scaling.factor"))?;
     let rope_freq_scale = match (scaling, factor) {
@@ -229,6 +243,9 @@ fn read_config(g: &GgufFile, rules: &DecoderRules) -> Result<LlamaConfig> {
     let max_position = g
         .get_u64(&key("context_length"))?
         .map_or(2048, |v| v as usize);
+    if max_position == 0 {
+        return Err(g.error(format!("{} is 0", key("context_length"))));
+    }
     let vocab = match g.tensor("token_embd.weight") {
         Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
         Some(t) => {

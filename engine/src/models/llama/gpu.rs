@@ -29,7 +29,9 @@ use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError};
 
 use super::{LlamaConfig, LlamaModel};
 use crate::error::{EngineError, Result};
-use crate::model::{sample_on_host, CausalLm, DecoderInfo, KvBudget, SampleRequest, SeqChunk};
+use crate::model::{
+    sample_on_host, CausalLm, DecoderInfo, KvBudget, SampleRequest, SeqChunk, WeightSummary,
+};
 use crate::sampling::Sampled;
 use buffers::{scratch_bytes, GpuKv, Scratch};
 use weights::GpuWeights;
@@ -146,6 +148,10 @@ impl CausalLm for GpuLlama {
 
     fn device(&self) -> String {
         self.gpu.info().label()
+    }
+
+    fn weight_summary(&self) -> WeightSummary {
+        self.weights.summary(self.dtype)
     }
 
     fn allocate_kv(&mut self, block_size: usize, budget: &KvBudget) -> Result<usize> {

@@ -5,6 +5,7 @@ use kernels::DType;
 
 use super::LlamaConfig;
 use crate::error::Result;
+use crate::model::WeightSummary;
 
 /// A weight matrix inside the memory map.
 #[derive(Debug, Clone, Copy)]
@@ -19,6 +20,11 @@ pub(super) struct Weight {
 }
 
 impl Weight {
+    /// Whether both are the same bytes (a tied LM head is the embedding table).
+    pub(super) fn same_bytes(&self, other: &Weight) -> bool {
+        self.file == other.file && self.start == other.start && self.len == other.len
+    }
+
     /// Rows `first..first + rows` of this row-major matrix, as a view of the same bytes (the
     /// parts of a fused `qkv` or `gate_up` matrix).
     pub(super) fn rows_view(&self, first: usize, rows: usize) -> Weight {
@@ -51,6 +57,42 @@ pub(super) struct Layer {
     pub(super) w_gate: Weight,
     pub(super) w_up: Weight,
     pub(super) w_down: Weight,
+}
+
+impl Layer {
+    /// Its matrices (at their stored size) and f32 vectors into `s`.
+    pub(super) fn count(&self, s: &mut WeightSummary) {
+        for w in [
+            &self.wq,
+            &self.wk,
+            &self.wv,
+            &self.wo,
+            &self.w_gate,
+            &self.w_up,
+            &self.w_down,
+        ] {
+            s.add(w.dtype, w.len as u64);
+        }
+        let vectors = [
+            Some(&self.attn_norm),
+            Some(&self.ffn_norm),
+            self.bq.as_ref(),
+            self.bk.as_ref(),
+            self.bv.as_ref(),
+            self.q_norm.as_ref(),
+            self.k_norm.as_ref(),
+            self.post_attn_norm.as_ref(),
+            self.post_ffn_norm.as_ref(),
+        ];
+        for v in vectors.into_iter().flatten() {
+            count_f32(s, v);
+        }
+    }
+}
+
+/// A vector the model holds as f32.
+pub(super) fn count_f32(s: &mut WeightSummary, v: &[f32]) {
+    s.add(DType::F32, std::mem::size_of_val(v) as u64);
 }
 
 /// Where a loader finds a layer's tensors: the parts of a layer and their names in GGUF

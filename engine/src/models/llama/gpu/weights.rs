@@ -10,10 +10,11 @@
 use std::time::Instant;
 
 use kernels::gpu::{Gpu, GpuBuffer, GpuDType};
-use kernels::QMatrix;
+use kernels::{DType, QMatrix};
 
 use super::super::{Layer, LlamaModel, Weight};
 use crate::error::{EngineError, Result};
+use crate::model::WeightSummary;
 
 /// One decoder layer on the GPU.
 pub(super) struct GpuLayer {
@@ -48,6 +49,42 @@ pub(super) struct GpuWeights {
 impl GpuWeights {
     pub fn lm_head(&self) -> &GpuBuffer {
         self.lm_head.as_ref().unwrap_or(&self.embed)
+    }
+
+    /// What the device holds: the matrices as `dtype`, the rest as f32.
+    pub fn summary(&self, dtype: GpuDType) -> WeightSummary {
+        let mut s = WeightSummary::default();
+        let mut matrices: Vec<&GpuBuffer> = vec![&self.embed];
+        matrices.extend(&self.lm_head);
+        let mut vectors: Vec<&GpuBuffer> = vec![&self.out_norm];
+        for l in &self.layers {
+            matrices.extend([&l.wqkv, &l.wo, &l.wgu, &l.wdown]);
+            vectors.extend([&l.attn_norm, &l.ffn_norm]);
+            vectors.extend(
+                [
+                    &l.bias,
+                    &l.q_norm,
+                    &l.k_norm,
+                    &l.post_attn_norm,
+                    &l.post_ffn_norm,
+                ]
+                .into_iter()
+                .flatten(),
+            );
+        }
+        // Named as the host's types are, so the two summaries read alike.
+        let stored = match dtype {
+            GpuDType::F32 => DType::F32,
+            GpuDType::BF16 => DType::BF16,
+            GpuDType::F16 => DType::F16,
+        };
+        for b in matrices {
+            s.add(stored, b.len_bytes() as u64);
+        }
+        for b in vectors {
+            s.add(DType::F32, b.len_bytes() as u64);
+        }
+        s
     }
 }
 
@@ -215,7 +252,7 @@ fn upload_layer(
 /// Bytes the matrices of `model` take as `dtype` (for the progress total and sizing).
 fn matrix_bytes(model: &LlamaModel, dtype: GpuDType) -> usize {
     let size = |w: &Weight| w.rows * w.cols * dtype.size();
-    let tied = same_weight(&model.output, &model.token_embd);
+    let tied = model.output.same_bytes(&model.token_embd);
     let mut total = size(&model.token_embd) + if tied { 0 } else { size(&model.output) };
     for l in &model.layers {
         total += [&l.wq, &l.wk, &l.wv, &l.wo, &l.w_gate, &l.w_up, &l.w_down]
@@ -224,10 +261,6 @@ fn matrix_bytes(model: &LlamaModel, dtype: GpuDType) -> usize {
             .sum::<usize>();
     }
     total
-}
-
-pub(super) fn same_weight(a: &Weight, b: &Weight) -> bool {
-    a.file == b.file && a.start == b.start && a.len == b.len
 }
 
 /// Upload every weight of `model` as `dtype`.
@@ -253,7 +286,7 @@ pub(super) fn upload(gpu: &Gpu, model: &LlamaModel, dtype: GpuDType) -> Result<G
     };
     let src = Source { model };
     let embed = upload_matrix(gpu, &src, &[&model.token_embd], dtype, &mut progress)?;
-    let lm_head = if same_weight(&model.output, &model.token_embd) {
+    let lm_head = if model.output.same_bytes(&model.token_embd) {
         None
     } else {
         Some(upload_matrix(
