@@ -21,7 +21,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use common::{must, proc_status_bytes, workspace_root, Gateway, MediaServer};
+use common::{
+    large_photo, must, printed_bound, sample_rss, ten_minute_recording, workspace_root, Gateway,
+    MediaServer,
+};
 use serde_json::{json, Value};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -449,68 +452,6 @@ fn report(label: &str, t: &Tally, secs: u64) {
     );
 }
 
-/// A 4000x3000 JPEG (a gradient: it decodes to the full 36 MB of RGB).
-fn photo() -> Vec<u8> {
-    let img = image::RgbImage::from_fn(4000, 3000, |x, y| {
-        image::Rgb([(x / 16) as u8, (y / 12) as u8, ((x + y) / 28) as u8])
-    });
-    let mut jpeg = Vec::new();
-    img.write_to(
-        &mut std::io::Cursor::new(&mut jpeg),
-        image::ImageFormat::Jpeg,
-    )
-    .unwrap_or_else(|e| panic!("encoding the photo: {e}"));
-    jpeg
-}
-
-/// A 10-minute 16 kHz mono 16-bit WAV of a slowly rising tone (19.2 MB).
-fn recording() -> Vec<u8> {
-    const RATE: u32 = 16_000;
-    let samples = RATE as usize * 600;
-    let data = (samples * 2) as u32;
-    let mut wav = Vec::with_capacity(44 + data as usize);
-    wav.extend_from_slice(b"RIFF");
-    wav.extend_from_slice(&(36 + data).to_le_bytes());
-    wav.extend_from_slice(b"WAVEfmt ");
-    wav.extend_from_slice(&16u32.to_le_bytes());
-    wav.extend_from_slice(&1u16.to_le_bytes()); // PCM
-    wav.extend_from_slice(&1u16.to_le_bytes()); // mono
-    wav.extend_from_slice(&RATE.to_le_bytes());
-    wav.extend_from_slice(&(RATE * 2).to_le_bytes());
-    wav.extend_from_slice(&2u16.to_le_bytes());
-    wav.extend_from_slice(&16u16.to_le_bytes());
-    wav.extend_from_slice(b"data");
-    wav.extend_from_slice(&data.to_le_bytes());
-    for n in 0..samples {
-        let t = n as f64 / f64::from(RATE);
-        let v = (t * (200.0 + t) * std::f64::consts::TAU).sin() * 8000.0;
-        wav.extend_from_slice(&(v as i16).to_le_bytes());
-    }
-    wav
-}
-
-/// The memory bound the server printed at start-up (`bound_bytes=N` on its `memory bound`
-/// line), in bytes, with the line.
-fn printed_bound(log: &str) -> Option<(u64, String)> {
-    let plain = regex::Regex::new("\x1b\\[[0-9;]*m")
-        .ok()?
-        .replace_all(log, "");
-    let line = plain.lines().find(|l| l.contains("memory bound"))?;
-    let figure = line.split("bound_bytes=").nth(1)?;
-    let bytes = figure.split_whitespace().next()?.parse().ok()?;
-    Some((bytes, line.to_string()))
-}
-
-/// Samples `pid`'s resident set every 200 ms until `stop`; the largest sample.
-async fn sample_rss(pid: u32, stop: Arc<std::sync::atomic::AtomicBool>) -> u64 {
-    let mut peak = 0;
-    while !stop.load(Ordering::SeqCst) {
-        peak = peak.max(proc_status_bytes(pid, "VmRSS:").unwrap_or(0));
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    peak
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_minute_of_hostile_load_leaves_normal_clients_served() {
     let secs: u64 = std::env::var("SOAK_SECS")
@@ -519,8 +460,12 @@ async fn a_minute_of_hostile_load_leaves_normal_clients_served() {
         .unwrap_or(60);
     let media = must(
         MediaServer::with_files(vec![
-            ("/photo.jpg".into(), "image/jpeg", Arc::new(photo())),
-            ("/recording.wav".into(), "audio/wav", Arc::new(recording())),
+            ("/photo.jpg".into(), "image/jpeg", Arc::new(large_photo())),
+            (
+                "/recording.wav".into(),
+                "audio/wav",
+                Arc::new(ten_minute_recording()),
+            ),
         ])
         .await,
     );
