@@ -38,6 +38,10 @@ pub static FAMILIES: &[&Family] = &[
     &gemma::GEMMA3,
     &qwen2_vl::QWEN2_VL,
     &qwen2_audio::QWEN2_AUDIO,
+    &llama::LLAMA_EMBEDDER,
+    &mistral::MISTRAL_EMBEDDER,
+    &qwen::QWEN2_EMBEDDER,
+    &qwen::QWEN3_EMBEDDER,
     &bert::BERT,
     &bert::BERT_CLASSIFIER,
     &roberta::ROBERTA_CLASSIFIER,
@@ -62,6 +66,9 @@ pub enum Build {
         rules: &'static DecoderRules,
         media: Option<MediaLoader>,
     },
+    /// The Llama-shaped decoder whose architecture only embeds (`Qwen3Model`, `LlamaModel`:
+    /// the bare model class, no LM head), served with a pooling head as vLLM serves it.
+    DecoderEmbedder { rules: &'static DecoderRules },
     /// A BERT-shaped encoder with its head.
     Encoder(EncoderHeadKind),
 }
@@ -131,6 +138,28 @@ pub fn hf_decoder(config: &Value) -> Result<(&'static DecoderRules, Option<Media
             format!(
                 "architecture `{arch}` is not supported as a decoder (supported: {})",
                 hf_names(|b| matches!(b, Build::Decoder { .. })).join(", ")
+            ),
+        )),
+    }
+}
+
+/// The rules of a decoder served as an embedding model: a family that only embeds, or a
+/// text decoder converted (vLLM's `--convert embed`); an error names anything else.
+pub fn hf_embedder(config: &Value) -> Result<&'static DecoderRules> {
+    let arch = hf_architecture(config);
+    match by_hf_architecture(arch).map(|f| &f.build) {
+        Some(Build::DecoderEmbedder { rules }) | Some(Build::Decoder { rules, media: None }) => {
+            Ok(rules)
+        }
+        Some(Build::Decoder { media: Some(_), .. }) => Err(EngineError::load(
+            "config.json",
+            format!("architecture `{arch}` has media encoders: serving it as an embedding model is not built"),
+        )),
+        _ => Err(EngineError::load(
+            "config.json",
+            format!(
+                "architecture `{arch}` is not supported as a decoder embedding model (supported: {})",
+                hf_names(|b| matches!(b, Build::DecoderEmbedder { .. } | Build::Decoder { media: None, .. })).join(", ")
             ),
         )),
     }

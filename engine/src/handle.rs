@@ -78,6 +78,9 @@ pub struct EngineConfig {
     /// A chat template that replaces every generation model's own (`--chat-template`); one
     /// that does not compile stops the start.
     pub chat_template: Option<String>,
+    /// How each model is served (`--runner`, `--convert`): a decoder may be served as an
+    /// embedding model.
+    pub run_as: crate::load::RunAs,
 }
 
 impl Default for EngineConfig {
@@ -100,6 +103,7 @@ impl Default for EngineConfig {
             loader: crate::weight_cache::LoaderConfig::default(),
             seed: None,
             chat_template: None,
+            run_as: crate::load::RunAs::default(),
         }
     }
 }
@@ -246,8 +250,8 @@ impl EngineHandle {
         // The device is settled before anything loads, so a bad flag fails at once.
         let has_decoder = models.iter().any(|m| {
             matches!(
-                crate::load::detect(std::path::Path::new(&m.path)),
-                crate::load::CheckpointKind::Gguf | crate::load::CheckpointKind::Decoder
+                crate::load::served_kind(std::path::Path::new(&m.path), config.run_as),
+                Ok(crate::load::CheckpointKind::Gguf | crate::load::CheckpointKind::Decoder)
             )
         });
         let device = if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) {

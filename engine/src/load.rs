@@ -2,10 +2,18 @@
 //! file readers ([`crate::hf`], [`crate::gguf`]) read, the registry ([`crate::families`]) says
 //! which family the architecture is, and the family's model is built from the weights.
 //!
-//! - [`detect`] tells what a model path holds, for the engine's dispatch.
-//! - [`load_encoder`] loads an embedding model or sequence classifier.
+//! - [`detect`] tells what a model path holds, and [`served_kind`] how it is served under
+//!   `--runner` / `--convert`, for the engine's dispatch.
+//! - [`load_encoder`] loads an embedding model or sequence classifier;
+//!   [`load_decoder_embedder`] a decoder served as an embedding model.
 //! - [`load_hf_decoder`] / [`load_gguf_decoder`] load a decoder; [`hf_decoder_from_weights`]
 //!   and [`gguf_decoder`] do the same from weights already mapped (the weight cache).
+
+mod embedder;
+mod runner;
+
+pub use embedder::load_decoder_embedder;
+pub use runner::{served_kind, Convert, RunAs, Runner};
 
 use std::path::Path;
 use std::time::Instant;
@@ -16,7 +24,7 @@ use crate::gguf::GgufFile;
 use crate::hf::{self, classifier_info, HfConfig, SafetensorsWeights, SentenceTransformersConfig};
 use crate::model::{CausalLm, EncoderHead, LoadedEncoder, Pooling};
 use crate::models::bert::{self, BertEncoder, ClassifierLayout, EncoderSpec};
-use crate::models::llama::LlamaModel;
+use crate::models::llama::{LlamaModel, LmHead};
 use crate::models::media::MediaEncoders;
 use crate::tokenizer;
 
@@ -44,6 +52,9 @@ pub enum CheckpointKind {
     Encoder,
     /// An HF folder with a causal LM (`*ForCausalLM`, `*LMHeadModel`, ...).
     Decoder,
+    /// An HF decoder folder served as an embedding model: an architecture that only embeds
+    /// (`Qwen3Model`), or a decoder that [`served_kind`] turns into one.
+    DecoderEmbedder,
     /// A `.gguf` file, or a folder whose only weights are one `.gguf` file.
     Gguf,
     /// Nothing we recognise (no readable `config.json`, unknown architecture).
@@ -99,9 +110,12 @@ pub fn detect(path: &Path) -> CheckpointKind {
     if decoder_arch {
         return CheckpointKind::Decoder;
     }
+    let build = families::by_hf_architecture(arch).map(|f| &f.build);
+    if matches!(build, Some(Build::DecoderEmbedder { .. })) {
+        return CheckpointKind::DecoderEmbedder;
+    }
     let model_type = cfg.model_type.as_deref().unwrap_or("");
-    let encoder_family =
-        families::by_hf_architecture(arch).is_some_and(|f| matches!(f.build, Build::Encoder(_)));
+    let encoder_family = matches!(build, Some(Build::Encoder(_)));
     if ENCODER_MODEL_TYPES.contains(&model_type) || encoder_family {
         return CheckpointKind::Encoder;
     }
@@ -191,6 +205,19 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
     })
 }
 
+/// `dir/config.json` as JSON.
+fn read_config(dir: &Path) -> Result<serde_json::Value> {
+    let config_path = dir.join("config.json");
+    let text = std::fs::read_to_string(&config_path)
+        .map_err(|e| EngineError::load(config_path.display().to_string(), e.to_string()))?;
+    serde_json::from_str(&text).map_err(|e| {
+        EngineError::load(
+            config_path.display().to_string(),
+            format!("invalid JSON: {e}"),
+        )
+    })
+}
+
 /// A `config.json` error with the folder's file named.
 fn in_dir(dir: &Path, e: EngineError) -> EngineError {
     match e {
@@ -210,15 +237,7 @@ pub fn load_hf_decoder(dir: &Path) -> Result<LoadedDecoder> {
 /// [`load_hf_decoder`] with the weights already opened (from the folder's files, or from the
 /// weight cache's shared memory); everything else comes from `dir`.
 pub fn hf_decoder_from_weights(dir: &Path, weights: &SafetensorsWeights) -> Result<LoadedDecoder> {
-    let config_path = dir.join("config.json");
-    let text = std::fs::read_to_string(&config_path)
-        .map_err(|e| EngineError::load(config_path.display().to_string(), e.to_string()))?;
-    let config: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
-        EngineError::load(
-            config_path.display().to_string(),
-            format!("invalid JSON: {e}"),
-        )
-    })?;
+    let config = read_config(dir)?;
     let ids = |key: &str| -> Vec<u32> {
         let from = |v: &serde_json::Value| -> Vec<u32> {
             match v.get(key) {
@@ -244,7 +263,7 @@ pub fn hf_decoder_from_weights(dir: &Path, weights: &SafetensorsWeights) -> Resu
     let eos = ids("eos_token_id");
     let bos = ids("bos_token_id").first().copied();
     let (rules, media) = families::hf_decoder(&config).map_err(|e| in_dir(dir, e))?;
-    let model = LlamaModel::from_hf(dir, &config, weights, bos, eos, rules)?;
+    let model = LlamaModel::from_hf(dir, &config, weights, bos, eos, rules, LmHead::Read)?;
     let media = match media {
         Some(load) => Some(Box::new(load(dir, &config, weights)?)),
         None => None,

@@ -178,13 +178,7 @@ fn serve() -> EngineHandle {
 }
 
 fn opts(task: PoolTask) -> PoolOptions {
-    PoolOptions {
-        task,
-        add_special_tokens: true,
-        truncate_prompt_tokens: None,
-        use_activation: None,
-        field: "input",
-    }
+    PoolOptions::new(task, "input")
 }
 
 fn pairs_of(cases: &[&PairRef]) -> PoolInput {

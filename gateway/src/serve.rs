@@ -169,19 +169,22 @@ fn log_memory_bound(args: &ServeArgs, state: &AppState, max_connections: usize) 
     );
 }
 
-/// `--runner generate` / `pooling`: every served model must be one (vLLM would build it as
-/// one; here the checkpoint decides, so a mismatch stops the start).
+/// `--runner generate` / `pooling`: every served model must be one. The engine loads each
+/// checkpoint as the flags say (or refuses); this checks what came up.
 fn check_runner(runner: &str, engine: &EngineHandle) -> Result<(), StartupError> {
     use engine::api::Task;
     let (wanted, what): (&[Task], &str) = match runner {
         "generate" => (&[Task::Generate], "a generative model"),
-        "pooling" => (&[Task::Embed, Task::Score], "a pooling model"),
+        "pooling" => (
+            &[Task::Embed, Task::Score, Task::Classify],
+            "a pooling model",
+        ),
         _ => return Ok(()),
     };
     for card in engine.models() {
         if !card.tasks.iter().any(|t| wanted.contains(t)) {
             return Err(StartupError(format!(
-                "--runner {runner}: {} is not {what} (it serves {:?}); converting it is not built",
+                "--runner {runner}: {} is not {what} (it serves {:?})",
                 card.name, card.tasks
             )));
         }

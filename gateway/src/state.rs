@@ -377,6 +377,10 @@ impl Settings {
                 Some(text) => engine::weight_cache::LoaderConfig::parse(text).map_err(fail)?,
                 None => engine::weight_cache::LoaderConfig::default(),
             },
+            run_as: engine::load::RunAs {
+                runner: args.runner.parse().map_err(fail)?,
+                convert: args.convert.parse().map_err(fail)?,
+            },
         };
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,

@@ -15,29 +15,8 @@ const EMBED_MODEL: &str = "sentence-transformers/all-MiniLM-L6-v2";
 /// How long the gauges may take to reach the expected load on a loaded machine.
 const SETTLE: Duration = Duration::from_secs(90);
 
-fn client() -> reqwest::Client {
-    must(
-        reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .map_err(|e| e.to_string()),
-    )
-}
-
 async fn scrape(client: &reqwest::Client, base: &str) -> Scrape {
-    let text = must(
-        async {
-            client
-                .get(format!("{base}/metrics"))
-                .send()
-                .await
-                .map_err(|e| e.to_string())?
-                .text()
-                .await
-                .map_err(|e| e.to_string())
-        }
-        .await,
-    );
+    let text = common::get_text(client, &format!("{base}/metrics")).await;
     must(Scrape::parse(&text).map_err(|e| format!("{e}\n{text}")))
 }
 
@@ -92,7 +71,7 @@ async fn long_stream(client: &reqwest::Client, base: &str) -> reqwest::Response 
 async fn the_endpoint_picker_reads_vllm_router_gauges_that_follow_the_load() {
     let gateway = must(Gateway::start(&["--max-num-active-seqs", "1"]).await);
     let base = gateway.base_url.clone();
-    let client = client();
+    let client = common::client();
 
     let idle = scrape(&client, &base).await;
     for model in [CHAT_MODEL, EMBED_MODEL] {

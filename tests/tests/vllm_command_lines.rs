@@ -385,12 +385,26 @@ fn a_config_file_gets_the_same_answers() {
 }
 
 #[test]
-fn a_runner_the_model_is_not_is_refused() {
+fn a_runner_or_convert_the_model_cannot_take_is_refused() {
+    // `--runner pooling` alone converts the decoder into an embedding model, as vLLM does
+    // (tests/tests/decoder_embeddings.rs); without the conversion it cannot pool.
     refuses_with(
-        &tiny_args(&["--runner", "pooling"]),
+        &tiny_args(&["--runner", "pooling", "--convert", "none"]),
         &[("RUST_LOG", "off")],
-        "--runner pooling",
-        "not a pooling model",
+        "--convert none",
+        "is a generative model",
+    );
+    refuses_with(
+        &tiny_args(&["--convert", "classify"]),
+        &[("RUST_LOG", "off")],
+        "--convert classify",
+        "not built",
+    );
+    refuses_with(
+        &tiny_args(&["--runner", "generate", "--convert", "embed"]),
+        &[("RUST_LOG", "off")],
+        "--convert embed",
+        "--runner generate",
     );
 }
 

@@ -13,3 +13,13 @@ pub static LLAMA: Family = Family {
         media: None,
     },
 };
+
+/// The bare model class, which vLLM serves as an embedding model.
+pub static LLAMA_EMBEDDER: Family = Family {
+    name: "Llama embedding",
+    hf_architectures: &["LlamaModel"],
+    gguf_architectures: &[],
+    build: Build::DecoderEmbedder {
+        rules: &LLAMA_RULES,
+    },
+};

@@ -21,3 +21,11 @@ pub static MISTRAL: Family = Family {
         media: None,
     },
 };
+
+/// The bare model class, which vLLM serves as an embedding model (e5-mistral's layout).
+pub static MISTRAL_EMBEDDER: Family = Family {
+    name: "Mistral embedding",
+    hf_architectures: &["MistralModel"],
+    gguf_architectures: &[],
+    build: Build::DecoderEmbedder { rules: &RULES },
+};

@@ -41,3 +41,20 @@ pub static QWEN3: Family = Family {
         media: None,
     },
 };
+
+/// The bare model classes, which vLLM serves as embedding models (Qwen3-Embedding's own
+/// config names `Qwen3ForCausalLM`, and is an embedding model by its sentence-transformers
+/// files; see [`crate::load`]).
+pub static QWEN2_EMBEDDER: Family = Family {
+    name: "Qwen2 embedding",
+    hf_architectures: &["Qwen2Model"],
+    gguf_architectures: &[],
+    build: Build::DecoderEmbedder { rules: &QWEN_RULES },
+};
+
+pub static QWEN3_EMBEDDER: Family = Family {
+    name: "Qwen3 embedding",
+    hf_architectures: &["Qwen3Model"],
+    gguf_architectures: &[],
+    build: Build::DecoderEmbedder { rules: &QWEN_RULES },
+};

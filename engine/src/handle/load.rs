@@ -15,12 +15,15 @@ pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Res
     if !p.exists() {
         return Err(EngineError::load(path, "no such file or directory"));
     }
-    let kind = crate::load::detect(p);
+    let kind = crate::load::served_kind(p, config.run_as)?;
     let reason = match config.load_format {
         LoadFormat::Auto => "load format auto".to_string(),
         LoadFormat::Gguf if kind == CheckpointKind::Gguf => "load format gguf".to_string(),
         LoadFormat::Safetensors
-            if matches!(kind, CheckpointKind::Encoder | CheckpointKind::Decoder) =>
+            if matches!(
+                kind,
+                CheckpointKind::Encoder | CheckpointKind::Decoder | CheckpointKind::DecoderEmbedder
+            ) =>
         {
             "load format safetensors".to_string()
         }
@@ -31,6 +34,12 @@ pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Res
                     "--load-format {} does not match this checkpoint",
                     config.load_format
                 ),
+            ))
+        }
+        LoadFormat::IpcCache if kind == CheckpointKind::DecoderEmbedder => {
+            return Err(EngineError::load(
+                path,
+                "--load-format ipc_cache: the weight cache serves decoders for generation, and this one is served as an embedding model (use --load-format auto)",
             ))
         }
         LoadFormat::IpcCache => {
@@ -79,6 +88,10 @@ fn load_from_disk(path: &str, p: &Path, kind: CheckpointKind) -> Result<LoadedMo
         crate::load::CheckpointKind::Decoder => {
             Ok(LoadedModel::Decoder(crate::load::load_hf_decoder(p)?))
         }
+        crate::load::CheckpointKind::DecoderEmbedder => Ok(LoadedModel::Encoder {
+            encoder: crate::load::load_decoder_embedder(p)?,
+            chat_template: crate::hf::read_chat_template(p),
+        }),
         crate::load::CheckpointKind::Unknown => Err(EngineError::load(
             path,
             "not a recognised model: expected a .gguf file or an HF folder with config.json",

@@ -78,6 +78,20 @@ pub struct PoolOptions {
     pub field: &'static str,
 }
 
+impl PoolOptions {
+    /// `task` over the input in `field` as vLLM runs it by default: special tokens added, no
+    /// truncation, the task's own activation.
+    pub fn new(task: PoolTask, field: &'static str) -> Self {
+        PoolOptions {
+            task,
+            add_special_tokens: true,
+            truncate_prompt_tokens: None,
+            use_activation: None,
+            field,
+        }
+    }
+}
+
 /// The answer: one row per input, or per pair for [`PoolTask::Score`] (a single value).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Pooled {

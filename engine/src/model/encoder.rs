@@ -12,6 +12,27 @@ pub enum Pooling {
     LastToken,
 }
 
+impl Pooling {
+    /// One input's vector from its token states (`rows`: one row of width `h` per token, at
+    /// least one).
+    pub fn pool(self, rows: &[f32], h: usize) -> Vec<f32> {
+        let len = rows.len() / h;
+        match self {
+            Pooling::Cls => rows[..h].to_vec(),
+            Pooling::LastToken => rows[(len - 1) * h..len * h].to_vec(),
+            Pooling::Mean => {
+                let mut sum = vec![0.0f32; h];
+                for row in rows.chunks_exact(h) {
+                    sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
+                }
+                let inv = 1.0 / len as f32;
+                sum.iter_mut().for_each(|s| *s *= inv);
+                sum
+            }
+        }
+    }
+}
+
 /// What a classification head's logits go through when a request leaves `use_activation` on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ClassActivation {

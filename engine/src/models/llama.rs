@@ -24,6 +24,7 @@
 //! rotation (pairs `i`, `i + d/2`).
 
 mod attention;
+mod embed;
 mod forward;
 mod gguf;
 mod gpu;
@@ -33,7 +34,9 @@ mod rope_scaling;
 mod rules;
 mod weights;
 
+pub use embed::DecoderEmbedder;
 pub use gpu::GpuLlama;
+pub use hf::LmHead;
 pub use hf_config::{activation, cfg_error, read_hf_config, text_section, HfDecoderConfig};
 pub use rope_scaling::ContextRope;
 pub use rules::{

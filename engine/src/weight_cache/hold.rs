@@ -90,6 +90,10 @@ impl Cacheable {
                 name,
                 "the weight cache cannot hold HF encoder checkpoints (the engine converts all their tensors to f32 buffers of its own at load, so held file bytes would save nothing); serve it with --load-format auto",
             )),
+            CheckpointKind::DecoderEmbedder => Err(EngineError::load(
+                name,
+                "the weight cache holds decoders served for generation; this architecture only embeds (serve it with --load-format auto)",
+            )),
             CheckpointKind::Unknown => Err(EngineError::load(
                 name,
                 "not a recognised model: expected a .gguf file or an HF folder with config.json",

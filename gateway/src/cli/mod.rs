@@ -114,9 +114,15 @@ pub struct ServeArgs {
     /// --model, one name each, in the same order.
     #[arg(long = "served-model-name", value_name = "NAME", num_args = 1..)]
     pub served_model_name: Vec<String>,
-    /// `auto`; or `generate` / `pooling`, checked against what each served model does.
+    /// `auto` (a decoder folder whose sentence-transformers files name a Pooling module, an
+    /// architecture that only embeds such as `Qwen3Model`, and an encoder pool; other
+    /// decoders generate), `generate` or `pooling`.
     #[arg(long = "runner", default_value = "auto", value_parser = ["auto", "draft", "generate", "pooling"])]
     pub runner: String,
+    /// `auto`, `none` or `embed` (an HF decoder folder served as an embedding model);
+    /// `classify` and `reward` are not built.
+    #[arg(long = "convert", default_value = "auto", value_parser = ["auto", "none", "embed", "classify", "reward"])]
+    pub convert: String,
     /// No effect, and the start-up log says so: no code from a checkpoint runs here.
     #[arg(long = "trust-remote-code", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
     pub trust_remote_code: bool,

@@ -88,6 +88,33 @@ pub async fn post_json(
     )
 }
 
+/// A client for the server under test (no proxy, whatever the environment says).
+pub fn client() -> reqwest::Client {
+    must(
+        reqwest::Client::builder()
+            .no_proxy()
+            .build()
+            .map_err(|e| e.to_string()),
+    )
+}
+
+/// GETs `url` and returns its body as text; a transport failure fails the test.
+pub async fn get_text(client: &reqwest::Client, url: &str) -> String {
+    must(
+        async {
+            client
+                .get(url)
+                .send()
+                .await
+                .map_err(|e| e.to_string())?
+                .text()
+                .await
+                .map_err(|e| e.to_string())
+        }
+        .await,
+    )
+}
+
 /// A free loopback port (bound, read, released).
 pub fn free_port() -> Result<u16, String> {
     let listener =

@@ -66,7 +66,7 @@ impl Head {
         match self {
             Head::Pool(pooling) => Ok(spans
                 .iter()
-                .map(|&(t0, len)| pool(*pooling, &x[t0 * hidden..(t0 + len) * hidden], hidden))
+                .map(|&(t0, len)| pooling.pool(&x[t0 * hidden..(t0 + len) * hidden], hidden))
                 .collect()),
             Head::Classifier { dense, out, labels } => {
                 let n = spans.len();
@@ -81,23 +81,6 @@ impl Head {
                 out.forward(n, &mid, &mut logits)?;
                 Ok(logits.chunks_exact(*labels).map(<[f32]>::to_vec).collect())
             }
-        }
-    }
-}
-
-fn pool(pooling: Pooling, rows: &[f32], h: usize) -> Vec<f32> {
-    let len = rows.len() / h;
-    match pooling {
-        Pooling::Cls => rows[..h].to_vec(),
-        Pooling::LastToken => rows[(len - 1) * h..len * h].to_vec(),
-        Pooling::Mean => {
-            let mut sum = vec![0.0f32; h];
-            for row in rows.chunks_exact(h) {
-                sum.iter_mut().zip(row).for_each(|(s, &x)| *s += x);
-            }
-            let inv = 1.0 / len as f32;
-            sum.iter_mut().for_each(|s| *s *= inv);
-            sum
         }
     }
 }

@@ -18,6 +18,20 @@ impl LlamaModel {
         kv: &mut PagedKvCache,
         s: &mut Scratch,
     ) -> Result<Vec<Option<Vec<f32>>>> {
+        let spans = self.layers(batch, kv, s)?;
+        self.logits(batch, &spans, all_rows, s)
+    }
+
+    /// The embeddings and every layer over the step's tokens: leaves the last layer's output
+    /// (before the final norm) in `s.x`, one row per token, and returns where each chunk's
+    /// rows are. A cache of one layer is reused by every layer in turn: a layer reads only the
+    /// keys and values it wrote itself, so a one-off pass (embeddings) needs no more.
+    pub(super) fn layers<'a>(
+        &self,
+        batch: &[SeqChunk<'a>],
+        kv: &mut PagedKvCache,
+        s: &mut Scratch,
+    ) -> Result<Vec<ChunkSpan<'a>>> {
         let cfg = &self.cfg;
         let (h, hd) = (cfg.hidden, cfg.head_dim);
         let q_dim = cfg.n_heads * hd;
@@ -189,15 +203,16 @@ impl LlamaModel {
                 ops::rope(k, cfg.n_kv_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
             }
             // Store this step's keys and values, then attend over the cache.
+            let slot = if kv.n_layers == 1 { 0 } else { li };
             for span in &spans {
                 for i in 0..span.len {
                     let t = span.row + i;
                     let off = kv.offset(span.block_table, span.start_pos + i);
-                    kv.k[li].write(off, &s.k[t * kv_dim..(t + 1) * kv_dim]);
-                    kv.v[li].write(off, &s.v[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.k[slot].write(off, &s.k[t * kv_dim..(t + 1) * kv_dim]);
+                    kv.v[slot].write(off, &s.v[t * kv_dim..(t + 1) * kv_dim]);
                 }
             }
-            attention::attend(&shape, &spans, &s.q, &kv.k[li], &kv.v[li], &mut s.attn);
+            attention::attend(&shape, &spans, &s.q, &kv.k[slot], &kv.v[slot], &mut s.attn);
             match &layer.post_attn_norm {
                 None => self.matmul(&s.attn, t_total, &layer.wo, &mut s.x, true)?,
                 Some(w) => {
@@ -245,6 +260,18 @@ impl LlamaModel {
             }
         }
 
+        Ok(spans)
+    }
+
+    /// The final norm and the LM head over the rows [`Self::layers`] left in `s.x`.
+    fn logits(
+        &self,
+        batch: &[SeqChunk<'_>],
+        spans: &[ChunkSpan<'_>],
+        all_rows: &[bool],
+        s: &Scratch,
+    ) -> Result<Vec<Option<Vec<f32>>>> {
+        let cfg = &self.cfg;
         // Final norm and LM head for the rows whose logits are wanted: each sampling chunk's
         // last row, then the other rows of the chunks that want all of theirs (prompt
         // logprobs). The sampling rows go through the head on their own, as in a step without
@@ -298,19 +325,11 @@ impl LlamaModel {
     /// The final norm and the LM head over rows `rows` of the step's hidden states: one
     /// logits row each, in that order.
     fn lm_head(&self, s: &Scratch, rows: &[usize]) -> Result<Vec<f32>> {
-        let (h, n) = (self.cfg.hidden, rows.len());
+        let n = rows.len();
         if n == 0 {
             return Ok(Vec::new());
         }
-        let mut normed = vec![0f32; n * h];
-        for (j, &t) in rows.iter().enumerate() {
-            ops::rmsnorm(
-                &s.x[t * h..(t + 1) * h],
-                &self.output_norm,
-                self.cfg.eps,
-                &mut normed[j * h..(j + 1) * h],
-            );
-        }
+        let normed = self.final_norm(s, rows.iter().copied());
         let mut logits = vec![0f32; n * self.cfg.vocab];
         // The LM head sees only the logit rows: a prefill step's head is decode-sized.
         self.matmul(&normed, n, &self.output, &mut logits, false)?;
@@ -318,6 +337,25 @@ impl LlamaModel {
             logits.iter_mut().for_each(|l| *l = cap * (*l / cap).tanh());
         }
         Ok(logits)
+    }
+
+    /// The final norm of rows `rows` of the step's hidden states, one row each, in order.
+    pub(super) fn final_norm(
+        &self,
+        s: &Scratch,
+        rows: impl ExactSizeIterator<Item = usize>,
+    ) -> Vec<f32> {
+        let h = self.cfg.hidden;
+        let mut normed = vec![0f32; rows.len() * h];
+        for (out, t) in normed.chunks_exact_mut(h).zip(rows) {
+            ops::rmsnorm(
+                &s.x[t * h..(t + 1) * h],
+                &self.output_norm,
+                self.cfg.eps,
+                out,
+            );
+        }
+        normed
     }
 }
 

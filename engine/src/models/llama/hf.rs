@@ -21,6 +21,14 @@ use crate::error::{EngineError, Result};
 use crate::hf::SafetensorsWeights;
 use crate::model::{ActivationMode, DecoderInfo};
 
+/// Whether [`LlamaModel::from_hf`] reads the checkpoint's LM head.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LmHead {
+    Read,
+    /// An embedding model: the final norm's output is what it serves.
+    Skip,
+}
+
 struct HfLoader<'a> {
     w: &'a SafetensorsWeights,
     /// The rows a fused `qkv_proj` and `gate_up_proj` must have.
@@ -146,7 +154,9 @@ fn refuse_unread_biases(
 }
 
 impl LlamaModel {
-    /// Builds the decoder from an HF folder's parsed `config.json` and weights.
+    /// Builds the decoder from an HF folder's parsed `config.json` and weights. `head`: read
+    /// the LM head (generation), or leave it (an embedding model, whose checkpoint may have
+    /// none).
     pub fn from_hf(
         dir: &Path,
         config: &Value,
@@ -154,15 +164,18 @@ impl LlamaModel {
         bos_token_id: Option<u32>,
         eos_token_ids: Vec<u32>,
         rules: &DecoderRules,
+        head: LmHead,
     ) -> Result<Self> {
         let t0 = std::time::Instant::now();
-        let prefix = ["model.language_model.", "model.", "language_model.model."]
+        // The last: a checkpoint saved from the bare model class (`Qwen3Model`, as
+        // Qwen3-Embedding's file is), whose names have no prefix.
+        let prefix = ["model.language_model.", "model.", "language_model.model.", ""]
             .into_iter()
             .find(|p| weights.contains(&format!("{p}embed_tokens.weight")))
             .ok_or_else(|| {
                 EngineError::load(
                     dir.join("model.safetensors").display().to_string(),
-                    "no `model.embed_tokens.weight` (or `model.language_model.embed_tokens.weight`): not a decoder checkpoint",
+                    "no `model.embed_tokens.weight` (nor `embed_tokens.weight`, `model.language_model.embed_tokens.weight`): not a decoder checkpoint",
                 )
             })?;
         let embed_name = format!("{prefix}embed_tokens.weight");
@@ -189,10 +202,12 @@ impl LlamaModel {
             .or_else(|| config.get("tie_word_embeddings"))
             .and_then(Value::as_bool)
             .unwrap_or(rules.tied_by_default);
-        let head = ["lm_head.weight", "language_model.lm_head.weight"]
+        let head_name = ["lm_head.weight", "language_model.lm_head.weight"]
             .into_iter()
             .find(|n| weights.contains(n));
-        let output = match (tied, head) {
+        let output = match (tied, head_name) {
+            // Never multiplied: an embedding model stops at the final norm.
+            _ if head == LmHead::Skip => token_embd,
             (true, _) => token_embd,
             (false, Some(name)) => l.matrix(name, cfg.vocab, h)?,
             (false, None) => {
