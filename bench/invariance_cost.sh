@@ -26,9 +26,8 @@ for r in $(seq "$rounds"); do
     [ -f "$f" ] || { echo "missing $f" >&2; continue; }
     for which in old new; do
       bin=$old; [ $which = new ] && bin=$new
-      printf '{"round":%s,"build":"%s","line":' "$r" "$which"
-      "$bin" --model "$f" "${args[@]}" | tail -1
-      echo '}'
+      line=$("$bin" --model "$f" "${args[@]}" | tail -1)
+      printf '{"round":%s,"build":"%s","line":%s}\n' "$r" "$which" "$line"
     done
     if [ -x "$llama_bench" ]; then
       "$llama_bench" -m "$f" -t 2 -p 128,512 -n 64 -r 2 -o jsonl 2>/dev/null |
