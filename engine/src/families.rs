@@ -22,7 +22,7 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::error::{EngineError, Result};
-use crate::hf::SafetensorsWeights;
+use crate::hf::{self, SafetensorsWeights};
 use crate::models::bert::ClassifierLayout;
 use crate::models::llama::DecoderRules;
 use crate::models::media::MediaEncoders;
@@ -118,19 +118,10 @@ pub fn gguf_names() -> Vec<&'static str> {
         .collect()
 }
 
-/// The first of `config.json`'s `architectures` (empty when absent).
-pub fn hf_architecture(config: &Value) -> &str {
-    config
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-}
-
 /// The decoder family of an HF `config.json`, or a load error naming the architecture and
 /// listing the decoders supported.
 pub fn hf_decoder(config: &Value) -> Result<(&'static DecoderRules, Option<MediaLoader>)> {
-    let arch = hf_architecture(config);
+    let arch = hf::architecture(config);
     match by_hf_architecture(arch).map(|f| &f.build) {
         Some(Build::Decoder { rules, media }) => Ok((*rules, *media)),
         _ => Err(EngineError::load(
@@ -146,7 +137,7 @@ pub fn hf_decoder(config: &Value) -> Result<(&'static DecoderRules, Option<Media
 /// The rules of a decoder served as an embedding model: a family that only embeds, or a
 /// text decoder converted (vLLM's `--convert embed`); an error names anything else.
 pub fn hf_embedder(config: &Value) -> Result<&'static DecoderRules> {
-    let arch = hf_architecture(config);
+    let arch = hf::architecture(config);
     match by_hf_architecture(arch).map(|f| &f.build) {
         Some(Build::DecoderEmbedder { rules }) | Some(Build::Decoder { rules, media: None }) => {
             Ok(rules)
@@ -163,11 +154,6 @@ pub fn hf_embedder(config: &Value) -> Result<&'static DecoderRules> {
             ),
         )),
     }
-}
-
-/// [`hf_decoder`]'s rules alone.
-pub fn decoder_rules_for_hf(config: &Value) -> Result<&'static DecoderRules> {
-    hf_decoder(config).map(|(rules, _)| rules)
 }
 
 /// The decoder rules of a GGUF `general.architecture`, or an error listing those supported.

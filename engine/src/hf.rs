@@ -18,6 +18,15 @@ pub use self::weights::{F32Tensor, RawTensor, SafetensorsWeights};
 
 use crate::error::{EngineError, Result};
 
+/// The first of `config.json`'s `architectures` (empty when absent).
+pub fn architecture(config: &serde_json::Value) -> &str {
+    config
+        .get("architectures")
+        .and_then(|a| a.get(0))
+        .and_then(serde_json::Value::as_str)
+        .unwrap_or("")
+}
+
 /// `dir/tokenizer.json` with its padding and truncation settings removed (callers pad or
 /// truncate themselves; the file's values are often not the model's, e.g. MiniLM's 128).
 pub fn load_tokenizer(dir: &Path) -> Result<tokenizers::Tokenizer> {

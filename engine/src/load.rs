@@ -270,12 +270,7 @@ pub fn hf_decoder_from_weights(dir: &Path, weights: &SafetensorsWeights) -> Resu
     };
     let tokenizer = hf::load_tokenizer(dir)?;
     let (bos_token, eos_token) = hf::read_special_tokens(dir);
-    let architecture = config
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(|a| a.as_str())
-        .unwrap_or("unknown")
-        .to_string();
+    let architecture = hf::architecture(&config).to_string();
     Ok(LoadedDecoder {
         model: Box::new(model),
         tokenizer,

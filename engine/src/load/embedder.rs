@@ -52,6 +52,6 @@ pub fn load_decoder_embedder(dir: &Path) -> Result<LoadedEncoder> {
     Ok(LoadedEncoder {
         model: Box::new(DecoderEmbedder::new(model, pooling, normalize, max_seq_len)),
         tokenizer: hf::load_tokenizer(dir)?,
-        architecture: families::hf_architecture(&config).to_string(),
+        architecture: crate::hf::architecture(&config).to_string(),
     })
 }

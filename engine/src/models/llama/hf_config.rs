@@ -148,12 +148,7 @@ pub fn read_hf_config(
     vocab_from_weights: usize,
     rules: &DecoderRules,
 ) -> Result<HfDecoderConfig> {
-    let arch = config
-        .get("architectures")
-        .and_then(|a| a.get(0))
-        .and_then(Value::as_str)
-        .unwrap_or("")
-        .to_string();
+    let arch = crate::hf::architecture(config).to_string();
     let t = text_section(config);
     let hidden = need_usize(t, "hidden_size")?;
     let n_layers = need_usize(t, "num_hidden_layers")?;
@@ -317,7 +312,7 @@ mod tests {
 
     /// `config.json` read with the rules of the family the registry finds for it.
     fn read(config: &Value, vocab: usize) -> Result<HfDecoderConfig> {
-        let rules = crate::families::decoder_rules_for_hf(config)?;
+        let (rules, _) = crate::families::hf_decoder(config)?;
         read_hf_config(config, vocab, rules)
     }
     use serde_json::json;
