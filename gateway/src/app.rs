@@ -150,6 +150,7 @@ pub fn app(state: Arc<AppState>, limits: HttpLimits) -> Front<Dispatch> {
     stack::front_layer(StackConfig {
         auth,
         max_concurrent: limits.max_concurrent,
+        request_memory: state.request_memory.clone(),
         timeout: limits.timeout,
         options: limits.options,
     })

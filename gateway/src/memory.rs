@@ -1,6 +1,11 @@
 //! The deployment's memory bound: the most resident memory the process can reach under its
 //! flags, as a sum of terms (README, "Operating it"). The start-up log prints it with its
 //! terms; the soak checks that the process stays under it.
+//!
+//! What one request holds is sized here once, from its shape (`body_bytes`,
+//! `generation_bytes`, `pooling_bytes`, `media_tensor_bytes`): the routes hold those figures
+//! on the request's account against `--max-request-memory`
+//! ([`crate::http::request_memory`]), and the bound takes them at their largest.
 
 use std::fmt;
 
@@ -41,6 +46,8 @@ pub struct Inputs<'a> {
     pub pipeline: Option<&'a PipelineConfig>,
     pub limits: &'a LimitMmPerPrompt,
     pub max_concurrent_requests: usize,
+    /// `--max-request-memory`: what requests in flight may hold together.
+    pub max_request_memory: usize,
     pub max_request_body_bytes: usize,
     pub max_num_seqs: usize,
     /// `--max-logprobs`: the alternatives a token's logprob entry may list.
@@ -68,29 +75,31 @@ impl MemoryBound {
     pub fn of(i: &Inputs<'_>) -> MemoryBound {
         let sum = |f: fn(&ModelCard) -> u64| i.cards.iter().map(f).fold(0u64, u64::saturating_add);
         let body = i.max_request_body_bytes as u64;
-        // One request: its body as parsed, its sequences (a generation request's choices, at
-        // most --max-num-seqs; an embedding request's inputs, as many as its body can hold),
-        // and its media as fetched and as processed.
+        // One request at its largest: its body as parsed, its sequences (a generation
+        // request's choices, at most --max-num-seqs, with --max-logprobs; an embedding
+        // request's inputs, as many as its body can hold), and its media as processed.
         let sequences = i
             .cards
             .iter()
             .map(|c| {
                 if c.tasks.contains(&engine::api::Task::Generate) {
-                    let each = c.memory.per_sequence.saturating_add(logprobs(i, c));
-                    (i.max_num_seqs as u64).saturating_mul(each)
+                    generation_bytes(c, i.max_num_seqs, Some(i.max_logprobs))
                 } else {
-                    (body / MIN_INPUT_BYTES).saturating_mul(c.memory.per_sequence)
+                    pooling_bytes(c, body / MIN_INPUT_BYTES)
                 }
             })
             .max()
             .unwrap_or(0);
-        let media = i.pipeline.map_or(0, |p| per_request_media(i, p));
-        let per_request = body
-            .saturating_mul(BODY_EXPANSION)
+        let media = i.pipeline.map_or(0, |_| per_request_media(i));
+        let per_request = body_bytes(body)
             .saturating_add(sequences)
             .saturating_add(media);
+        // Fetched media is held against the fetcher's budget, decoded media against the
+        // pipeline's, both server-wide.
         let media_budget = i.pipeline.map_or(0, |p| {
-            (p.max_decoded_bytes as u64).saturating_add(p.uuid_cache_bytes as u64)
+            (p.max_decoded_bytes as u64)
+                .saturating_add(p.uuid_cache_bytes as u64)
+                .saturating_add(p.fetch.fetched_budget() as u64)
         });
         // Tokio's workers and blocking pool, each model's compute pool and its engine, media
         // or embedding thread, the media decoders (on tokio's blocking pool).
@@ -103,7 +112,9 @@ impl MemoryBound {
             kv_cache: sum(|c| c.memory.kv_cache),
             engine_steps: sum(|c| c.memory.step),
             media_budget,
-            requests: (i.max_concurrent_requests as u64).saturating_mul(per_request),
+            requests: (i.max_concurrent_requests as u64)
+                .saturating_mul(per_request)
+                .min(i.max_request_memory as u64),
             connections: (i.max_connections as u64).saturating_mul(CONNECTION_BYTES),
             threads: threads.saturating_mul(THREAD_STACK_BYTES),
         }
@@ -125,51 +136,77 @@ impl MemoryBound {
     }
 }
 
+/// What a body of `len` bytes can grow into while it is parsed and served.
+pub fn body_bytes(len: u64) -> u64 {
+    len.saturating_mul(BODY_EXPANSION)
+}
+
+/// A generation request's sequences: `seqs` of them (its prompts times its choices), each
+/// with its ids, block table and text over the model's context and, when it asks for
+/// logprobs (`logprobs`: the most alternatives of its token or prompt logprobs), an entry per
+/// token of the context with that many alternatives.
+pub fn generation_bytes(card: &ModelCard, seqs: usize, logprobs: Option<usize>) -> u64 {
+    let each = card
+        .memory
+        .per_sequence
+        .saturating_add(logprobs.map_or(0, |k| logprob_bytes(card, k)));
+    (seqs as u64).saturating_mul(each)
+}
+
+/// A pooling request's outputs: one per input (an embedding, a score, a label's
+/// probabilities).
+pub fn pooling_bytes(card: &ModelCard, inputs: u64) -> u64 {
+    inputs.saturating_mul(card.memory.per_sequence)
+}
+
+/// The processed tensors of a request's media items, at most what the model's placeholders
+/// allow in its context.
+pub fn media_tensor_bytes(
+    spec: &ModelMediaSpec,
+    max_model_len: usize,
+    images: usize,
+    audio: usize,
+) -> u64 {
+    preprocess::estimate::request_tensor_bytes(spec, max_model_len, images, audio)
+}
+
 /// A sequence's logprob entries at most: each of its tokens (prompt and output together fill
-/// the context at most) with `--max-logprobs` alternatives, each a token's text, its id and
+/// the context at most) with `k` alternatives and its own, each a token's text, its id and
 /// value, as held and as sent.
-fn logprobs(i: &Inputs<'_>, c: &ModelCard) -> u64 {
+fn logprob_bytes(c: &ModelCard, k: usize) -> u64 {
     let entry = c
         .memory
         .max_token_bytes
         .saturating_add(48)
         .saturating_mul(2);
     (c.max_model_len as u64)
-        .saturating_mul(i.max_logprobs as u64 + 1)
+        .saturating_mul(k as u64 + 1)
         .saturating_mul(entry)
 }
 
-/// One request's media: each item's fetched bytes at the fetcher's cap for its modality (data
-/// URLs are in the body already), and the largest processed tensors a served model's
-/// placeholders allow.
-fn per_request_media(i: &Inputs<'_>, p: &PipelineConfig) -> u64 {
+/// One request's processed media at most: every item `--limit-mm-per-prompt` allows, as
+/// far as the served models' placeholders allow.
+fn per_request_media(i: &Inputs<'_>) -> u64 {
     use preprocess::Modality;
     let items = |m: Modality| {
         i.limits
             .limit_for(m.as_str())
             .unwrap_or(usize::MAX)
-            .min(i.max_request_body_bytes) as u64
+            .min(i.max_request_body_bytes)
     };
-    let fetched = [Modality::Image, Modality::Video, Modality::Audio]
-        .into_iter()
-        .map(|m| items(m).saturating_mul(p.fetch.max_bytes_for(m) as u64))
-        .fold(0, u64::saturating_add);
     let max_tokens = i.cards.iter().map(|c| c.max_model_len).max().unwrap_or(0);
-    let tensors = i
-        .media_specs
+    i.media_specs
         .iter()
         .map(|s| {
-            let n = |m| usize::try_from(items(m)).unwrap_or(usize::MAX);
-            preprocess::estimate::request_tensor_bytes(
+            media_tensor_bytes(
                 s,
                 max_tokens,
-                n(Modality::Image),
-                n(Modality::Audio),
+                items(Modality::Image),
+                items(Modality::Audio),
             )
         })
         .max()
-        .unwrap_or(0);
-    fetched.saturating_add(tensors)
+        .unwrap_or(0)
 }
 
 /// Bytes as GiB with two decimals.
@@ -219,6 +256,7 @@ mod tests {
             pipeline: None,
             limits,
             max_concurrent_requests: 10,
+            max_request_memory: usize::MAX,
             max_request_body_bytes: 1000,
             max_num_seqs: 4,
             max_logprobs: 2,
@@ -281,6 +319,12 @@ mod tests {
         let doubled = MemoryBound::of(&more);
         assert_eq!(doubled.requests, 2 * b.requests);
         assert_eq!(doubled.connections, 2 * b.connections);
+
+        // The request budget caps the requests' term, whatever the other flags allow.
+        more.max_request_memory = 12345;
+        assert_eq!(MemoryBound::of(&more).requests, 12345);
+        more.max_request_memory = usize::MAX;
+        assert_eq!(MemoryBound::of(&more).requests, doubled.requests);
     }
 
     #[test]
@@ -299,15 +343,20 @@ mod tests {
         let specs = [spec.clone()];
         i.media_specs = &specs;
         let b = MemoryBound::of(&i);
+        let audio = spec.audio.as_ref().map_or(0, |a| a.n_mels * a.n_frames()) as u64 * 4;
+        // Fetched media is the fetcher's server-wide budget, not each request's.
         assert_eq!(
             b.media_budget,
             (pipeline.max_decoded_bytes + pipeline.uuid_cache_bytes) as u64
+                + pipeline.fetch.max_fetched_bytes as u64
         );
-        let audio = spec.audio.as_ref().map_or(0, |a| a.n_mels * a.n_frames()) as u64 * 4;
-        let fetched = pipeline.fetch.max_bytes_for(preprocess::Modality::Image) as u64
-            + 2 * pipeline.fetch.max_bytes_for(preprocess::Modality::Audio) as u64;
         // A decoder's 4 choices hold their logprob entries only (per_sequence 0).
-        let per_request = 1000 * BODY_EXPANSION + 4 * 4096 * 3 * 96 + fetched + 2 * audio;
+        let per_request = 1000 * BODY_EXPANSION + 4 * 4096 * 3 * 96 + 2 * audio;
         assert_eq!(b.requests, 10 * per_request);
+        assert_eq!(
+            media_tensor_bytes(&spec, 4096, 1, 2),
+            2 * audio,
+            "a request's items, as the route holds them"
+        );
     }
 }

@@ -154,6 +154,7 @@ fn log_memory_bound(args: &ServeArgs, state: &AppState, max_connections: usize) 
         pipeline: state.media.as_ref().map(|m| m.config()),
         limits: &state.limits,
         max_concurrent_requests: args.max_concurrent_requests,
+        max_request_memory: args.max_request_memory,
         max_request_body_bytes: args.max_request_body_bytes,
         max_num_seqs: args.max_num_seqs,
         max_logprobs: args.max_logprobs,

@@ -49,6 +49,9 @@ pub struct AppState {
     pub api_keys: Vec<String>,
     /// `--max-request-body-bytes`.
     pub max_body_bytes: usize,
+    /// `--max-request-memory`: what requests in flight may hold together; each request's
+    /// account on it is opened by the front of the stack.
+    pub request_memory: preprocess::budget::ByteBudget,
     pub metrics: Option<PrometheusHandle>,
     /// Fetching and decoding of media parts, for models that take media.
     pub media: Option<Arc<preprocess::pipeline::MediaPipeline>>,
@@ -107,6 +110,7 @@ impl AppState {
                 }),
             api_keys: args.api_key.clone(),
             max_body_bytes: args.max_request_body_bytes,
+            request_memory: preprocess::budget::ByteBudget::new(args.max_request_memory),
             media,
             metrics,
             draining: std::sync::atomic::AtomicBool::new(false),

@@ -60,13 +60,15 @@ pub enum PreprocessError {
         total: usize,
         available: usize,
     },
-    /// The server's budget of decoded-media bytes in flight is taken by other requests.
+    /// A server-wide media budget (`stage`: `downloading` for fetched bytes, `decoding` for
+    /// decoded ones) is taken by other requests.
     #[error(
-        "The server is decoding too much media at once (this request needs {} MiB, {} MiB of \
+        "The server is {stage} too much media at once (this item needs {} MiB more, {} MiB of \
          {} MiB are in use); retry later.",
         .needed.div_ceil(1 << 20), .in_use >> 20, .capacity >> 20
     )]
-    MediaBytesBusy {
+    MediaBusy {
+        stage: &'static str,
         needed: usize,
         in_use: usize,
         capacity: usize,
@@ -92,7 +94,7 @@ impl PreprocessError {
     pub fn kind(&self) -> ErrorKind {
         match self {
             PreprocessError::Fetch(e) => e.kind(),
-            PreprocessError::Overloaded | PreprocessError::MediaBytesBusy { .. } => {
+            PreprocessError::Overloaded | PreprocessError::MediaBusy { .. } => {
                 ErrorKind::Overloaded
             }
             _ => ErrorKind::BadRequest,

@@ -28,6 +28,7 @@ use policies::{MediaUrl, MediaUrlPolicy, PolicyError};
 use reqwest::dns::{Addrs, Name, Resolve, Resolving};
 use url::Url;
 
+use crate::budget::{ByteBudget, Reservation};
 use crate::error::{ErrorKind, PreprocessError};
 use crate::pool::DecodePool;
 use crate::Modality;
@@ -42,6 +43,10 @@ pub struct FetchLimits {
     pub image_timeout: Duration,
     pub audio_timeout: Duration,
     pub video_timeout: Duration,
+    /// Bytes of fetched media (`http(s)` and `file:` URLs) all requests may hold at once,
+    /// from the first byte read until the item is decoded; past it new fetches get a 503.
+    /// Never less than one item's cap. Data URLs are held in their request's body instead.
+    pub max_fetched_bytes: usize,
 }
 
 impl Default for FetchLimits {
@@ -52,6 +57,7 @@ impl Default for FetchLimits {
             image_timeout: Duration::from_secs(5),
             audio_timeout: Duration::from_secs(10),
             video_timeout: Duration::from_secs(30),
+            max_fetched_bytes: 1 << 30,
         }
     }
 }
@@ -63,6 +69,13 @@ impl FetchLimits {
             Modality::Audio => self.max_audio_bytes.min(self.max_bytes),
             Modality::Image | Modality::Video => self.max_bytes,
         }
+    }
+
+    /// The fetched-media budget as applied: never less than one item's cap.
+    pub fn fetched_budget(&self) -> usize {
+        self.max_fetched_bytes
+            .max(self.max_bytes)
+            .max(self.max_audio_bytes)
     }
 
     /// The fetch timeout for `modality`.
@@ -117,13 +130,16 @@ impl FetchError {
 }
 
 /// Fetched media: the bytes, and the media type where the source says one.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct FetchedMedia {
     /// One payload, or one per frame for `data:video/jpeg;base64,<f1>,<f2>,...`.
     pub payload: Payload,
     /// `image/png`, from the data URL header or the `Content-Type`; a hint only
     /// (decoders sniff the bytes).
     pub mime: Option<String>,
+    /// The payload's bytes held against the fetched-media budget, until dropped (with the
+    /// payload, once it is decoded).
+    pub held: Reservation,
 }
 
 #[derive(Debug, Clone)]
@@ -195,6 +211,7 @@ pub struct MediaFetcher {
     policy: Arc<MediaUrlPolicy>,
     limits: FetchLimits,
     client: reqwest::Client,
+    fetched: ByteBudget,
 }
 
 impl MediaFetcher {
@@ -210,10 +227,12 @@ impl MediaFetcher {
             .connect_timeout(Duration::from_secs(5))
             .user_agent(concat!("gateway-media/", env!("CARGO_PKG_VERSION")))
             .build()?;
+        let capacity = limits.fetched_budget();
         Ok(MediaFetcher {
             policy,
             limits,
             client,
+            fetched: ByteBudget::new(capacity),
         })
     }
 
@@ -223,6 +242,18 @@ impl MediaFetcher {
 
     pub fn limits(&self) -> &FetchLimits {
         &self.limits
+    }
+
+    /// The fetched-media budget (for the memory bound, metrics and tests).
+    pub fn fetched_bytes(&self) -> &ByteBudget {
+        &self.fetched
+    }
+
+    /// Grows `held` to `total` bytes of the fetched-media budget, or says the server is busy.
+    fn hold(&self, held: &mut Reservation, total: usize) -> Result<(), PreprocessError> {
+        let more = total.saturating_sub(held.bytes());
+        held.try_grow(more)
+            .map_err(|refused| refused.media_busy("downloading"))
     }
 
     /// Fetches one media URL for `modality`. Base64 decoding of data URLs runs
@@ -251,26 +282,32 @@ impl MediaFetcher {
                 let payload = pool
                     .run(move || decode_data_payload(&payload, frames))
                     .await??;
-                Ok(FetchedMedia { payload, mime })
+                Ok(FetchedMedia {
+                    payload,
+                    mime,
+                    held: self.fetched.empty(),
+                })
             }
             MediaUrl::File(path) => {
                 let shown = path.display().to_string();
-                let read = async {
-                    let meta = tokio::fs::metadata(&path).await?;
-                    if meta.len() > max as u64 {
-                        return Ok(Err(FetchError::TooLarge {
-                            url: shown.clone(),
-                            modality,
-                            len: meta.len(),
-                            max,
-                        }));
-                    }
-                    tokio::fs::read(&path).await.map(Ok)
-                };
-                let bytes = read.await.map_err(|e| FetchError::LocalFile {
+                let local = |e: std::io::Error| FetchError::LocalFile {
                     path: shown.clone(),
                     reason: e.to_string(),
-                })??;
+                };
+                let meta = tokio::fs::metadata(&path).await.map_err(local)?;
+                if meta.len() > max as u64 {
+                    return Err(FetchError::TooLarge {
+                        url: shown,
+                        modality,
+                        len: meta.len(),
+                        max,
+                    }
+                    .into());
+                }
+                // The file may grow between the two calls: the read is held to the cap.
+                let mut held = self.fetched.empty();
+                self.hold(&mut held, meta.len() as usize)?;
+                let bytes = read_capped(&path, meta.len(), max).await.map_err(local)?;
                 if bytes.len() > max {
                     return Err(FetchError::TooLarge {
                         url: shown,
@@ -280,9 +317,11 @@ impl MediaFetcher {
                     }
                     .into());
                 }
+                self.hold(&mut held, bytes.len())?;
                 Ok(FetchedMedia {
                     payload: Payload::Bytes(Bytes::from(bytes)),
                     mime: None,
+                    held,
                 })
             }
             MediaUrl::Http(parsed) => {
@@ -353,27 +392,48 @@ impl MediaFetcher {
                 .and_then(|v| v.to_str().ok())
                 .map(|v| v.split(';').next().unwrap_or(v).trim().to_ascii_lowercase());
             let initial = response.content_length().unwrap_or(0).min(max as u64) as usize;
+            // What the buffer allocates is held before it is allocated.
+            let mut held = self.fetched.empty();
+            self.hold(&mut held, initial)?;
             let mut body = BytesMut::with_capacity(initial);
             let mut stream = response.bytes_stream();
             while let Some(chunk) = stream.next().await {
                 let chunk = chunk.map_err(|e| request_error(&shown, e))?;
-                if body.len() + chunk.len() > max {
+                let len = body.len() + chunk.len();
+                if len > max {
                     return Err(FetchError::TooLarge {
                         url: shown,
                         modality,
-                        len: (body.len() + chunk.len()) as u64,
+                        len: len as u64,
                         max,
                     }
                     .into());
+                }
+                if len > body.capacity() {
+                    // Grown as `Vec` grows (doubling), but never past the cap.
+                    let grown = len.max(body.capacity().saturating_mul(2)).min(max);
+                    self.hold(&mut held, grown)?;
+                    body.reserve(grown - body.len());
                 }
                 body.extend_from_slice(&chunk);
             }
             return Ok(FetchedMedia {
                 payload: Payload::Bytes(body.freeze()),
                 mime,
+                held,
             });
         }
     }
+}
+
+/// A local file's bytes, at most `max` of them (one more is read, to tell a file that grew
+/// past the cap), into a buffer of the size its metadata gave.
+async fn read_capped(path: &std::path::Path, len: u64, max: usize) -> std::io::Result<Vec<u8>> {
+    use tokio::io::AsyncReadExt;
+    let file = tokio::fs::File::open(path).await?;
+    let mut bytes = Vec::with_capacity(len as usize + 1);
+    file.take(max as u64 + 1).read_to_end(&mut bytes).await?;
+    Ok(bytes)
 }
 
 /// Decodes a data URL payload (one base64 blob, or comma-separated JPEG frames).

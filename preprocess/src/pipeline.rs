@@ -97,6 +97,32 @@ impl Default for PipelineConfig {
     }
 }
 
+/// A request's processed media, in its items' order, with their hold on the decoded-media
+/// budget.
+#[derive(Debug)]
+pub struct Processed {
+    pub media: Vec<Arc<ProcessedMedia>>,
+    pub decoded: DecodedHold,
+}
+
+impl std::ops::Deref for Processed {
+    type Target = [Arc<ProcessedMedia>];
+    fn deref(&self) -> &Self::Target {
+        &self.media
+    }
+}
+
+/// Decoded items' hold on the decoded-media budget, released when dropped.
+#[derive(Debug)]
+pub struct DecodedHold(Vec<Reservation>);
+
+impl DecodedHold {
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.0.iter().map(Reservation::bytes).sum()
+    }
+}
+
 /// The media pipeline a server holds for its lifetime.
 pub struct MediaPipeline {
     fetcher: MediaFetcher,
@@ -119,6 +145,8 @@ impl std::fmt::Debug for MediaPipeline {
 struct Job {
     modality: Modality,
     payload: Payload,
+    /// The payload's hold on the fetched-media budget: released with it, once decoded.
+    _held: Reservation,
     mime: Option<String>,
     options: MediaOptions,
     spec: ModelMediaSpec,
@@ -166,6 +194,9 @@ impl MediaPipeline {
     /// the gate's decision: untrusted video runs under the tighter limits. `budget` is the
     /// prompt tokens left for the media: the items' tokens, read from their headers, must fit
     /// in it before anything is decoded.
+    /// The decoded items' hold on the decoded-media budget comes with them: their tensors stay
+    /// counted until the caller has accounted for them elsewhere (a request's own memory
+    /// account) and drops it.
     pub async fn process(
         &self,
         items: &[MediaRequestItem],
@@ -173,7 +204,7 @@ impl MediaPipeline {
         trusted: bool,
         spec: &ModelMediaSpec,
         budget: TokenBudget,
-    ) -> Result<Vec<Arc<ProcessedMedia>>, PreprocessError> {
+    ) -> Result<Processed, PreprocessError> {
         // (1) uuid-only parts: hits or the contract's miss, before any fetch.
         let mut out: Vec<Option<Arc<ProcessedMedia>>> = vec![None; items.len()];
         let mut indices = Vec::with_capacity(items.len());
@@ -207,6 +238,7 @@ impl MediaPipeline {
                 modality: items[i].modality,
                 payload: fetched.payload,
                 mime: fetched.mime,
+                _held: fetched.held,
                 options: options.clone(),
                 spec: spec.clone(),
                 max_image_pixels: self.config.max_image_pixels,
@@ -248,22 +280,19 @@ impl MediaPipeline {
                 self.reserve(what, e, bytes)
             })
             .collect::<Result<Vec<_>, _>>()?;
-        // (4) decode concurrently; the pool bounds the work, each reservation ends with its job.
+        // (4) decode concurrently; the pool bounds the work, each reservation is kept with
+        // its tensor (and ends with the job when decoding fails).
         let work = jobs
             .into_iter()
             .zip(reservations)
             .map(|(job, reservation)| async move {
-                let processed = self
-                    .pool
-                    .run(move || {
-                        let processed = run_job(job);
-                        drop(reservation);
-                        processed
-                    })
-                    .await??;
-                Ok::<_, PreprocessError>(Arc::new(processed))
+                let processed = self.pool.run(move || run_job(job)).await??;
+                Ok::<_, PreprocessError>((Arc::new(processed), reservation))
             });
-        let done = futures::future::try_join_all(work).await?;
+        let (done, held): (Vec<_>, Vec<_>) = futures::future::try_join_all(work)
+            .await?
+            .into_iter()
+            .unzip();
         for (&(i, _), processed) in wanted.iter().zip(done) {
             // (5) a part with data and a uuid is cached under its uuid.
             if let Some(uuid) = items[i].uuid.as_deref() {
@@ -271,9 +300,14 @@ impl MediaPipeline {
             }
             out[i] = Some(processed);
         }
-        out.into_iter()
+        let media = out
+            .into_iter()
             .map(|p| p.ok_or(PreprocessError::DecoderFailed))
-            .collect()
+            .collect::<Result<_, _>>()?;
+        Ok(Processed {
+            media,
+            decoded: DecodedHold(held),
+        })
     }
 
     /// Holds `bytes` of the decoded-media budget for one item.
@@ -292,16 +326,7 @@ impl MediaPipeline {
                     capacity: refused.capacity,
                 }
             } else {
-                tracing::warn!(
-                    needed = refused.needed,
-                    in_use = refused.in_use,
-                    "decoded-media budget full"
-                );
-                PreprocessError::MediaBytesBusy {
-                    needed: refused.needed,
-                    in_use: refused.in_use,
-                    capacity: refused.capacity,
-                }
+                refused.media_busy("decoding")
             }
         })
     }

@@ -410,3 +410,69 @@ async fn file_urls_only_under_the_allowed_directory() {
         );
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fetched_bytes_are_held_until_the_media_is_dropped_and_bound_the_server() {
+    // Two 40 KiB answers (one with a length, one chunked) against a 64 KiB server budget
+    // (one item's cap): the second waits for the first to be let go.
+    let server = serve(|path| match path {
+        "/sized" => Reply::Ok("image/png", vec![7u8; 40 * 1024]),
+        "/chunked" => Reply::Chunked(40 * 1024),
+        _ => Reply::Status(404),
+    })
+    .await;
+    let limits = FetchLimits {
+        max_bytes: 64 * 1024,
+        max_audio_bytes: 64 * 1024,
+        max_fetched_bytes: 0,
+        ..FetchLimits::default()
+    };
+    let f = MediaFetcher::new(private_ok(), limits).unwrap();
+    assert_eq!(
+        f.fetched_bytes().capacity(),
+        64 * 1024,
+        "never under one item's cap"
+    );
+    let url = |p: &str| format!("http://127.0.0.1:{}{p}", server.port);
+    for (first, second) in [("/sized", "/chunked"), ("/chunked", "/sized")] {
+        let held = f
+            .fetch(&url(first), Modality::Image, &pool())
+            .await
+            .unwrap();
+        assert_eq!(held.payload.len(), 40 * 1024);
+        assert!(
+            held.held.bytes() >= 40 * 1024,
+            "{first}: {}",
+            held.held.bytes()
+        );
+        assert_eq!(f.fetched_bytes().in_use(), held.held.bytes());
+        let err = f
+            .fetch(&url(second), Modality::Image, &pool())
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                PreprocessError::MediaBusy {
+                    stage: "downloading",
+                    ..
+                }
+            ),
+            "{first} then {second}: {err:?}"
+        );
+        assert_eq!(err.kind(), ErrorKind::Overloaded);
+        drop(held);
+        assert_eq!(f.fetched_bytes().in_use(), 0);
+        let again = f
+            .fetch(&url(second), Modality::Image, &pool())
+            .await
+            .unwrap();
+        assert_eq!(again.payload.len(), 40 * 1024);
+        drop(again);
+        assert_eq!(
+            f.fetched_bytes().in_use(),
+            0,
+            "a finished fetch holds nothing"
+        );
+    }
+}

@@ -112,6 +112,11 @@ async fn images_from_data_and_http_urls_become_patches() {
     assert_eq!(t, 1);
     assert_eq!(img.pixel_values.shape[0], h * w);
     assert_eq!(img.pixel_values.shape, vec![h * w, 1176]);
+    // The decoded items stay on the decoded-media budget until the caller lets them go.
+    assert!(out.decoded.bytes() > 0);
+    assert_eq!(p.decoded_bytes().in_use(), out.decoded.bytes());
+    drop(out);
+    assert_eq!(p.decoded_bytes().in_use(), 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

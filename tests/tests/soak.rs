@@ -484,10 +484,10 @@ async fn a_minute_of_hostile_load_leaves_normal_clients_served() {
         path("tests/data/tiny-qwen2-audio"),
     );
     // The default models and the two tiny media models, with the limits that size the memory
-    // bound: the requests in flight (the soak has about 100), their bodies (the abusive
-    // request's is about 3 MB), one photo and one recording a prompt, the connections (200
-    // slowloris and the clients'). Photos are resized to about a megapixel, so that their
-    // tokens fit the tiny model's context.
+    // bound: what the requests in flight may hold together (the soak has about 100), their
+    // bodies (the abusive request's is about 3 MB), one photo and one recording a prompt, the
+    // connections (200 slowloris and the clients'). Photos are resized to about a megapixel,
+    // so that their tokens fit the tiny model's context.
     let gw = must(
         Gateway::start(&[
             "--model",
@@ -505,6 +505,8 @@ async fn a_minute_of_hostile_load_leaves_normal_clients_served() {
             AUDIO_MODEL,
             "--max-concurrent-requests",
             "128",
+            "--max-request-memory",
+            "2G",
             "--max-request-body-bytes",
             "4194304",
             "--max-connections",

@@ -305,6 +305,12 @@ pub struct ServeArgs {
     /// Requests in flight at once; more get 503 with Retry-After instead of queueing.
     #[arg(long = "max-concurrent-requests", default_value_t = 1024)]
     pub max_concurrent_requests: usize,
+    /// Bytes all requests in flight may hold together (bodies as parsed, sequences and their
+    /// logprobs, pooled outputs, media tensors), reserved before the work: a request that does
+    /// not fit beside the others gets 503 with Retry-After, one larger than the whole budget a
+    /// 400. `8G` = 8 GiB (README: the memory bound).
+    #[arg(long = "max-request-memory", default_value = "8G", value_parser = values::human_int)]
+    pub max_request_memory: usize,
     /// KV cache capacity in tokens, all sequences together (default: 65536 on the CPU; on a
     /// GPU, what --gpu-memory-utilization leaves after weights and activations).
     #[arg(long = "kv-cache-tokens")]

@@ -8,6 +8,7 @@ use axum::http::header;
 use http_body_util::BodyExt;
 use serde::de::DeserializeOwned;
 
+use super::request_memory::RequestMemory;
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -31,9 +32,17 @@ fn too_large(limit: usize) -> ApiError {
     ))
 }
 
+const BODY: &str = "its body as read and parsed";
+
 /// The body, at most `limit` bytes: a `Content-Length` over the limit is refused before
-/// anything is read, a body that streams past it as soon as it does.
-pub async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiError> {
+/// anything is read, a body that streams past it as soon as it does. What the body grows into
+/// while it is parsed and served (`crate::memory::body_bytes`) is held on the request's
+/// account before each part of it is read.
+pub async fn read_body(
+    req: Request,
+    limit: usize,
+    memory: &RequestMemory,
+) -> Result<bytes::Bytes, ApiError> {
     let declared = req
         .headers()
         .get(header::CONTENT_LENGTH)
@@ -43,6 +52,11 @@ pub async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiEr
         return Err(too_large(limit));
     }
     let mut body = req.into_body();
+    if let Some(n) = declared {
+        if let Err(refused) = memory.hold_total(crate::memory::body_bytes(n), BODY) {
+            return Err(discard(body, limit, refused).await);
+        }
+    }
     // Most bodies arrive as one frame: return it as is, copying only when there are more.
     let mut first: Option<bytes::Bytes> = None;
     let mut rest: Option<bytes::BytesMut> = None;
@@ -57,6 +71,9 @@ pub async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiEr
         total = total.saturating_add(data.len());
         if total > limit {
             return Err(too_large(limit));
+        }
+        if let Err(refused) = memory.hold_total(crate::memory::body_bytes(total as u64), BODY) {
+            return Err(discard(body, limit - total, refused).await);
         }
         match (&mut first, &mut rest) {
             (None, _) => first = Some(data),
@@ -76,6 +93,20 @@ pub async fn read_body(req: Request, limit: usize) -> Result<bytes::Bytes, ApiEr
     })
 }
 
+/// Reads and drops the rest of a refused body (at most `limit` more bytes, one frame held at
+/// a time), then gives the refusal: a client still sending gets its answer, not a reset
+/// connection.
+async fn discard(mut body: axum::body::Body, limit: usize, refused: ApiError) -> ApiError {
+    let mut seen = 0usize;
+    while let Some(Ok(frame)) = body.frame().await {
+        seen = seen.saturating_add(frame.data_ref().map_or(0, |d| d.len()));
+        if seen > limit {
+            break;
+        }
+    }
+    refused
+}
+
 impl<S, T> FromRequest<S> for ValidJson<T>
 where
     S: BodyLimit + Send + Sync,
@@ -85,7 +116,12 @@ where
 
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         check_content_type(req.headers())?;
-        let bytes = read_body(req, state.max_body_bytes()).await?;
+        let memory = req
+            .extensions()
+            .get::<RequestMemory>()
+            .cloned()
+            .unwrap_or_else(RequestMemory::unbounded);
+        let bytes = read_body(req, state.max_body_bytes(), &memory).await?;
         parse_body(&bytes).map(ValidJson)
     }
 }
@@ -268,26 +304,65 @@ mod tests {
     #[tokio::test]
     async fn bodies_over_the_limit_are_413_declared_or_streamed() {
         let ok = Request::new(axum::body::Body::from("x".repeat(100)));
-        assert_eq!(status_of(read_body(ok, 100).await), 200);
+        assert_eq!(
+            status_of(read_body(ok, 100, &RequestMemory::unbounded()).await),
+            200
+        );
         // Declared too large: refused before reading.
         let mut declared = Request::new(axum::body::Body::from("{}"));
         declared
             .headers_mut()
             .insert(header::CONTENT_LENGTH, "5000000".parse().unwrap());
-        assert_eq!(status_of(read_body(declared, 100).await), 413);
+        assert_eq!(
+            status_of(read_body(declared, 100, &RequestMemory::unbounded()).await),
+            413
+        );
         // No length given, streamed past the limit in chunks.
         let chunks = futures::stream::iter(
             (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; 50]))),
         );
         let streamed = Request::new(axum::body::Body::from_stream(chunks));
-        let err = read_body(streamed, 100).await.err();
+        let err = read_body(streamed, 100, &RequestMemory::unbounded())
+            .await
+            .err();
         assert!(
             matches!(&err, Some(ApiError::PayloadTooLarge(m)) if m.contains("--max-request-body-bytes")),
             "{err:?}"
         );
         // Bigger than axum's own 2 MB default: our limit is the one that counts.
         let big = Request::new(axum::body::Body::from(vec![b' '; 3 << 20]));
-        assert_eq!(status_of(read_body(big, 4 << 20).await), 200);
+        assert_eq!(
+            status_of(read_body(big, 4 << 20, &RequestMemory::unbounded()).await),
+            200
+        );
+    }
+
+    #[tokio::test]
+    async fn a_body_is_held_on_its_account_before_it_is_read() {
+        let budget = preprocess::budget::ByteBudget::new(10_000);
+        let body = |n: usize| Request::new(axum::body::Body::from(vec![b' '; n]));
+        // Declared: held from the length, before a byte is read.
+        let memory = RequestMemory::open(&budget);
+        let mut declared = body(100);
+        declared
+            .headers_mut()
+            .insert(header::CONTENT_LENGTH, "100".parse().unwrap());
+        assert_eq!(status_of(read_body(declared, 1000, &memory).await), 200);
+        assert_eq!(memory.held(), crate::memory::body_bytes(100));
+        // Streamed: held as it arrives; past the budget beside the first, 503.
+        let chunks = futures::stream::iter(
+            (0..10).map(|_| Ok::<_, std::io::Error>(bytes::Bytes::from(vec![b' '; 50]))),
+        );
+        let streamed = Request::new(axum::body::Body::from_stream(chunks));
+        let other = RequestMemory::open(&budget);
+        assert_eq!(status_of(read_body(streamed, 1000, &other).await), 503);
+        // Alone, a body whose parsed form can never fit is the client's: 400.
+        drop(memory);
+        drop(other);
+        let alone = RequestMemory::open(&budget);
+        assert_eq!(status_of(read_body(body(900), 1000, &alone).await), 400);
+        drop(alone);
+        assert_eq!(budget.in_use(), 0);
     }
 
     #[test]

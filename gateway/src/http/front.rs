@@ -28,13 +28,14 @@ use axum::http::header::Entry;
 use axum::http::{HeaderName, HeaderValue};
 use axum::response::{IntoResponse, Response};
 use http_body::Body as _;
-use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::sync::Semaphore;
 use tokio::time::{Instant, Sleep};
 use tower::{Layer, Service};
 
 use super::auth::AuthConfig;
 use super::options::FrontOptions;
-use super::overload::PermitBody;
+use super::overload::{PermitBody, Slot};
+use super::request_memory::RequestMemory;
 use crate::error::ApiError;
 
 pub const X_REQUEST_ID: HeaderName = HeaderName::from_static("x-request-id");
@@ -43,6 +44,8 @@ pub struct FrontConfig {
     pub auth: Arc<AuthConfig>,
     /// Requests in flight at once; more are shed with 503.
     pub slots: Arc<Semaphore>,
+    /// `--max-request-memory`: what requests in flight may hold together.
+    pub memory: preprocess::budget::ByteBudget,
     /// Until the response head; a streamed body is not cut off.
     pub timeout: Duration,
     /// CORS, the root path, the access log's settings.
@@ -174,7 +177,9 @@ where
                 );
                 return FrontFuture::done(shed.into_response(), request_id, log, cors);
             };
-            Some(permit)
+            let memory = RequestMemory::open(&self.cfg.memory);
+            req.extensions_mut().insert(memory.clone());
+            Some(Slot { permit, memory })
         };
         let deadline = Instant::now() + self.cfg.timeout;
         match catch_unwind(AssertUnwindSafe(|| self.inner.call(req))) {
@@ -230,7 +235,7 @@ pin_project_lite::pin_project! {
             timer: Option<Pin<Box<Sleep>>>,
             // Armed with the timer: the end of a shutdown's drain.
             cut: Option<Pin<Box<tokio::sync::futures::Notified<'static>>>>,
-            permit: Option<OwnedSemaphorePermit>,
+            permit: Option<Slot>,
             timeout: Duration,
         },
     }
@@ -323,9 +328,9 @@ where
     }
 }
 
-/// A buffered response frees its concurrency slot now; a streamed one keeps it until its body
-/// has been sent.
-fn hold_permit_while_streaming(resp: Response, permit: Option<OwnedSemaphorePermit>) -> Response {
+/// A buffered response frees its slot now; a streamed one keeps it until its body has been
+/// sent.
+fn hold_permit_while_streaming(resp: Response, permit: Option<Slot>) -> Response {
     if resp.body().size_hint().exact().is_some() {
         return resp;
     }
@@ -368,6 +373,7 @@ mod tests {
                     also_accept: None,
                 }),
                 max_concurrent: slots,
+                request_memory: preprocess::budget::ByteBudget::new(usize::MAX),
                 timeout: Duration::from_millis(200),
                 options: FrontOptions::default(),
             },

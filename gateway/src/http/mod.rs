@@ -6,6 +6,7 @@ pub mod front;
 pub mod listener;
 pub mod options;
 pub mod overload;
+pub mod request_memory;
 pub mod sse;
 pub mod stack;
 pub mod tls;

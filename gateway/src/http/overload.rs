@@ -1,5 +1,5 @@
-//! The body wrapper that keeps a streamed response's concurrency slot (see [`super::front`])
-//! until the stream has been sent.
+//! The body wrapper that keeps a streamed response's concurrency slot and its request-memory
+//! account (see [`super::front`]) until the stream has been sent.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,21 +9,28 @@ use bytes::Bytes;
 use http_body::{Body as HttpBody, Frame, SizeHint};
 use tokio::sync::OwnedSemaphorePermit;
 
+use super::request_memory::RequestMemory;
+
+/// What a request holds while it runs: one of `--max-concurrent-requests` and its account on
+/// `--max-request-memory`.
+#[derive(Debug)]
+pub struct Slot {
+    pub permit: OwnedSemaphorePermit,
+    pub memory: RequestMemory,
+}
+
 pin_project_lite::pin_project! {
-    /// A response body that holds a concurrency slot until it has been sent.
+    /// A response body that holds a request's slot until it has been sent.
     pub struct PermitBody {
         #[pin]
         inner: Body,
-        _permit: OwnedSemaphorePermit,
+        _slot: Slot,
     }
 }
 
 impl PermitBody {
-    pub fn new(inner: Body, permit: OwnedSemaphorePermit) -> Self {
-        PermitBody {
-            inner,
-            _permit: permit,
-        }
+    pub fn new(inner: Body, slot: Slot) -> Self {
+        PermitBody { inner, _slot: slot }
     }
 }
 

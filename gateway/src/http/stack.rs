@@ -17,6 +17,8 @@ use super::options::FrontOptions;
 pub struct StackConfig {
     pub auth: Arc<AuthConfig>,
     pub max_concurrent: usize,
+    /// `--max-request-memory`: what requests in flight may hold together.
+    pub request_memory: preprocess::budget::ByteBudget,
     pub timeout: Duration,
     pub options: FrontOptions,
 }
@@ -25,6 +27,7 @@ pub fn front_layer(cfg: StackConfig) -> FrontLayer {
     FrontLayer(Arc::new(FrontConfig {
         auth: cfg.auth,
         slots: Arc::new(Semaphore::new(cfg.max_concurrent.max(1))),
+        memory: cfg.request_memory,
         timeout: cfg.timeout,
         options: cfg.options,
     }))

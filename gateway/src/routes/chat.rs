@@ -18,6 +18,7 @@ use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::http::sse;
 use crate::parsers::reasoning::{ReasoningParser, StreamSplit};
 use crate::parsers::tools::{self, ToolMode, ToolStream};
@@ -209,6 +210,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<Box<ChatRequest>>,
 ) -> ApiResult<Response> {
     // (1) fields
@@ -228,6 +230,14 @@ pub async fn handler(
             Some("truncate_prompt_tokens"),
         ));
     }
+    let prompt_logprobs =
+        generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
+    generate::hold_sequences(
+        &memory,
+        &model,
+        req.sampling.n(),
+        logprobs.max(prompt_logprobs),
+    )?;
     // (4) render and tokenize (the engine's front door)
     let template_messages = if parsed.media.is_empty() {
         parsed.template_messages(&req.messages)
@@ -263,17 +273,19 @@ pub async fn handler(
             &state,
             &model,
             &parsed,
-            &merged,
-            trusted,
-            model.media_budget(&prompt),
+            MediaRun {
+                merged: &merged,
+                trusted,
+                available: model.media_budget(&prompt),
+                memory: &memory,
+            },
         )
         .await?
     };
     // (6) structured outputs, checked before any work starts
     let defaults = state.generation_defaults(&model.card().name);
     let mut params = req.sampling.to_params(logprobs, defaults)?;
-    params.prompt_logprobs =
-        generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
+    params.prompt_logprobs = prompt_logprobs;
     generate::check_constraint(&model, &req.sampling).await?;
     let tool_mode = tools::mode(
         req.tool_choice.as_deref(),
@@ -399,16 +411,25 @@ pub async fn handler(
     .into_response())
 }
 
+/// How a request's media are processed: under the gate's merged kwargs and decision, within
+/// the prompt tokens the text leaves, held on the request's account.
+struct MediaRun<'a> {
+    merged: &'a policies::MergedKwargs,
+    trusted: bool,
+    available: usize,
+    memory: &'a RequestMemory,
+}
+
 /// Fetches and decodes the request's media with the model's processors, refusing items whose
-/// headers show more tokens than `available`.
+/// headers show more tokens than `available`. The tensors move from the decoded-media budget
+/// to the request's account, which holds them until the response has been sent.
 async fn fetch_media(
     state: &AppState,
     model: &ModelHandle,
     parsed: &ParsedMessages,
-    merged: &policies::MergedKwargs,
-    trusted: bool,
-    available: usize,
+    run: MediaRun<'_>,
 ) -> ApiResult<Vec<Arc<media::ProcessedMedia>>> {
+    use preprocess::cache::Weigh;
     use preprocess::pipeline::MediaRequestItem;
     let (Some(pipeline), Some(spec)) = (&state.media, model.media_spec()) else {
         return Err(ApiError::bad_request(
@@ -425,10 +446,21 @@ async fn fetch_media(
             uuid: m.uuid.clone(),
         })
         .collect();
-    let budget = preprocess::budget::TokenBudget { available };
-    Ok(pipeline
-        .process(&items, merged.media_options(), trusted, spec, budget)
-        .await?)
+    let budget = preprocess::budget::TokenBudget {
+        available: run.available,
+    };
+    let processed = pipeline
+        .process(
+            &items,
+            run.merged.media_options(),
+            run.trusted,
+            spec,
+            budget,
+        )
+        .await?;
+    let tensors = processed.iter().map(|m| m.weight_bytes() as u64).sum();
+    run.memory.hold(tensors, "its media tensors")?;
+    Ok(processed.media)
 }
 
 pub fn chat_logprobs(model: &ModelHandle, steps: &[StepLogprobs]) -> ChatLogprobs {

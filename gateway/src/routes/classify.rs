@@ -14,6 +14,7 @@ use super::{resolve_model, unsupported_task, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::policy::run_policies;
 use crate::protocol::pooling::{ClassificationData, ClassifyRequest};
 use crate::state::AppState;
@@ -24,6 +25,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<ClassifyRequest>,
 ) -> ApiResult<Response> {
     req.pooling.validate()?;
@@ -53,9 +55,8 @@ pub async fn handler(
         return Err(unsupported_task("classify", &supported, None));
     }
     let input = pool_input(&state, &model, req.input.as_ref(), req.messages.as_ref())?;
-    let pooled = model
-        .pool(input, req.pooling.pool_options(PoolTask::Classify, "input"))
-        .await?;
+    let opts = req.pooling.pool_options(PoolTask::Classify, "input");
+    let pooled = super::pooling_common::pool(&memory, &model, input, opts).await?;
     let labels = model.labels().unwrap_or_default();
     let data = pooled
         .rows

@@ -17,6 +17,7 @@ use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::http::sse;
 use crate::policy::{run_policies, PolicyRequest, RequestKwargs};
 use crate::protocol::completion::*;
@@ -100,6 +101,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<CompletionRequest>,
 ) -> ApiResult<Response> {
     let logprobs = validate(&req, &state)?;
@@ -140,7 +142,14 @@ pub async fn handler(
         truncate_prompt_tokens: req.sampling.truncate_prompt_tokens,
         field: "prompt",
     };
-    let prompts = prompt_sources(prompt)?
+    let sources = prompt_sources(prompt)?;
+    generate::hold_sequences(
+        &memory,
+        &model,
+        sources.len().saturating_mul(req.sampling.n()),
+        logprobs.max(prompt_logprobs),
+    )?;
+    let prompts = sources
         .into_iter()
         .map(|source| model.prompt(source, opts))
         .collect::<Result<Vec<_>, _>>()?;

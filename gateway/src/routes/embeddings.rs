@@ -13,6 +13,7 @@ use super::{require_task, resolve_model, RequestId};
 use crate::error::ApiResult;
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
 use crate::protocol::Usage;
@@ -43,6 +44,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<EmbeddingRequest>,
 ) -> ApiResult<Response> {
     let fmt = req.pooling.validate()?;
@@ -56,7 +58,7 @@ pub async fn handler(
         .pooling
         .pool_options(engine::handle::PoolTask::Embed, "input");
     let id = format!("embd-{}", rid);
-    pool_and_respond(&model, input, opts, fmt, id, |index, embedding| {
+    pool_and_respond(&memory, &model, input, opts, fmt, id, |index, embedding| {
         EmbeddingData {
             index,
             object: "embedding",
@@ -69,6 +71,7 @@ pub async fn handler(
 /// Pool the input and answer: raw bytes for `bytes`/`bytes_only`, else a list of
 /// `make(index, encoded row)` with the usage.
 pub async fn pool_and_respond<T: serde::Serialize>(
+    memory: &RequestMemory,
     model: &ModelHandle,
     input: PoolInput,
     opts: PoolOptions,
@@ -76,7 +79,7 @@ pub async fn pool_and_respond<T: serde::Serialize>(
     id: String,
     make: fn(usize, serde_json::Value) -> T,
 ) -> ApiResult<Response> {
-    let pooled = model.pool(input, opts).await?;
+    let pooled = pooling_common::pool(memory, model, input, opts).await?;
     let (rows, tokens) = (pooled.rows, pooled.prompt_tokens);
     let served = model.card().name.clone();
     if matches!(fmt.encoding, Encoding::Bytes | Encoding::BytesOnly) {

@@ -7,6 +7,7 @@ use futures::stream::{self, BoxStream, StreamExt};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
+use crate::http::request_memory::RequestMemory;
 use crate::protocol::sampling::SamplingFields;
 
 pub use engine::handle::Choice;
@@ -99,6 +100,23 @@ pub fn stop_reason(f: &Finish) -> Option<Value> {
 /// checks ran with the other fields): `-1` is the whole vocabulary, and more alternatives than
 /// `--max-logprobs` is vLLM's 400. Only the CPU decoder computes every prompt row's logits.
 /// A stream (which may only ask for 0) carries none, as vLLM's, so none are computed.
+/// Holds what a generation request's `seqs` sequences (its prompts times its choices) will
+/// hold, with `logprobs` alternatives a token where it asks for token or prompt logprobs, on
+/// its account, before any of them starts.
+pub fn hold_sequences(
+    memory: &RequestMemory,
+    model: &ModelHandle,
+    seqs: usize,
+    logprobs: Option<usize>,
+) -> ApiResult<()> {
+    let bytes = crate::memory::generation_bytes(model.card(), seqs, logprobs);
+    let what = match logprobs {
+        Some(k) => format!("{seqs} sequences with {k} logprobs a token"),
+        None => format!("{seqs} sequences"),
+    };
+    memory.hold(bytes, &what)
+}
+
 pub fn resolve_prompt_logprobs(
     sampling: &SamplingFields,
     model: &ModelHandle,

@@ -66,6 +66,27 @@ pub async fn version() -> Json<Value> {
 }
 
 pub async fn metrics(State(state): AppStateRef) -> Response {
+    // The budgets are atomics the requests update; they are read as the scrape comes.
+    let budgets = [
+        ("requests", Some(&state.request_memory)),
+        (
+            "fetched_media",
+            state.media.as_ref().map(|m| m.fetcher().fetched_bytes()),
+        ),
+        (
+            "decoded_media",
+            state.media.as_ref().map(|m| m.decoded_bytes()),
+        ),
+    ];
+    for (budget, held) in budgets {
+        if let Some(held) = held {
+            let labels = [("budget", budget)];
+            metrics::gauge!("gateway_memory_budget_in_use_bytes", &labels)
+                .set(held.in_use() as f64);
+            metrics::gauge!("gateway_memory_budget_capacity_bytes", &labels)
+                .set(held.capacity() as f64);
+        }
+    }
     match &state.metrics {
         Some(handle) => (
             [(

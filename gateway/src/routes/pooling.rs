@@ -15,6 +15,7 @@ use super::{resolve_model, unsupported_task, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
 use crate::state::AppState;
@@ -27,6 +28,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<PoolingRequest>,
 ) -> ApiResult<Response> {
     let fmt = req.pooling.validate()?;
@@ -69,10 +71,12 @@ pub async fn handler(
     let input = pool_input(&state, &model, req.input.as_ref(), req.messages.as_ref())?;
     let opts = req.pooling.pool_options(pool_task, "input");
     let id = format!("pool-{}", rid);
-    pool_and_respond(&model, input, opts, fmt, id, |index, data| PoolingData {
-        index,
-        object: "pooling",
-        data,
+    pool_and_respond(&memory, &model, input, opts, fmt, id, |index, data| {
+        PoolingData {
+            index,
+            object: "pooling",
+            data,
+        }
     })
     .await
 }

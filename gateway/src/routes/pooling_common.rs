@@ -9,10 +9,32 @@ use engine::handle::{ModelHandle, PoolInput, PoolOptions, PoolTask};
 use serde_json::Value;
 
 use crate::error::{ApiError, ApiResult};
+use crate::http::request_memory::RequestMemory;
 use crate::protocol::chat::ChatMessage;
 use crate::protocol::pooling::{EmbedInput, ListResponse, PoolingFields};
 use crate::protocol::{now_secs, Usage};
 use crate::state::AppState;
+
+/// The engine's pooling call, after the outputs it will give are held on the request's
+/// account (one per text, id list or pair, one for a chat).
+pub async fn pool(
+    memory: &RequestMemory,
+    model: &ModelHandle,
+    input: PoolInput,
+    opts: PoolOptions,
+) -> ApiResult<engine::handle::Pooled> {
+    let outputs = match &input {
+        PoolInput::Texts(texts) => texts.len(),
+        PoolInput::Ids(ids) => ids.len(),
+        PoolInput::Chat { .. } => 1,
+        PoolInput::Pairs { queries, documents } => queries.len().max(documents.len()),
+    };
+    memory.hold(
+        crate::memory::pooling_bytes(model.card(), outputs as u64),
+        &format!("{outputs} pooled outputs"),
+    )?;
+    Ok(model.pool(input, opts).await?)
+}
 
 /// How vectors go out on the wire.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

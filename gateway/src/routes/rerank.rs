@@ -13,6 +13,7 @@ use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
 use crate::state::AppState;
@@ -23,6 +24,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<RerankRequest>,
 ) -> ApiResult<Response> {
     req.pooling.validate()?;
@@ -53,15 +55,16 @@ pub async fn handler(
             Some("documents"),
         ));
     }
-    let pooled = model
-        .pool(
-            PoolInput::Pairs {
-                queries: vec![query],
-                documents: documents.iter().map(|d| d.text().to_string()).collect(),
-            },
-            req.pooling.pool_options(PoolTask::Score, "documents"),
-        )
-        .await?;
+    let pooled = super::pooling_common::pool(
+        &memory,
+        &model,
+        PoolInput::Pairs {
+            queries: vec![query],
+            documents: documents.iter().map(|d| d.text().to_string()).collect(),
+        },
+        req.pooling.pool_options(PoolTask::Score, "documents"),
+    )
+    .await?;
     let mut results: Vec<RerankResult> = documents
         .iter()
         .zip(&pooled.rows)

@@ -14,6 +14,7 @@ use super::{require_task, resolve_model, RequestId};
 use crate::error::{ApiError, ApiResult};
 use crate::http::auth::PresentedKey;
 use crate::http::extract::ValidJson;
+use crate::http::request_memory::RequestMemory;
 use crate::policy::run_policies;
 use crate::protocol::pooling::*;
 use crate::state::AppState;
@@ -44,6 +45,7 @@ pub async fn handler(
     State(state): State<Arc<AppState>>,
     RequestId(rid): RequestId,
     PresentedKey(key): PresentedKey,
+    memory: RequestMemory,
     ValidJson(req): ValidJson<ScoreRequest>,
 ) -> ApiResult<Response> {
     req.pooling.validate()?;
@@ -54,12 +56,13 @@ pub async fn handler(
     let req = run_policies(&state, req, key).await?.req;
     let model = resolve_model(&state, req.model.as_deref(), Task::Score)?;
     require_task(&model, Task::Score, "Score")?;
-    let pooled = model
-        .pool(
-            PoolInput::Pairs { queries, documents },
-            req.pooling.pool_options(PoolTask::Score, field),
-        )
-        .await?;
+    let pooled = super::pooling_common::pool(
+        &memory,
+        &model,
+        PoolInput::Pairs { queries, documents },
+        req.pooling.pool_options(PoolTask::Score, field),
+    )
+    .await?;
     let data = pooled
         .rows
         .iter()
