@@ -11,6 +11,7 @@ mod bert;
 mod gemma;
 mod llama;
 mod mistral;
+mod modernbert;
 mod phi3;
 mod qwen;
 mod qwen2_audio;
@@ -45,6 +46,7 @@ pub static FAMILIES: &[&Family] = &[
     &bert::BERT,
     &bert::BERT_CLASSIFIER,
     &roberta::ROBERTA_CLASSIFIER,
+    &modernbert::MODERNBERT_CLASSIFIER,
 ];
 
 /// One family: its names and what it builds.
@@ -83,6 +85,8 @@ pub enum EncoderHeadKind {
     Embedding,
     /// A sequence-classification head of this layout.
     Classifier(ClassifierLayout),
+    /// ModernBERT's own encoder and classification head ([`crate::models::modernbert`]).
+    ModernBertClassifier,
 }
 
 /// The family of an HF architecture name.

@@ -26,6 +26,7 @@ use crate::model::{CausalLm, EncoderHead, LoadedEncoder, Pooling};
 use crate::models::bert::{self, BertEncoder, ClassifierLayout, EncoderSpec};
 use crate::models::llama::{LlamaModel, LmHead};
 use crate::models::media::MediaEncoders;
+use crate::models::modernbert::ModernBertEncoder;
 use crate::tokenizer;
 
 /// A decoder checkpoint loaded with everything needed to serve it.
@@ -149,10 +150,7 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
             ),
         ));
     };
-    let classifier = match head_kind {
-        EncoderHeadKind::Classifier(layout) => Some(layout),
-        EncoderHeadKind::Embedding => None,
-    };
+    let classifies = head_kind != EncoderHeadKind::Embedding;
     let st = SentenceTransformersConfig::from_dir(dir)?;
     let max_position = cfg.require(cfg.max_position_embeddings, "max_position_embeddings")?;
     let max_len = max_position.saturating_sub(bert::position_offset(&cfg));
@@ -168,28 +166,40 @@ pub fn load_encoder(dir: &Path) -> Result<LoadedEncoder> {
         Some(n) => n,
         None => max_len,
     };
-    let (pooling, normalize, head) = match classifier {
-        Some(_) => (
+    let (pooling, normalize, head) = match classifies {
+        true => (
             Pooling::Cls,
             false,
             EncoderHead::Classify(classifier_info(&cfg).map_err(|e| in_dir(dir, e))?),
         ),
-        None if st.present => (
+        false if st.present => (
             st.pooling.unwrap_or(Pooling::Mean),
             st.normalize,
             EncoderHead::Embed,
         ),
-        None => {
+        false => {
             tracing::info!("no modules.json: using [CLS] pooling with normalisation");
             (Pooling::Cls, true, EncoderHead::Embed)
         }
     };
     let weights = SafetensorsWeights::open(dir)?;
+    if head_kind == EncoderHeadKind::ModernBertClassifier {
+        let model = ModernBertEncoder::load(&read_config(dir)?, &weights, head, max_seq_len)
+            .map_err(|e| in_dir(dir, e))?;
+        return Ok(LoadedEncoder {
+            model: Box::new(model),
+            tokenizer: hf::load_tokenizer(dir)?,
+            architecture: arch,
+        });
+    }
     let spec = EncoderSpec {
         pooling,
         normalize,
         head,
-        classifier_layout: classifier.unwrap_or(ClassifierLayout::Bert),
+        classifier_layout: match head_kind {
+            EncoderHeadKind::Classifier(layout) => layout,
+            _ => ClassifierLayout::Bert,
+        },
         max_seq_len,
     };
     let model = BertEncoder::load(&cfg, &weights, spec)?;

@@ -1,7 +1,8 @@
 //! Sequence-classification encoders against their references (`tests/data/tiny-cross-encoder`,
-//! `tiny-reranker`, `tiny-classifier`, made by `scripts/make_tiny_cross_encoders.py`):
-//! sentence-transformers' `CrossEncoder` scores and transformers' logits and probabilities,
-//! within 1e-4. Checked at two levels: the model on the reference's own token ids (and token
+//! `tiny-reranker`, `tiny-classifier`, made by `scripts/make_tiny_cross_encoders.py`, and
+//! `tiny-modernbert-reranker`, `tiny-modernbert-classifier`, made by
+//! `scripts/make_tiny_modernbert.py`): sentence-transformers' `CrossEncoder` scores and
+//! transformers' logits and probabilities, within 1e-4. Checked at two levels: the model on the reference's own token ids (and token
 //! type ids), and the pooling front door from the texts (pair encoding, truncation,
 //! `use_activation`, batching, the tasks each model refuses).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,7 +14,7 @@ use engine::handle::{
     EngineConfig, EngineHandle, ModelHandle, ModelSpec, PoolInput, PoolOptions, PoolTask,
 };
 use engine::load::{detect, load_encoder, CheckpointKind};
-use engine::model::{ClassActivation, EncoderHead, EncoderInput, LoadedEncoder};
+use engine::model::{ClassActivation, EncoderHead, EncoderInput, LoadedEncoder, Pooling};
 use engine::EngineError;
 use serde::Deserialize;
 
@@ -146,14 +147,36 @@ fn xlm_roberta_reranker_matches_sentence_transformers() {
 }
 
 #[test]
+fn modernbert_reranker_matches_transformers() {
+    let enc = load_encoder(&dir("tiny-modernbert-reranker")).unwrap();
+    assert_eq!(enc.architecture, "ModernBertForSequenceClassification");
+    assert_eq!(enc.model.info().max_seq_len, 128);
+    assert_eq!(enc.model.info().pooling, Pooling::Cls);
+    let r: CrossRef = reference("tiny-modernbert-reranker");
+    // Every pair is longer than the local layers' window (4 tokens either side).
+    assert!(r.pairs.iter().all(|p| p.input_ids.len() > 9));
+    check_pair_tokens(&enc, &r);
+    check_model_on_reference_ids(&enc, &r);
+}
+
+#[test]
+fn modernbert_classifier_matches_transformers() {
+    check_classifier("tiny-modernbert-classifier");
+}
+
+#[test]
 fn classifier_matches_transformers() {
-    let enc = load_encoder(&dir("tiny-classifier")).unwrap();
+    check_classifier("tiny-classifier");
+}
+
+fn check_classifier(name: &str) {
+    let enc = load_encoder(&dir(name)).unwrap();
     let EncoderHead::Classify(c) = &enc.model.info().head else {
         panic!("a classification head")
     };
     assert_eq!(c.labels, ["negative", "neutral", "positive"]);
     assert_eq!(c.classify, ClassActivation::Softmax);
-    let r: ClassifierRef = reference("tiny-classifier");
+    let r: ClassifierRef = reference(name);
     let batch: Vec<Vec<u32>> = r.texts.iter().map(|t| t.input_ids.clone()).collect();
     // `embed` on a classifier is the raw logits (no normalisation).
     let logits = enc.model.embed(&batch).unwrap();
@@ -167,13 +190,18 @@ fn classifier_matches_transformers() {
 }
 
 fn serve() -> EngineHandle {
-    let specs: Vec<ModelSpec> = ["tiny-cross-encoder", "tiny-reranker", "tiny-classifier"]
-        .iter()
-        .map(|name| ModelSpec {
-            path: dir(name).display().to_string(),
-            served_name: name.to_string(),
-        })
-        .collect();
+    let specs: Vec<ModelSpec> = [
+        "tiny-cross-encoder",
+        "tiny-reranker",
+        "tiny-classifier",
+        "tiny-modernbert-reranker",
+    ]
+    .iter()
+    .map(|name| ModelSpec {
+        path: dir(name).display().to_string(),
+        served_name: name.to_string(),
+    })
+    .collect();
     EngineHandle::start(&specs, &EngineConfig::default()).unwrap()
 }
 
@@ -253,6 +281,9 @@ async fn the_front_door_scores_and_classifies_from_text() {
     check_scores(&ce, &reference("tiny-cross-encoder")).await;
     let rr = engine.model("tiny-reranker").unwrap();
     check_scores(&rr, &reference("tiny-reranker")).await;
+    let mb = engine.model("tiny-modernbert-reranker").unwrap();
+    assert_eq!(mb.card().tasks, vec![Task::Classify, Task::Score]);
+    check_scores(&mb, &reference("tiny-modernbert-reranker")).await;
 
     // One query against every document (1:N) gives the same scores as the zipped pairs.
     let r: CrossRef = reference("tiny-cross-encoder");

@@ -17,7 +17,7 @@
 //! loops in parallel instead.
 
 mod chunks;
-mod dense;
+pub(crate) mod dense;
 mod head;
 
 use std::sync::Mutex;

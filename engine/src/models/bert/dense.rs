@@ -57,7 +57,7 @@ impl Dense {
 }
 
 /// The activation a config's `hidden_act` names.
-pub(super) fn activation_from_hf(name: &str) -> Option<Activation> {
+pub(crate) fn activation_from_hf(name: &str) -> Option<Activation> {
     match name {
         "gelu" => Some(Activation::GeluErf),
         "gelu_new" | "gelu_pytorch_tanh" | "gelu_fast" => Some(Activation::GeluTanh),
@@ -67,7 +67,7 @@ pub(super) fn activation_from_hf(name: &str) -> Option<Activation> {
 }
 
 /// A kernel's shape error here is a bug in the layer wiring.
-pub(super) fn internal(e: KernelError) -> EngineError {
+pub(crate) fn internal(e: KernelError) -> EngineError {
     EngineError::Internal(e.to_string())
 }
 
