@@ -130,6 +130,7 @@ impl AppState {
             repetition_penalty: None,
             max_tokens: None,
             max_tokens_cap: None,
+            stop_token_ids: Vec::new(),
         };
         self.generation.get(name).unwrap_or(&NONE)
     }
