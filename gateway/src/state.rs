@@ -221,19 +221,21 @@ impl Settings {
             (models, served)
         } else {
             let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
+            let hub = crate::hub::Hub::from_env(args.hf_token.clone());
             let models = given
                 .iter()
                 .zip(&served)
                 .map(|(path, served)| {
                     let local = if Path::new(path).exists() {
                         path.clone()
-                    } else if engine::hf::hub::is_hub_id(path) {
-                        let revision = args.revision.as_deref();
-                        match &args.download_dir {
-                            Some(dir) => engine::hf::hub::resolve_in(dir, path, revision),
-                            None => engine::hf::hub::resolve(path, revision),
-                        }
-                        .map_err(|why| fail(format!("model {why}")))?
+                    } else if let Some(spec) = crate::hub::HubSpec::parse(path) {
+                        crate::hub::resolve(
+                            &spec,
+                            args.revision.as_deref(),
+                            args.download_dir.as_deref(),
+                            &hub,
+                        )
+                        .map_err(|e| fail(e.to_string()))?
                         .display()
                         .to_string()
                     } else {
@@ -254,7 +256,7 @@ impl Settings {
         if let Some(rev) = &args.revision {
             let hub_ids = given
                 .iter()
-                .any(|p| !Path::new(p).exists() && engine::hf::hub::is_hub_id(p));
+                .any(|p| !Path::new(p).exists() && crate::hub::HubSpec::parse(p).is_some());
             if !hub_ids {
                 return Err(fail(format!(
                     "--revision {rev} applies to hub ids, and no model is one"

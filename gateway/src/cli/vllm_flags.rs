@@ -133,7 +133,7 @@ const NOT_BUILT: &str = "not built by this server";
 /// Every argument of `vllm serve` 0.31.0, in the order of vLLM's parser.
 #[rustfmt::skip]
 pub static FLAGS: &[Flag] = &[
-    f("positional arguments", "model_tag", Positional, Honoured("the model: a GGUF file, an HF folder or a hub id in the local Hugging Face cache")),
+    f("positional arguments", "model_tag", Positional, Honoured("the model: a GGUF file, an HF folder or a hub id (`org/name`, or `org/name:QUANT` for a GGUF repository), from the local Hugging Face cache or downloaded into it")),
     f("options", "-h,--help", Help, Honoured("lists every flag and what this server does with it")),
     f("options", "--headless", Switch, Refused(MULTI_NODE)),
     f("options", "--api-server-count,-asc", Value, Only(ONE, "one API server process serves all requests here (it is multi-threaded)")),
@@ -218,7 +218,7 @@ pub static FLAGS: &[Flag] = &[
     f("ModelConfig", "--hf-config-path", Value, Refused("a config apart from the checkpoint's own is not built")),
     f("ModelConfig", "--allowed-local-media-path", Value, Honoured("the folder `file:` media URLs may be read from")),
     f("ModelConfig", "--allowed-media-domains", Values, Honoured("the hosts media may be fetched from")),
-    f("ModelConfig", "--revision", Value, Honoured("the branch, tag or commit of hub ids in the local cache")),
+    f("ModelConfig", "--revision", Value, Honoured("the branch, tag or commit of hub ids (cache lookup and download)")),
     f("ModelConfig", "--code-revision", Value, NoEffect("no code from a checkpoint runs here")),
     f("ModelConfig", "--tokenizer-revision", Value, Honoured("accepted when it is the model's own revision")),
     f("ModelConfig", "--max-model-len", Value, Honoured("the longest sequence (`32k`, `32K`, `auto` or -1 for the model's own limit)")),
@@ -238,7 +238,7 @@ pub static FLAGS: &[Flag] = &[
     f("ModelConfig", "--enable-prompt-embeds,--no-enable-prompt-embeds", Bool, Only(OFF, "prompt embeddings as input are not built")),
     f("ModelConfig", "--served-model-name", Values, Honoured("the names clients use: for one model every name is accepted, the first is the `model` of responses and /v1/models lists each (vLLM's aliases); with several --model, one name each, in order")),
     f("ModelConfig", "--config-format", Value, Only(&["auto", "hf"], "only Hugging Face config.json (and GGUF metadata) is read")),
-    f("ModelConfig", "--hf-token", MaybeValue, NoEffect("downloading from the hub is not built: hub ids are read from the local cache")),
+    f("ModelConfig", "--hf-token", MaybeValue, Honoured("the token hub downloads send (default: HF_TOKEN, else the token file); bare, the token file")),
     f("ModelConfig", "--hf-overrides", Value, Only(EMPTY_JSON, "overriding the checkpoint's config is not built")),
     f("ModelConfig", "--model-class-overrides", Value, Only(EMPTY_JSON, NO_PYTHON)),
     f("ModelConfig", "--pooler-config", Value, Refused("not built: pooling follows the checkpoint's sentence-transformers config")),
@@ -253,7 +253,7 @@ pub static FLAGS: &[Flag] = &[
     f("ModelConfig", "--io-processor-plugin", Value, Refused(NO_PYTHON)),
     f("ModelConfig", "--renderer-num-workers", Value, NoEffect("tunes vLLM's prompt renderer processes; this server renders on its async workers")),
     f("LoadConfig", "--load-format", Value, Honoured("auto, safetensors, gguf or ipc_cache")),
-    f("LoadConfig", "--download-dir", Value, Honoured("the Hugging Face cache folder hub ids are looked up in")),
+    f("LoadConfig", "--download-dir", Value, Honoured("the Hugging Face cache folder hub ids are looked up in and downloaded into")),
     f("LoadConfig", "--safetensors-load-strategy", Value, NoEffect("safetensors files are memory-mapped here")),
     f("LoadConfig", "--safetensors-prefetch-num-threads", Value, NoEffect("safetensors files are memory-mapped here")),
     f("LoadConfig", "--safetensors-prefetch-block-size", Value, NoEffect("safetensors files are memory-mapped here")),
