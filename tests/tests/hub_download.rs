@@ -44,10 +44,14 @@ fn snapshot(cache: &Path) -> PathBuf {
 }
 
 async fn completes(gateway: &Gateway) {
+    completes_as(gateway, ID).await;
+}
+
+async fn completes_as(gateway: &Gateway, model: &str) {
     let reply = common::post_json(
         &common::client(),
         &format!("{}/v1/completions", gateway.base_url),
-        &serde_json::json!({"model": ID, "prompt": "hello", "max_tokens": 4}),
+        &serde_json::json!({"model": model, "prompt": "hello", "max_tokens": 4}),
     )
     .await;
     assert_eq!(reply.status().as_u16(), 200);
@@ -211,4 +215,40 @@ async fn a_download_cut_or_stalled_mid_file_leaves_nothing_complete_looking() {
     let gateway = must(Gateway::start_with_env(&args, &online).await);
     completes(&gateway).await;
     assert!(blob.is_file());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gguf_repository_serves_the_one_file_of_the_quantisation_named() {
+    let gguf = std::fs::read(workspace_root().join("tests/data/tiny-gguf/llama3.gguf"));
+    let gguf = std::sync::Arc::new(must(gguf.map_err(|e| e.to_string())));
+    let files = ["tiny-Q8_0.gguf", "tiny-F16.gguf"].map(|name| (name.to_string(), gguf.clone()));
+    let repo = FakeRepo {
+        sha: SHA.to_string(),
+        refs: vec!["main".to_string()],
+        files: files.to_vec(),
+    };
+    let hub = must(FakeHub::start(vec![("org/tiny-GGUF", repo)]).await);
+    let cache = must(TempDir::new("hub-gguf"));
+    let path = cache.path.display().to_string();
+    let online = env(&hub, &path, false);
+
+    let line = error_line(start_to_exit(&["org/tiny-GGUF"], &online));
+    assert!(
+        line.contains("`org/tiny-GGUF:Q4_K_M`") && line.contains("tiny-Q8_0.gguf"),
+        "{line}"
+    );
+    let model = "org/tiny-GGUF:Q8_0";
+    let gateway = must(Gateway::start_with_env(&[model], &online).await);
+    completes_as(&gateway, model).await;
+    let fetched: Vec<String> = hub
+        .requests()
+        .into_iter()
+        .filter(|r| r.contains("/resolve/"))
+        .collect();
+    // The metadata request and the body, of that one file only.
+    let want = format!("GET /org/tiny-GGUF/resolve/{SHA}/tiny-Q8_0.gguf");
+    assert!(
+        !fetched.is_empty() && fetched.iter().all(|r| *r == want),
+        "{fetched:?}"
+    );
 }

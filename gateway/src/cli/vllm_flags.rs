@@ -242,7 +242,7 @@ pub static FLAGS: &[Flag] = &[
     f("ModelConfig", "--hf-overrides", Value, Only(EMPTY_JSON, "overriding the checkpoint's config is not built")),
     f("ModelConfig", "--model-class-overrides", Value, Only(EMPTY_JSON, NO_PYTHON)),
     f("ModelConfig", "--pooler-config", Value, Refused("not built: pooling follows the checkpoint's sentence-transformers config")),
-    f("ModelConfig", "--generation-config", Value, Honoured("`auto` (default): the model's generation_config.json (or a GGUF's `general.sampling.*`) sets the sampling defaults and its max_new_tokens the default max_tokens; `vllm`: vLLM's own; a folder: its generation_config.json, whose max_new_tokens also caps max_tokens")),
+    f("ModelConfig", "--generation-config", Value, Honoured("`auto` (default): the model's generation_config.json (or a GGUF's `general.sampling.*`) sets the sampling defaults and its max_new_tokens the default max_tokens; `vllm`: vLLM's own; a folder: its generation_config.json, whose max_new_tokens also caps max_tokens; in every mode the file's eos_token_id is a stop token")),
     f("ModelConfig", "--override-generation-config", Value, Honoured("a JSON object merged over the generation config; its max_new_tokens caps max_tokens")),
     f("ModelConfig", "--enable-sleep-mode,--no-enable-sleep-mode", Bool, Only(OFF, "sleep mode is not built")),
     f("ModelConfig", "--sleep-preserve-parameter-names", Values, NoEffect("only shapes sleep mode, which is not built")),
