@@ -41,7 +41,7 @@ pub struct HubError {
     pub id: String,
     pub revision: String,
     pub folder: PathBuf,
-    pub failure: Failure,
+    pub failure: Box<Failure>,
 }
 
 /// What went wrong with a hub id.
@@ -95,7 +95,7 @@ pub fn resolve(
         id: spec.id.to_string(),
         revision: revision.to_string(),
         folder,
-        failure,
+        failure: Box::new(failure),
     };
     let Some(cache) = cache else {
         return Err(error(PathBuf::from("(none)"), Failure::NoCacheFolder));

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use indicatif::ProgressBar;
+use indicatif::{ProgressBar, ProgressDrawTarget};
 
 /// Shared by the clones hf-hub hands to each chunk of one file.
 #[derive(Clone)]
@@ -34,7 +34,8 @@ impl FileProgress {
                 last_ms: AtomicU64::new(0),
                 size: AtomicU64::new(0),
                 received: AtomicU64::new(0),
-                bar: bar.then(|| ProgressBar::new(0)),
+                // Hidden until hf-hub's style is set, so no bar in the default style flashes.
+                bar: bar.then(|| ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden())),
             }),
         }
     }
@@ -68,11 +69,15 @@ impl FileProgress {
     pub fn abandon(&self) {
         if let Some(bar) = &self.inner.bar {
             bar.abandon();
+            end_line();
         }
     }
 
-    /// The line logged when the file is in the cache.
+    /// The line logged when the file is in the cache, where no bar showed it.
     pub fn done(&self) {
+        if self.inner.bar.is_some() {
+            return;
+        }
         let (size, _) = self.counts();
         tracing::info!(
             file = %self.inner.file,
@@ -91,6 +96,7 @@ impl hf_hub::api::tokio::Progress for FileProgress {
             Some(bar) => {
                 let mut bar = bar.clone();
                 <ProgressBar as hf_hub::api::Progress>::init(&mut bar, size, filename);
+                bar.set_draw_target(ProgressDrawTarget::stderr());
             }
             None => tracing::info!(file = filename, bytes = size, "downloading"),
         }
@@ -110,6 +116,14 @@ impl hf_hub::api::tokio::Progress for FileProgress {
         self.alive();
         if let Some(bar) = &self.inner.bar {
             bar.finish();
+            end_line();
         }
     }
+}
+
+/// A finished bar keeps its line: what comes next (the next file's bar, a log line) starts
+/// below it rather than on it.
+fn end_line() {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr());
 }
