@@ -66,7 +66,7 @@ fn error_line(outcome: Result<(ExitStatus, String), String>) -> String {
         .find(|l| l.starts_with("error:"))
         .unwrap_or_default()
         .to_string();
-    assert!(line.contains(ID) || line.contains("org/"), "{stderr}");
+    assert!(!line.is_empty(), "{stderr}");
     line
 }
 
@@ -147,6 +147,11 @@ async fn hub_refusals_stop_the_start_with_one_line_naming_id_revision_and_folder
     let cache = must(TempDir::new("hub-refusals"));
     let path = cache.path.display().to_string();
     let online = env(&hub, &path, false);
+
+    // Every flag is judged before anything is downloaded.
+    let line = error_line(start_to_exit(&[ID, "--max-num-seqs", "0"], &online));
+    assert!(line.contains("--max-num-seqs"), "{line}");
+    assert_eq!(hub.requests(), Vec::<String>::new());
 
     let line = error_line(start_to_exit(&["org/no-such-model"], &online));
     assert!(
