@@ -242,9 +242,21 @@ async fn a_gguf_repository_serves_the_one_file_of_the_quantisation_named() {
         line.contains("`org/tiny-GGUF:Q4_K_M`") && line.contains("tiny-Q8_0.gguf"),
         "{line}"
     );
+    // --download-dir is the cache, over HF_HUB_CACHE.
+    let dir = must(TempDir::new("hub-download-dir"));
+    let dir_arg = dir.path.display().to_string();
     let model = "org/tiny-GGUF:Q8_0";
-    let gateway = must(Gateway::start_with_env(&[model], &online).await);
+    let args = [model, "--download-dir", dir_arg.as_str()];
+    let gateway = must(Gateway::start_with_env(&args, &online).await);
     completes_as(&gateway, model).await;
+    let repo = "models--org--tiny-GGUF";
+    let file = dir
+        .path
+        .join(repo)
+        .join("snapshots")
+        .join(SHA)
+        .join("tiny-Q8_0.gguf");
+    assert!(file.is_file() && !cache.path.join(repo).exists());
     let fetched: Vec<String> = hub
         .requests()
         .into_iter()
