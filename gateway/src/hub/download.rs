@@ -24,9 +24,10 @@ const DEFAULT_ENDPOINT: &str = "https://huggingface.co";
 pub struct Hub {
     endpoint: String,
     token: Option<String>,
-    /// `HF_HUB_ETAG_TIMEOUT`: a metadata request (repository listing, file headers).
+    /// `HF_HUB_ETAG_TIMEOUT`: the repository listing.
     metadata_timeout: Duration,
-    /// `HF_HUB_DOWNLOAD_TIMEOUT`: the longest a download may go without receiving a byte.
+    /// `HF_HUB_DOWNLOAD_TIMEOUT`: the longest a file (its headers, then its body) may go
+    /// without a byte arriving.
     read_timeout: Duration,
 }
 
@@ -88,11 +89,7 @@ impl Hub {
                     fetched
                 })
                 .join()
-                .unwrap_or_else(|_| {
-                    Err(Failure::BadAnswer(String::from(
-                        "the download failed unexpectedly (see the log above)",
-                    )))
-                })
+                .unwrap_or(Err(Failure::Crashed))
         })
     }
 

@@ -119,7 +119,9 @@ pub fn cached_gguf(snapshot: &Path, quant: &str) -> Result<PathBuf, String> {
 /// The one GGUF file whose name ends in `quant` (`Qwen3-0.6B-Q4_K_M.gguf` for `Q4_K_M`).
 fn gguf_of<'a>(names: impl Iterator<Item = &'a str>, quant: &str) -> Result<&'a str, String> {
     let quant = quant.to_ascii_lowercase();
-    let all: Vec<&str> = names.filter(|n| is_gguf(n)).collect();
+    let all: Vec<&str> = names
+        .filter(|n| is_gguf(n) && is_plain_relative(n))
+        .collect();
     let matching: Vec<&str> = all
         .iter()
         .copied()
@@ -245,6 +247,9 @@ mod tests {
             ["Qwen3-0.6B-UD-Q4_K_XL.gguf"]
         );
         assert!(first(&siblings, "x/y", Some("Q8_0")).is_err_and(|e| e.contains("there are")));
+        // A name that would leave the snapshot is never a candidate.
+        let odd = list(&["../../x-Q8_0.gguf"]);
+        assert!(first(&odd, "x/y", Some("Q8_0")).is_err());
         assert!(is_quant("Q4_K_M") && !is_quant("") && !is_quant("../x"));
     }
 }

@@ -77,6 +77,8 @@ pub enum Failure {
     Files(String),
     #[error("writing the cache: {0}")]
     Cache(String),
+    #[error("the download stopped on a fault in the hub client (its message is above)")]
+    Crashed,
 }
 
 /// The local path to load for `spec` at `revision` (`main` when `None`): the snapshot folder,
