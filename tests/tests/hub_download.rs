@@ -1,6 +1,7 @@
 //! A hub id the local Hugging Face cache lacks is downloaded into it from the hub at
 //! `HF_ENDPOINT` (here a fake hub the test serves from the committed tiny Llama), then found
-//! there by a later start with `HF_HUB_OFFLINE=1` that asks the hub nothing. Each way a
+//! there by a later start with `HF_HUB_OFFLINE=1` that asks the hub nothing. A gated
+//! repository is read with the token from `--hf-token`, `HF_TOKEN` or the token file. Each way a
 //! download fails stops the start with one line naming the id, the revision and the folder
 //! (exit 2), and leaves nothing in the cache that looks complete.
 
@@ -268,4 +269,48 @@ async fn a_gguf_repository_serves_the_one_file_of_the_quantisation_named() {
         !fetched.is_empty() && fetched.iter().all(|r| *r == want),
         "{fetched:?}"
     );
+}
+
+/// Serves `ID` downloaded into `cache` with `token` as `HF_TOKEN` and `args` added.
+async fn start_with_token(
+    hub: &FakeHub,
+    cache: &TempDir,
+    args: &[&str],
+    token: &str,
+) -> Result<Gateway, String> {
+    let path = cache.path.display().to_string();
+    let mut env = env(hub, &path, false);
+    env.retain(|(k, _)| *k != "HF_TOKEN");
+    env.push(("HF_TOKEN", token));
+    let mut all = vec![ID, "--max-model-len", "256"];
+    all.extend_from_slice(args);
+    Gateway::start_with_env(&all, &env).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gated_repository_is_read_with_the_token_from_the_flag_the_variable_or_the_file() {
+    let hub = hub().await;
+    hub.set_mode(Mode::Gated("hf_secret".into()));
+    let wrong = must(TempDir::new("hub-gated-wrong"));
+    let outcome = start_with_token(&hub, &wrong, &[], "hf_wrong").await;
+    assert!(outcome.is_err_and(|e| e.contains("HF_TOKEN")));
+
+    let from_env = must(TempDir::new("hub-gated-env"));
+    completes(&must(
+        start_with_token(&hub, &from_env, &[], "hf_secret").await,
+    ))
+    .await;
+
+    // The flag wins over the variable.
+    let from_flag = must(TempDir::new("hub-gated-flag"));
+    let flag = ["--hf-token", "hf_secret"];
+    completes(&must(
+        start_with_token(&hub, &from_flag, &flag, "hf_wrong").await,
+    ))
+    .await;
+
+    // `huggingface-cli login`'s file under HF_HOME, when nothing else names a token.
+    let from_file = must(TempDir::new("hub-gated-file"));
+    must(from_file.write("token", "hf_secret\n").map(|_| ()));
+    completes(&must(start_with_token(&hub, &from_file, &[], "").await)).await;
 }

@@ -56,6 +56,8 @@ pub enum Mode {
     Normal,
     /// Every request: 401, as the hub answers a gated or private repository without a token.
     Unauthorized,
+    /// 401 unless the request carries `Authorization: Bearer <this token>`.
+    Gated(String),
     /// This file's body stops halfway and the connection closes.
     Cut(String),
     /// This file's body stops halfway and the connection stays open, silent.
@@ -161,14 +163,22 @@ async fn serve(
     if let Ok(mut l) = log.lock() {
         l.push(format!("{method} {target}"));
     }
-    let range = head.lines().find_map(|line| {
-        let (name, value) = line.split_once(':')?;
-        name.trim()
-            .eq_ignore_ascii_case("range")
-            .then(|| value.trim().to_string())
-    });
+    let header = |want: &str| {
+        head.lines().find_map(|line| {
+            let (name, value) = line.split_once(':')?;
+            name.trim()
+                .eq_ignore_ascii_case(want)
+                .then(|| value.trim().to_string())
+        })
+    };
+    let range = header("range");
     let mode = mode.lock().map(|m| m.clone()).unwrap_or(Mode::Normal);
-    if mode == Mode::Unauthorized {
+    let authorized = match &mode {
+        Mode::Unauthorized => false,
+        Mode::Gated(token) => header("authorization") == Some(format!("Bearer {token}")),
+        _ => true,
+    };
+    if !authorized {
         let body = r#"{"error":"Invalid credentials in Authorization header"}"#;
         return reply(&mut socket, "401 Unauthorized", &[], body.as_bytes()).await;
     }
