@@ -203,6 +203,13 @@ async fn a_download_cut_or_stalled_mid_file_leaves_nothing_complete_looking() {
     assert!(!blob.exists() && !snapshot(&cache.path).join("model.safetensors").exists());
     assert!(!repo.join("refs/main").exists());
 
+    // A body that ends cleanly but short is caught by its length, and taken out again.
+    hub.set_mode(Mode::Short("model.safetensors".into()));
+    let line = error_line(start_to_exit(&[ID], &online));
+    assert!(line.contains("bytes arrived"), "{line}");
+    assert!(!blob.exists() && !snapshot(&cache.path).join("model.safetensors").exists());
+    assert!(!repo.join("refs/main").exists());
+
     hub.set_mode(Mode::Stall("model.safetensors".into()));
     let started = std::time::Instant::now();
     let mut impatient = online.clone();

@@ -62,6 +62,9 @@ pub enum Mode {
     Cut(String),
     /// This file's body stops halfway and the connection stays open, silent.
     Stall(String),
+    /// This file's body is half of it, sent chunked and ended cleanly: nothing on the wire
+    /// says it is short.
+    Short(String),
 }
 
 pub struct FakeHub {
@@ -249,6 +252,19 @@ async fn serve(
             if matches!(mode, Mode::Stall(_)) {
                 tokio::time::sleep(Duration::from_secs(600)).await;
             }
+        }
+        Mode::Short(ref f) if *f == name && whole_body && method == "GET" => {
+            headers.push(("transfer-encoding", "chunked".to_string()));
+            let half = &body[..body.len() / 2];
+            let _ = socket
+                .write_all(head_text(status, &headers).as_bytes())
+                .await;
+            let _ = socket
+                .write_all(format!("{:x}\r\n", half.len()).as_bytes())
+                .await;
+            let _ = socket.write_all(half).await;
+            let _ = socket.write_all(b"\r\n0\r\n\r\n").await;
+            let _ = socket.shutdown().await;
         }
         _ if method == "HEAD" => {
             headers.push(("content-length", body.len().to_string()));
