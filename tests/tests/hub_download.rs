@@ -142,6 +142,24 @@ async fn a_tag_resolves_to_its_commit_and_is_kept_for_offline_starts() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_revision_needs_no_ref_and_is_found_offline() {
+    let hub = hub().await;
+    let cache = must(TempDir::new("hub-commit"));
+    let path = cache.path.display().to_string();
+    let args = [ID, "--revision", SHA, "--max-model-len", "256"];
+    let gateway = must(Gateway::start_with_env(&args, &env(&hub, &path, false)).await);
+    completes(&gateway).await;
+    drop(gateway);
+    // As huggingface_hub keeps it: the snapshot, and no ref named after the commit.
+    let refs = cache.path.join("models--org--tiny-llama/refs");
+    assert!(!refs.join(SHA).exists() && !refs.join("main").exists());
+    hub.clear();
+    let gateway = must(Gateway::start_with_env(&args, &env(&hub, &path, true)).await);
+    completes(&gateway).await;
+    assert_eq!(hub.requests(), Vec::<String>::new());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hub_refusals_stop_the_start_with_one_line_naming_id_revision_and_folder() {
     let hub = hub().await;
     let cache = must(TempDir::new("hub-refusals"));
