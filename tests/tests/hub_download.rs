@@ -237,16 +237,21 @@ async fn a_download_cut_or_stalled_mid_file_leaves_nothing_complete_looking() {
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(!blob.exists() && !repo.join("refs/main").exists());
 
-    // An offline start does not take the partial download for the model.
+    // An offline start does not take the partial download for the model, by branch or by
+    // commit (which no ref guards: the snapshot folder is there, with the small files in it).
     let line = error_line(start_to_exit(&[ID], &env(&hub, &path, true)));
     assert!(line.contains("HF_HUB_OFFLINE"), "{line}");
+    assert!(snapshot(&cache.path).join("config.json").exists());
+    let by_commit = [ID, "--revision", SHA];
+    let line = error_line(start_to_exit(&by_commit, &env(&hub, &path, true)));
+    assert!(line.contains("interrupted download"), "{line}");
 
     // Once the hub behaves, a new start completes the download and serves.
     hub.set_mode(Mode::Normal);
     let args = [ID, "--max-model-len", "256"];
     let gateway = must(Gateway::start_with_env(&args, &online).await);
     completes(&gateway).await;
-    assert!(blob.is_file());
+    assert!(blob.is_file() && !repo.join(".incomplete").join(SHA).exists());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

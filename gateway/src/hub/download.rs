@@ -131,6 +131,12 @@ impl Hub {
         let repo_dir = engine::hf::hub::repo_dir(cache, spec.id);
         let snapshot = repo_dir.join("snapshots").join(&commit);
         let first = files::first(&siblings, spec.id, spec.quant).map_err(Failure::Files)?;
+        let mark = incomplete_mark(&repo_dir, &commit);
+        mark.parent()
+            .map(std::fs::create_dir_all)
+            .transpose()
+            .and_then(|_| std::fs::write(&mark, b""))
+            .map_err(|e| Failure::Cache(format!("{}: {e}", mark.display())))?;
         for file in &first {
             self.file(&pinned, &snapshot, file).await?;
         }
@@ -146,7 +152,7 @@ impl Hub {
                 snapshot.clone()
             }
         };
-        finish_refs(&repo_dir, revision, &commit)
+        finish(&repo_dir, revision, &commit)
             .map_err(|e| Failure::Cache(format!("{}: {e}", repo_dir.display())))?;
         tracing::info!(
             model = spec.id,
@@ -230,19 +236,42 @@ impl Hub {
     }
 }
 
-/// `refs/<revision>` names the commit now that its files are all in; hf-hub's own
-/// `refs/<commit>` (it was handed the commit as the revision) goes, as `huggingface_hub` keeps
-/// no such ref.
-fn finish_refs(repo_dir: &Path, revision: &str, commit: &str) -> std::io::Result<()> {
+/// Marks a download under way, or interrupted: `<repo>/.incomplete/<commit>` (beside
+/// `snapshots/`, where `huggingface_hub` expects only folders). A snapshot so marked is not
+/// served as it is: a start fetches what it lacks, an offline one refuses it. This matters for
+/// a commit revision, which no ref guards.
+fn incomplete_mark(repo_dir: &Path, commit: &str) -> PathBuf {
+    repo_dir.join(".incomplete").join(commit)
+}
+
+/// Whether the snapshot folder `snapshot` (`<repo>/snapshots/<commit>`) is a download that did
+/// not finish.
+pub fn interrupted(snapshot: &Path) -> bool {
+    match (
+        snapshot.parent().and_then(Path::parent),
+        snapshot.file_name(),
+    ) {
+        (Some(repo_dir), Some(commit)) => repo_dir.join(".incomplete").join(commit).exists(),
+        _ => false,
+    }
+}
+
+/// Every file is in: `refs/<revision>` names the commit, hf-hub's own `refs/<commit>` (it was
+/// handed the commit as the revision) goes, as `huggingface_hub` keeps no such ref, and the
+/// snapshot loses its incomplete mark.
+fn finish(repo_dir: &Path, revision: &str, commit: &str) -> std::io::Result<()> {
     let refs = repo_dir.join("refs");
     if revision != commit {
         std::fs::create_dir_all(&refs)?;
         std::fs::write(refs.join(revision), commit)?;
     }
-    match std::fs::remove_file(refs.join(commit)) {
-        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
-        _ => Ok(()),
+    for done in [refs.join(commit), incomplete_mark(repo_dir, commit)] {
+        match std::fs::remove_file(done) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+            _ => {}
+        }
     }
+    Ok(())
 }
 
 /// The token file `huggingface-cli login` writes: `HF_TOKEN_PATH`, else `$HF_HOME/token`,

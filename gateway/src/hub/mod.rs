@@ -104,6 +104,9 @@ pub fn resolve(
     };
     let folder = engine::hf::hub::repo_dir(&cache, spec.id);
     let missing = match engine::hf::hub::resolve_in(&cache, spec.id, revision) {
+        Ok(snapshot) if download::interrupted(&snapshot) => {
+            String::from("its snapshot is an interrupted download")
+        }
         Ok(snapshot) => match spec.quant {
             None => return Ok(snapshot),
             Some(quant) => match files::cached_gguf(&snapshot, quant) {
