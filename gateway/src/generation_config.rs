@@ -13,6 +13,10 @@
 //! Only the fields vLLM takes are read: `temperature`, `top_p`, `top_k`, `min_p`,
 //! `repetition_penalty` and `max_new_tokens`. A value a request could not carry either (a
 //! `top_p` of 2) stops the start naming the file and the field.
+//!
+//! The file's `eos_token_id` (one id or a list) is a stop token of every request that does not
+//! set `ignore_eos`, in every mode, `vllm` included, as vLLM adds it to each request's
+//! `stop_token_ids` (the override does not change it: vLLM reads it from the file alone).
 
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -70,6 +74,8 @@ pub struct GenerationDefaults {
     pub max_tokens: Option<u64>,
     /// The most `max_tokens` any request gets.
     pub max_tokens_cap: Option<u64>,
+    /// The file's `eos_token_id`s: stop tokens unless a request sets `ignore_eos`.
+    pub stop_token_ids: Vec<u32>,
 }
 
 impl fmt::Display for GenerationDefaults {
@@ -104,22 +110,24 @@ pub fn defaults_for(
     overrides: &Map<String, Value>,
     model_path: &Path,
 ) -> Result<GenerationDefaults, String> {
+    // The file vLLM reads under every mode: the folder's, else the model's own.
+    let file = match source {
+        Source::Folder(dir) => Some(dir.join(FILE)),
+        Source::Auto | Source::Vllm => Some(model_path.join(FILE)).filter(|f| f.is_file()),
+    };
+    let file_config = file
+        .as_deref()
+        .map(read_file)
+        .transpose()?
+        .unwrap_or_default();
+    let file_origin = file.map(|f| f.display().to_string()).unwrap_or_default();
+    let stop_token_ids = eos_token_ids(&file_config, &file_origin)?;
     let (mut config, origin) = match source {
         Source::Vllm => (Map::new(), String::from("--generation-config vllm")),
-        Source::Folder(dir) => (
-            read_file(&dir.join(FILE))?,
-            dir.join(FILE).display().to_string(),
-        ),
-        Source::Auto if model_path.is_dir() => {
-            let file = model_path.join(FILE);
-            let config = if file.is_file() {
-                read_file(&file)?
-            } else {
-                Map::new()
-            };
-            (config, file.display().to_string())
+        Source::Auto if !model_path.is_dir() => {
+            (gguf_sampling(model_path)?, model_path.display().to_string())
         }
-        Source::Auto => (gguf_sampling(model_path)?, model_path.display().to_string()),
+        Source::Folder(_) | Source::Auto => (file_config, file_origin),
     };
     config.extend(overrides.iter().map(|(k, v)| (k.clone(), v.clone())));
     let field = |name: &str| -> Option<(&Value, String)> {
@@ -168,7 +176,20 @@ pub fn defaults_for(
             Source::Folder(_) => max_new_tokens,
             Source::Auto | Source::Vllm => override_cap,
         },
+        stop_token_ids,
     })
+}
+
+/// `eos_token_id` of a generation config: absent, null, one id or a list of ids.
+fn eos_token_ids(config: &Map<String, Value>, origin: &str) -> Result<Vec<u32>, String> {
+    let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok());
+    let bad =
+        |v: &Value| format!("{origin}: eos_token_id must be a token id or a list of them, got {v}");
+    match config.get("eos_token_id") {
+        None | Some(Value::Null) => Ok(Vec::new()),
+        Some(Value::Array(list)) => list.iter().map(|v| id(v).ok_or_else(|| bad(v))).collect(),
+        Some(v) => id(v).map(|i| vec![i]).ok_or_else(|| bad(v)),
+    }
 }
 
 fn read_file(path: &Path) -> Result<Map<String, Value>, String> {
@@ -248,8 +269,36 @@ mod tests {
         assert_eq!((d.temperature, d.top_p), (Some(0.0), Some(0.9)));
         assert_eq!((d.max_tokens, d.max_tokens_cap), (Some(8), Some(8)));
         let d = defaults_for(&Source::Vllm, &Map::new(), &model).unwrap_or_default();
-        assert_eq!(d, GenerationDefaults::default());
+        assert_eq!(
+            d,
+            GenerationDefaults {
+                stop_token_ids: vec![2],
+                ..GenerationDefaults::default()
+            }
+        );
         assert_eq!(d.to_string(), "vLLM's own");
+    }
+
+    #[test]
+    fn the_files_eos_token_ids_are_stop_tokens_in_every_mode() {
+        let (_dir, model) = folder(json!({"eos_token_id": [7, 9], "temperature": 0.5}));
+        for source in [Source::Auto, Source::Vllm] {
+            let d = defaults_for(&source, &Map::new(), &model).unwrap_or_default();
+            assert_eq!(d.stop_token_ids, [7, 9], "{source:?}");
+        }
+        let (_other, other) = folder(json!({"eos_token_id": 4}));
+        let d = defaults_for(&Source::Folder(other), &Map::new(), &model).unwrap_or_default();
+        assert_eq!(d.stop_token_ids, [4], "a folder's file, not the model's");
+        let over = map(json!({"eos_token_id": 5}));
+        let d = defaults_for(&Source::Auto, &over, &model).unwrap_or_default();
+        assert_eq!(
+            d.stop_token_ids,
+            [7, 9],
+            "the override does not change them"
+        );
+        let (_bad, bad) = folder(json!({"eos_token_id": "x"}));
+        let err = defaults_for(&Source::Vllm, &Map::new(), &bad).err();
+        assert!(err.is_some_and(|e| e.contains("eos_token_id")));
     }
 
     #[test]

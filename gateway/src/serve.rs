@@ -56,6 +56,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             tracing::info!(
                 model = %spec.served_name,
                 generation_config = %args.generation_config,
+                stop_token_ids = ?defaults.stop_token_ids,
                 "request defaults: {defaults}"
             );
         }

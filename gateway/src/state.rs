@@ -134,6 +134,7 @@ impl AppState {
             repetition_penalty: None,
             max_tokens: None,
             max_tokens_cap: None,
+            stop_token_ids: Vec::new(),
         };
         self.generation.get(name).unwrap_or(&NONE)
     }
@@ -207,57 +208,10 @@ fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, Start
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
         let given: Vec<String> = args.model_arg.iter().chain(&args.model).cloned().collect();
-        let (models, served) = if given.is_empty() {
-            if !args.served_model_name.is_empty() {
-                return Err(fail(
-                    "--served-model-name needs --model (one name per model)",
-                ));
-            }
-            let models = default_models(&args.models_cache)?;
-            let served = models
-                .iter()
-                .map(|m| ServedModel {
-                    names: vec![m.served_name.clone()],
-                    given: m.served_name.clone(),
-                })
-                .collect();
-            (models, served)
-        } else {
-            let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
-            let models = given
-                .iter()
-                .zip(&served)
-                .map(|(path, served)| {
-                    let local = if Path::new(path).exists() {
-                        path.clone()
-                    } else if engine::hf::hub::is_hub_id(path) {
-                        let revision = args.revision.as_deref();
-                        match &args.download_dir {
-                            Some(dir) => engine::hf::hub::resolve_in(dir, path, revision),
-                            None => engine::hf::hub::resolve(path, revision),
-                        }
-                        .map_err(|why| fail(format!("model {why}")))?
-                        .display()
-                        .to_string()
-                    } else {
-                        return Err(fail(format!("--model {path}: no such file or directory")));
-                    };
-                    Ok(ModelSpec {
-                        path: local,
-                        served_name: served
-                            .names
-                            .first()
-                            .cloned()
-                            .unwrap_or_else(|| path.clone()),
-                    })
-                })
-                .collect::<Result<Vec<_>, _>>()?;
-            (models, served)
-        };
         if let Some(rev) = &args.revision {
             let hub_ids = given
                 .iter()
-                .any(|p| !Path::new(p).exists() && engine::hf::hub::is_hub_id(p));
+                .any(|p| !Path::new(p).exists() && crate::hub::HubSpec::parse(p).is_some());
             if !hub_ids {
                 return Err(fail(format!(
                     "--revision {rev} applies to hub ids, and no model is one"
@@ -429,6 +383,56 @@ impl Settings {
         let source = generation_config::Source::parse(&args.generation_config).map_err(fail)?;
         let overrides = generation_config::overrides(args.override_generation_config.as_deref())
             .map_err(fail)?;
+        // Last of the checks, as a hub id may mean a download: every flag is judged first.
+        let (models, served) = if given.is_empty() {
+            if !args.served_model_name.is_empty() {
+                return Err(fail(
+                    "--served-model-name needs --model (one name per model)",
+                ));
+            }
+            let models = default_models(&args.models_cache)?;
+            let served = models
+                .iter()
+                .map(|m| ServedModel {
+                    names: vec![m.served_name.clone()],
+                    given: m.served_name.clone(),
+                })
+                .collect();
+            (models, served)
+        } else {
+            let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
+            let hub = crate::hub::Hub::from_env(args.hf_token.clone());
+            let models = given
+                .iter()
+                .zip(&served)
+                .map(|(path, served)| {
+                    let local = if Path::new(path).exists() {
+                        path.clone()
+                    } else if let Some(spec) = crate::hub::HubSpec::parse(path) {
+                        crate::hub::resolve(
+                            &spec,
+                            args.revision.as_deref(),
+                            args.download_dir.as_deref(),
+                            &hub,
+                        )
+                        .map_err(|e| fail(e.to_string()))?
+                        .display()
+                        .to_string()
+                    } else {
+                        return Err(fail(format!("--model {path}: no such file or directory")));
+                    };
+                    Ok(ModelSpec {
+                        path: local,
+                        served_name: served
+                            .names
+                            .first()
+                            .cloned()
+                            .unwrap_or_else(|| path.clone()),
+                    })
+                })
+                .collect::<Result<Vec<_>, _>>()?;
+            (models, served)
+        };
         let generation = models
             .iter()
             .map(|spec| generation_config::defaults_for(&source, &overrides, Path::new(&spec.path)))

@@ -1,7 +1,8 @@
 //! `--generation-config auto|vllm|FOLDER` and `--override-generation-config`, as vLLM 0.31:
 //! under `auto` (the default) the model's generation_config.json sets the defaults of its
 //! requests (its temperature, its max_new_tokens as the default max_tokens), `vllm` ignores
-//! the file, a folder's file also caps max_tokens, and the override merges on top.
+//! the file, a folder's file also caps max_tokens, and the override merges on top. The file's
+//! `eos_token_id`s stop generation in every mode, unless a request sets `ignore_eos`.
 //!
 //! The model is a temp copy of the committed tiny Llama with a generation_config.json of the
 //! test's own.
@@ -146,6 +147,91 @@ async fn the_override_merges_on_top_and_caps() {
     // A folder's max_new_tokens caps; the model's own file is not read.
     assert_eq!(chat(&from_folder, json!({"max_tokens": 12})).await.1, 4);
     assert!(repeats(&from_folder, json!({})).await);
+}
+
+/// A greedy completion of the token ids `prompt`: (generated token count, finish_reason,
+/// stop_reason).
+async fn complete(gateway: &Gateway, prompt: &[u32], fields: Value) -> (u64, Value, Value) {
+    let mut body = json!({"model": "tiny", "prompt": prompt, "max_tokens": 6, "temperature": 0});
+    if let (Some(body), Some(fields)) = (body.as_object_mut(), fields.as_object()) {
+        body.extend(fields.clone());
+    }
+    let url = format!("{}/v1/completions", gateway.base_url);
+    let response = common::post_json(&common::client(), &url, &body).await;
+    let reply: Value = must(response.json().await.map_err(|e| e.to_string()));
+    let choice = &reply["choices"][0];
+    let tokens = reply["usage"]["completion_tokens"].as_u64();
+    let tokens = tokens.unwrap_or_else(|| panic!("{reply}"));
+    (
+        tokens,
+        choice["finish_reason"].clone(),
+        choice["stop_reason"].clone(),
+    )
+}
+
+/// The next greedy token after `prompt`: every id is a stop token, so the first one generated
+/// stops the request and comes back as its stop_reason.
+async fn next_token(gateway: &Gateway, prompt: &[u32]) -> u32 {
+    let every: Vec<u32> = (0..1020).collect();
+    let (_, _, stop) = complete(gateway, prompt, json!({"stop_token_ids": every})).await;
+    let id = stop
+        .as_u64()
+        .unwrap_or_else(|| panic!("no stop_reason: {stop}"));
+    id as u32
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_files_eos_token_ids_stop_generation_in_every_mode() {
+    // The committed file names only the model's own EOS (1021).
+    let plain = tiny_with(&json!({"eos_token_id": 1021}));
+    let gateway = start(&plain.path, &[]).await;
+    // A prompt whose greedy continuation has a token that first appears after the first one,
+    // so that a stop there is told from an earlier one: (prompt, stop position, token).
+    let mut found = None;
+    for start_ids in [
+        [5u32, 17, 42],
+        [100, 200, 300],
+        [7, 7, 7],
+        [512, 3, 99],
+        [900, 1, 64],
+    ] {
+        let mut prompt = start_ids.to_vec();
+        for at in 0..4 {
+            let next = next_token(&gateway, &prompt).await;
+            if at > 0 && !prompt[3..].contains(&next) {
+                found = Some((start_ids, at + 1, next));
+                break;
+            }
+            prompt.push(next);
+        }
+        if found.is_some() {
+            break;
+        }
+    }
+    let (prompt, stop_at, target) = found.unwrap_or_else(|| panic!("no varied continuation"));
+    let (tokens, finish, _) = complete(&gateway, &prompt, json!({})).await;
+    assert!(
+        tokens > stop_at,
+        "without the id in the file generation goes on: {finish}"
+    );
+    drop(gateway);
+
+    let extra = tiny_with(&json!({"eos_token_id": [1021, target]}));
+    for mode in ["auto", "vllm"] {
+        let gateway = start(&extra.path, &["--generation-config", mode]).await;
+        let (tokens, finish, stop) = complete(&gateway, &prompt, json!({})).await;
+        assert_eq!(
+            tokens, stop_at,
+            "{mode}: stops at the file's extra eos id {target}"
+        );
+        assert_eq!(finish, "stop", "{mode}");
+        assert_eq!(stop, json!(target), "{mode}");
+        let (tokens, ..) = complete(&gateway, &prompt, json!({"ignore_eos": true})).await;
+        assert_eq!(
+            tokens, 6,
+            "{mode}: ignore_eos ignores the file's eos ids too"
+        );
+    }
 }
 
 #[test]

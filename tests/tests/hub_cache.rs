@@ -1,6 +1,7 @@
 //! `gateway serve MODEL` as `vllm serve MODEL`: the model positional, and a Hugging Face hub id
 //! served from the local hub cache (`HF_HUB_CACHE`), under the id as its name and root. An id the cache
-//! lacks, and a `--revision` with no hub id to apply to, stop the start with one line.
+//! lacks when offline (`HF_HUB_OFFLINE=1`), and a `--revision` with no hub id to apply to, stop the
+//! start with one line.
 
 mod common;
 
@@ -34,7 +35,10 @@ async fn a_hub_id_is_served_from_the_local_cache_under_its_id() {
     let gateway = must(
         Gateway::start_with_env(
             &["org/tiny-llama", "--max-model-len", "256"],
-            &[("HF_HUB_CACHE", cache_path.as_str())],
+            &[
+                ("HF_HUB_CACHE", cache_path.as_str()),
+                ("HF_HUB_OFFLINE", "1"),
+            ],
         )
         .await,
     );
@@ -92,11 +96,13 @@ fn an_id_the_cache_lacks_and_a_revision_with_nothing_to_apply_to_are_refused() {
     );
 }
 
-/// `gateway serve args` with `HF_HUB_CACHE` set to `cache`, to its exit.
+/// `gateway serve args` with `HF_HUB_CACHE` set to `cache`, offline (the hub is never asked
+/// here; tests/tests/hub_download.rs downloads from a fake one), to its exit.
 fn run_to_exit_with_cache(
     args: &[&str],
     cache: &TempDir,
 ) -> Result<(std::process::ExitStatus, String), String> {
     let path = cache.path.display().to_string();
-    run_to_exit_with_env(args, &[("HF_HUB_CACHE", &path)], Duration::from_secs(30))
+    let env = [("HF_HUB_CACHE", path.as_str()), ("HF_HUB_OFFLINE", "1")];
+    run_to_exit_with_env(args, &env, Duration::from_secs(30))
 }

@@ -1,8 +1,7 @@
 //! A Hugging Face hub id (`org/name`) served from the local hub cache, as `vllm serve org/name`
 //! finds it: `$HF_HUB_CACHE`, else `$HF_HOME/hub`, else `~/.cache/huggingface/hub`, holding
 //! `models--org--name/refs/<revision>` (a commit hash) and `snapshots/<commit>/`.
-//! Downloading a missing checkpoint is not built: a missing one is an error naming the id, the
-//! revision and the folder looked in.
+//! This module only reads the cache; the gateway downloads what it lacks.
 
 use std::path::{Path, PathBuf};
 
@@ -32,48 +31,55 @@ pub fn cache_dir() -> Option<PathBuf> {
         .or_else(|| var("HOME").map(|h| h.join(".cache/huggingface/hub")))
 }
 
-/// The snapshot folder of `id` at `revision` (a branch or tag name, or a commit hash; `main`
-/// when `None`) in the hub cache at `cache`.
-pub fn resolve_in(cache: &Path, id: &str, revision: Option<&str>) -> Result<PathBuf, String> {
-    let revision = revision.unwrap_or("main");
-    let repo = cache.join(format!("models--{}", id.replace('/', "--")));
-    let missing = |what: String| {
-        format!(
-            "{id} (revision {revision}) is not in the local Hugging Face cache: {what} (looked in {}); \
-             downloading from the hub is not built here: fetch it first (`huggingface-cli download {id}`) \
-             or give its folder",
-            repo.display()
-        )
-    };
-    if !revision.is_empty()
-        && (revision.contains('/') || revision.contains("..") || revision.starts_with('.'))
+/// The folder of `id` in the hub cache at `cache` (`models--org--name`).
+pub fn repo_dir(cache: &Path, id: &str) -> PathBuf {
+    cache.join(format!("models--{}", id.replace('/', "--")))
+}
+
+/// Whether `revision` is a commit hash (which names a snapshot with no ref to read).
+pub fn is_commit(revision: &str) -> bool {
+    revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit())
+}
+
+/// Why a hub id at a revision has no snapshot in the cache.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Miss {
+    /// Not a branch, tag or commit name the cache could hold (`..`, `/`).
+    BadRevision,
+    /// The cache lacks it; what is missing (`no refs/main`, `no snapshots/<commit>`).
+    Absent(String),
+}
+
+/// The snapshot folder of `id` at `revision` (a branch or tag name, or a commit hash) in the
+/// hub cache at `cache`.
+pub fn resolve_in(cache: &Path, id: &str, revision: &str) -> Result<PathBuf, Miss> {
+    if revision.is_empty()
+        || revision.contains('/')
+        || revision.contains("..")
+        || revision.starts_with('.')
     {
-        return Err(format!(
-            "revision {revision:?} is not a branch, tag or commit name"
-        ));
+        return Err(Miss::BadRevision);
     }
-    let commit = if revision.len() == 40 && revision.bytes().all(|b| b.is_ascii_hexdigit()) {
+    let repo = repo_dir(cache, id);
+    let commit = if is_commit(revision) {
         revision.to_string()
     } else {
         let r = repo.join("refs").join(revision);
         std::fs::read_to_string(&r)
             .map(|c| c.trim().to_string())
-            .map_err(|_| missing(format!("no refs/{revision}")))?
+            .map_err(|_| Miss::Absent(format!("no refs/{revision}")))?
     };
+    if !is_commit(&commit) {
+        return Err(Miss::Absent(format!(
+            "refs/{revision} holds no commit hash"
+        )));
+    }
     let snapshot = repo.join("snapshots").join(&commit);
     if snapshot.is_dir() {
         Ok(snapshot)
     } else {
-        Err(missing(format!("no snapshots/{commit}")))
+        Err(Miss::Absent(format!("no snapshots/{commit}")))
     }
-}
-
-/// [`resolve_in`] in this process's hub cache.
-pub fn resolve(id: &str, revision: Option<&str>) -> Result<PathBuf, String> {
-    let cache = cache_dir().ok_or_else(|| {
-        format!("{id}: no Hugging Face cache folder (set HF_HUB_CACHE or HF_HOME)")
-    })?;
-    resolve_in(&cache, id, revision)
 }
 
 #[cfg(test)]
@@ -107,17 +113,22 @@ mod tests {
         std::fs::create_dir_all(repo.join("refs")).unwrap();
         std::fs::write(repo.join("refs/main"), format!("{commit}\n")).unwrap();
         let want = repo.join("snapshots").join(commit);
-        assert_eq!(resolve_in(&cache, "org/tiny", None).unwrap(), want);
-        assert_eq!(resolve_in(&cache, "org/tiny", Some(commit)).unwrap(), want);
-        let err = resolve_in(&cache, "org/tiny", Some("v2")).unwrap_err();
-        assert!(
-            err.contains("org/tiny (revision v2)") && err.contains("no refs/v2"),
-            "{err}"
+        assert_eq!(resolve_in(&cache, "org/tiny", "main").unwrap(), want);
+        assert_eq!(resolve_in(&cache, "org/tiny", commit).unwrap(), want);
+        let miss = resolve_in(&cache, "org/tiny", "v2").unwrap_err();
+        assert_eq!(miss, Miss::Absent("no refs/v2".into()));
+        assert_eq!(
+            repo_dir(&cache, "org/other"),
+            cache.join("models--org--other")
         );
-        assert!(err.contains(&repo.display().to_string()), "{err}");
-        let err = resolve_in(&cache, "org/other", None).unwrap_err();
-        assert!(err.contains("models--org--other"), "{err}");
-        assert!(resolve_in(&cache, "org/tiny", Some("../../etc")).is_err());
+        assert!(matches!(
+            resolve_in(&cache, "org/other", "main"),
+            Err(Miss::Absent(_))
+        ));
+        assert_eq!(
+            resolve_in(&cache, "org/tiny", "../../etc"),
+            Err(Miss::BadRevision)
+        );
         let _ = std::fs::remove_dir_all(&cache);
     }
 }

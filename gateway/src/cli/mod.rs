@@ -87,21 +87,25 @@ pub struct PreloadArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The model, as `vllm serve MODEL` takes it: a GGUF file, an HF checkpoint folder, or a
-    /// Hugging Face hub id found in the local hub cache. Served first, before any --model.
+    /// Hugging Face hub id (from the local hub cache, downloaded into it when absent). Served
+    /// first, before any --model.
     #[arg(value_name = "MODEL")]
     pub model_arg: Option<String>,
-    /// Model to serve: a GGUF file, an HF checkpoint folder or a hub id in the local hub cache
-    /// (repeatable). Without any (and no MODEL), the two default models are served from the
+    /// Model to serve: a GGUF file, an HF checkpoint folder or a hub id (repeatable). Without any (and no MODEL), the two default models are served from the
     /// models cache.
     #[arg(long = "model", value_name = "PATH")]
     pub model: Vec<String>,
-    /// The revision (branch, tag or commit) of hub ids, in the local hub cache (default main).
+    /// The revision (branch, tag or commit) of hub ids (default main).
     #[arg(long = "revision", value_name = "REV")]
     pub revision: Option<String>,
-    /// The Hugging Face cache folder hub ids are looked up in (default: $HF_HUB_CACHE, else
-    /// $HF_HOME/hub, else ~/.cache/huggingface/hub).
+    /// The Hugging Face cache folder hub ids are looked up in and downloaded into (default:
+    /// $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
     #[arg(long = "download-dir", value_name = "DIR")]
     pub download_dir: Option<PathBuf>,
+    /// The token hub downloads send (default: $HF_TOKEN, else the token file
+    /// `huggingface-cli login` writes); bare, the token file.
+    #[arg(long = "hf-token", value_name = "TOKEN", num_args = 0..=1, default_missing_value = "")]
+    pub hf_token: Option<String>,
     /// The tokenizer: accepted when it names the model itself (its path or hub id); a
     /// tokenizer apart from the model's is not built yet.
     #[arg(long = "tokenizer", value_name = "NAME")]

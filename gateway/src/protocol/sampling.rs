@@ -398,6 +398,17 @@ impl SamplingFields {
             .unwrap_or(false)
     }
 
+    /// The request's stop token ids, then (unless it sets `ignore_eos`) the generation
+    /// config's `eos_token_id`s, as vLLM adds them.
+    fn stop_token_ids(&self, defaults: &GenerationDefaults) -> Vec<u32> {
+        let own = self.stop_token_ids.iter().flatten().map(|&i| i as u32);
+        let ignore_eos = self.ignore_eos.unwrap_or(false);
+        let eos = defaults.stop_token_ids.iter().filter(|_| !ignore_eos);
+        let mut ids: Vec<u32> = own.collect();
+        ids.extend(eos.filter(|id| !ids.contains(id)).collect::<Vec<_>>());
+        ids
+    }
+
     pub fn n(&self) -> usize {
         self.n.unwrap_or(1).max(1) as usize
     }
@@ -440,11 +451,7 @@ impl SamplingFields {
             max_tokens: 0,
             min_tokens: self.min_tokens.unwrap_or(0).max(0) as usize,
             ignore_eos: self.ignore_eos.unwrap_or(false),
-            stop_token_ids: self
-                .stop_token_ids
-                .as_ref()
-                .map(|v| v.iter().map(|&i| i as u32).collect())
-                .unwrap_or_default(),
+            stop_token_ids: self.stop_token_ids(defaults),
             stop: self.stop_strings(),
             include_stop_str_in_output: self.include_stop_str_in_output.unwrap_or(false),
             skip_special_tokens: self.skip_special_tokens.unwrap_or(true),
