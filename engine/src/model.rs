@@ -8,7 +8,7 @@
 //! everything the table covers. Sampling goes through the model too ([`CausalLm::step`]), so a
 //! device model can sample where its logits are.
 
-use kernels::gpu::Gpu;
+use kernels::gpu::{Gpu, PackedWeights};
 use rand::rngs::StdRng;
 
 use crate::device::DTypeRequest;
@@ -329,6 +329,29 @@ pub trait CausalLm: Send {
     /// without a GPU implementation say so.
     fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
         let _ = (gpu, dtype);
+        Err(EngineError::BackendUnavailable(
+            "this model has no GPU implementation".into(),
+        ))
+    }
+
+    /// This model's weights converted for `gpu` as `dtype` would convert them, packed into one
+    /// region other processes can map (what the weight cache's daemon holds on a GPU).
+    fn export_gpu_weights(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<PackedWeights> {
+        let _ = (gpu, dtype);
+        Err(EngineError::BackendUnavailable(
+            "this model has no GPU implementation".into(),
+        ))
+    }
+
+    /// This model on `gpu` over `weights` that [`CausalLm::export_gpu_weights`] packed, in this
+    /// process or another: views of the shared memory, nothing converted or copied.
+    fn to_gpu_mapped(
+        &self,
+        gpu: &Gpu,
+        dtype: DTypeRequest,
+        weights: &PackedWeights,
+    ) -> Result<Box<dyn CausalLm>> {
+        let _ = (gpu, dtype, weights);
         Err(EngineError::BackendUnavailable(
             "this model has no GPU implementation".into(),
         ))
