@@ -59,10 +59,16 @@ impl WeightsSource {
                 bytes,
                 device_bytes,
                 identity,
-            } => tracing::info!(
-                model,
-                "weights from ipc_cache (daemon pid {pid}, {bytes} bytes, {device_bytes} bytes of device weights, identity {identity})"
-            ),
+            } => {
+                let device = match device_bytes {
+                    0 => String::new(),
+                    n => format!("; {n} bytes of device weights to map"),
+                };
+                tracing::info!(
+                    model,
+                    "weights from ipc_cache (daemon pid {pid}, {bytes} bytes, identity {identity}{device})"
+                )
+            }
         }
     }
 }
