@@ -161,7 +161,7 @@ fn attach_once(
         (Some(d), true) => fds
             .pop()
             .filter(|_| cfg.mode == CacheMode::ZeroCopy)
-            .map(|fd| CachedDevice::new(d, fd, cfg.fallback)),
+            .map(|fd| CachedDevice::new(*d, fd, cfg.fallback)),
         _ => None,
     };
     let mut maps = Vec::with_capacity(parts.len());

@@ -349,7 +349,7 @@ fn serve_engine(conn: UnixStream, shared: &Arc<Shared>) {
         pid: std::process::id(),
         identity: held.identity.clone(),
         parts: held.parts.iter().map(|(p, _)| p.clone()).collect(),
-        device: held.device.as_ref().map(|d| d.wire()),
+        device: held.device.as_ref().map(|d| Box::new(d.wire())),
     };
     shared.attached.fetch_add(1, Ordering::SeqCst);
     if let Err(e) = protocol::send(&conn, &reply, &fds) {

@@ -79,7 +79,7 @@ pub enum Reply {
         identity: CacheIdentity,
         parts: Vec<PartInfo>,
         #[serde(default)]
-        device: Option<DeviceWeights>,
+        device: Option<Box<DeviceWeights>>,
     },
     /// The daemon failed to load or is shutting down.
     Unavailable { reason: String },
