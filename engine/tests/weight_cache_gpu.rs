@@ -6,9 +6,8 @@
 //! self-test still run over mapped weights; the mapping goes with the engine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use engine::api::{GenerateRequest, SamplingParams};
@@ -19,6 +18,10 @@ use engine::weight_cache::hold::hold_on_gpu;
 use engine::weight_cache::{CacheMode, LoadFormat, LoaderConfig};
 use kernels::gpu::inject::FaultyOpener;
 use kernels::gpu::{EmuOpener, Gpu, Opener, Step};
+
+/// The engine's own log capture (what a closure logs on this thread).
+#[path = "../src/test_log.rs"]
+mod test_log;
 
 fn root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("..")
@@ -62,19 +65,6 @@ fn config(device: DeviceRequest, cache: Option<(&Path, bool)>) -> EngineConfig {
     }
 }
 
-#[derive(Clone, Default)]
-struct Buffer(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Buffer {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 /// Starts `path` as `name` under `cfg` with GPUs opened by `opener`, and what the start
 /// logged on this thread.
 fn start_with(
@@ -83,22 +73,19 @@ fn start_with(
     name: &str,
     opener: &dyn Opener,
 ) -> (engine::error::Result<EngineHandle>, String) {
-    let buffer = Buffer::default();
-    let writer = buffer.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
     let spec = ModelSpec {
         path: path.display().to_string(),
         served_name: name.into(),
     };
-    let out = tracing::subscriber::with_default(subscriber, || {
-        EngineHandle::start_with(&[spec], cfg, opener)
-    });
-    let log = String::from_utf8_lossy(&buffer.0.lock().unwrap()).into_owned();
-    (out, log)
+    test_log::capture(|| EngineHandle::start_with(&[spec], cfg, opener))
+}
+
+/// The error of a start that must fail.
+fn start_err(cfg: &EngineConfig, path: &Path, name: &str, opener: &dyn Opener) -> String {
+    match start_with(cfg, path, name, opener) {
+        (Err(e), _) => e.to_string(),
+        (Ok(_), log) => panic!("the start should have failed: {log}"),
+    }
 }
 
 fn start(cfg: &EngineConfig, path: &Path, name: &str) -> (EngineHandle, String) {
@@ -243,8 +230,7 @@ fn another_device_dtype_or_file_does_not_attach() {
     daemon.set_ready(hold_on_gpu(&tiny_llama(), DTypeRequest::Auto, &Gpu::emulator()).unwrap());
 
     let mut cpu = config(DeviceRequest::Cpu, Some((&dir, false)));
-    let (e, _) = start_with(&cpu, &tiny_llama(), name, &EmuOpener);
-    let e = e.err().unwrap().to_string();
+    let e = start_err(&cpu, &tiny_llama(), name, &EmuOpener);
     assert!(e.contains("device (daemon: emu:0, engine: cpu)"), "{e}");
     cpu.loader.fallback = true;
     let (engine, log) = start(&cpu, &tiny_llama(), name);
@@ -258,8 +244,7 @@ fn another_device_dtype_or_file_does_not_attach() {
 
     let mut f32 = config(DeviceRequest::Cuda(0), Some((&dir, false)));
     f32.dtype = DTypeRequest::Float32;
-    let (e, _) = start_with(&f32, &tiny_llama(), name, &EmuOpener);
-    let e = e.err().unwrap().to_string();
+    let e = start_err(&f32, &tiny_llama(), name, &EmuOpener);
     assert!(e.contains("dtype (daemon: auto, engine: float32)"), "{e}");
 
     let other = dir.join("elsewhere");
@@ -269,8 +254,7 @@ fn another_device_dtype_or_file_does_not_attach() {
         std::fs::copy(f.path(), other.join(f.file_name())).unwrap();
     }
     let gpu = config(DeviceRequest::Cuda(0), Some((&dir, false)));
-    let (e, _) = start_with(&gpu, &other, name, &EmuOpener);
-    let e = e.err().unwrap().to_string();
+    let e = start_err(&gpu, &other, name, &EmuOpener);
     assert!(
         e.contains("file model.safetensors") && e.contains("another file"),
         "{e}"
@@ -311,11 +295,7 @@ fn the_bring_up_fail_safe_and_self_test_hold_over_mapped_weights() {
         );
         drop(engine);
         let cuda = config(DeviceRequest::Cuda(0), Some((&dir, false)));
-        let e = start_with(&cuda, &tiny_llama(), name, &opener)
-            .0
-            .err()
-            .unwrap()
-            .to_string();
+        let e = start_err(&cuda, &tiny_llama(), name, &opener);
         assert!(e.contains(&format!("emu:0 {step} failed")), "{e}");
     }
     // With fallback a refused mapping is not the end: the weights are uploaded instead (here
@@ -323,11 +303,7 @@ fn the_bring_up_fail_safe_and_self_test_hold_over_mapped_weights() {
     let opener = FaultyOpener::new(EmuOpener, Step::Weights);
     let cuda = config(DeviceRequest::Cuda(0), Some((&dir, true)));
     let (e, log) = start_with(&cuda, &tiny_llama(), name, &opener);
-    assert!(e
-        .err()
-        .unwrap()
-        .to_string()
-        .contains("emu:0 weights failed"));
+    assert!(e.is_err_and(|e| e.to_string().contains("emu:0 weights failed")));
     assert!(
         log.contains("the weight cache's device weights cannot be used")
             && log.contains("cannot map the cached device weights"),
@@ -369,16 +345,12 @@ fn a_gone_daemon_or_a_stale_socket_is_clear() {
     // A socket file with no daemon behind it.
     drop(std::os::unix::net::UnixListener::bind(&socket).unwrap());
     assert!(socket.exists());
-    let e = start_with(
+    let e = start_err(
         &config(DeviceRequest::Cuda(0), Some((&dir, false))),
         &tiny_llama(),
         name,
         &EmuOpener,
-    )
-    .0
-    .err()
-    .unwrap()
-    .to_string();
+    );
     assert!(e.contains("no weight-cache daemon was ready"), "{e}");
     let (engine, log) = start(
         &config(DeviceRequest::Cuda(0), Some((&dir, true))),

@@ -173,15 +173,23 @@ async fn greedy(g: &Gateway) -> String {
 async fn greedy_of(g: &Gateway, name: &str) -> String {
     let body = json!({"model": name, "prompt": "The capital of France is", "max_tokens": 12,
         "temperature": 0, "ignore_eos": true});
+    completion(g, &body).await["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The first choice of a completion that must succeed.
+async fn completion(g: &Gateway, body: &Value) -> Value {
     let r = client()
         .post(format!("{}/v1/completions", g.base_url))
-        .json(&body)
+        .json(body)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let v: Value = r.json().await.unwrap();
-    v["choices"][0]["text"].as_str().unwrap().to_string()
+    let mut v: Value = r.json().await.unwrap();
+    v["choices"][0].take()
 }
 
 /// `gateway upgrade-check` of a deployment started with `--load-format ipc_cache`.
@@ -418,8 +426,9 @@ fn preload_on_cuda_without_a_gpu_fails_naming_the_device() {
 /// The test build's emulator as the CUDA device (see `engine/src/fault.rs`).
 const EMU: [(&str, &str); 1] = [("ENGINE_TEST_DEVICE", "emu")];
 
-/// A small cache on the emulator: its KV cache sized by tokens, not by its nominal memory.
-fn on_emu(model: &str, name: &str, extra: &[&str]) -> Vec<String> {
+/// `serve` arguments for `model` on the emulator (its KV cache sized by tokens, not by its
+/// nominal memory), through the weight cache with `cache` as the loader's config.
+fn on_emu(model: &str, name: &str, cache: Option<&Value>) -> Vec<String> {
     let mut a: Vec<String> = [
         "--model",
         model,
@@ -436,7 +445,10 @@ fn on_emu(model: &str, name: &str, extra: &[&str]) -> Vec<String> {
     ]
     .map(str::to_string)
     .to_vec();
-    a.extend(extra.iter().map(|s| s.to_string()));
+    if let Some(c) = cache {
+        a.extend(["--load-format".into(), "ipc_cache".into()]);
+        a.extend(["--model-loader-extra-config".into(), c.to_string()]);
+    }
     a
 }
 
@@ -444,15 +456,7 @@ fn on_emu(model: &str, name: &str, extra: &[&str]) -> Vec<String> {
 async fn greedy_logprobs(g: &Gateway, name: &str) -> String {
     let body = json!({"model": name, "prompt": "hello there", "max_tokens": 6,
         "temperature": 0, "ignore_eos": true, "logprobs": 2});
-    let r = client()
-        .post(format!("{}/v1/completions", g.base_url))
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(r.status().as_u16(), 200);
-    let v: Value = r.json().await.unwrap();
-    let c = &v["choices"][0];
+    let c = completion(g, &body).await;
     format!("{} {}", c["text"], c["logprobs"])
 }
 
@@ -477,7 +481,7 @@ async fn a_gpu_daemon_serves_mapped_device_weights_that_answer_as_a_cold_start()
     let dir = must(TempDir::new("wc-gpu"));
     let shm = shm_files();
 
-    let cold_args = on_emu(model, name, &[]);
+    let cold_args = on_emu(model, name, None);
     let cold_args: Vec<&str> = cold_args.iter().map(String::as_str).collect();
     let cold = must(Gateway::start_with_env(&cold_args, &EMU).await);
     assert!(
@@ -497,16 +501,7 @@ async fn a_gpu_daemon_serves_mapped_device_weights_that_answer_as_a_cold_start()
     );
 
     let config = json!({"socket_dir": dir.path, "fallback": false});
-    let warm_args = on_emu(
-        model,
-        name,
-        &[
-            "--load-format",
-            "ipc_cache",
-            "--model-loader-extra-config",
-            &config.to_string(),
-        ],
-    );
+    let warm_args = on_emu(model, name, Some(&config));
     let warm_args: Vec<&str> = warm_args.iter().map(String::as_str).collect();
     let mut warm = must(Gateway::start_with_env(&warm_args, &EMU).await);
     let log = warm.output();
@@ -538,20 +533,10 @@ async fn a_gpu_daemon_serves_mapped_device_weights_that_answer_as_a_cold_start()
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The daemon goes: an engine without fallback says so (after its short wait), one with
-    // fallback loads from disk and uploads.
+    // The daemon goes: an engine without fallback says so, after its short wait.
     assert!(daemon.terminate(Duration::from_secs(30)).await.is_some());
     let config = json!({"socket_dir": dir.path, "fallback": false, "state_timeout_s": 0.5});
-    let args = on_emu(
-        model,
-        name,
-        &[
-            "--load-format",
-            "ipc_cache",
-            "--model-loader-extra-config",
-            &config.to_string(),
-        ],
-    );
+    let args = on_emu(model, name, Some(&config));
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (status, text) = must(common::run_to_exit_with_env(
         &args,
