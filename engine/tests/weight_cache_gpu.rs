@@ -2,8 +2,9 @@
 //! device converts and uploads its weights once and exports them (a memfd here, a CUDA VMM
 //! handle on a GPU); an engine on that device maps them at its bring-up instead of uploading,
 //! and must then answer bit for bit as a cold start does. Identity and fallback as on the CPU:
-//! another device or dtype, or changed files, never attach; the GPU bring-up's fail-safe and
-//! self-test still run over mapped weights; the mapping goes with the engine.
+//! another device or dtype, or changed files, never attach (a touched checkpoint is held again,
+//! on the device too); the GPU bring-up's fail-safe and self-test still run over mapped
+//! weights; the mapping goes with the engine.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::{Path, PathBuf};
@@ -29,6 +30,16 @@ fn root() -> PathBuf {
 
 fn tiny_llama() -> PathBuf {
     root().join("tests/data/tiny-llama")
+}
+
+/// A copy of the tiny Llama's folder at `to` (other files, the same bytes).
+fn copy_of_tiny_llama(to: &Path) -> PathBuf {
+    std::fs::create_dir_all(to).unwrap();
+    for f in std::fs::read_dir(tiny_llama()).unwrap() {
+        let f = f.unwrap();
+        std::fs::copy(f.path(), to.join(f.file_name())).unwrap();
+    }
+    to.to_path_buf()
 }
 
 fn tiny_gguf() -> PathBuf {
@@ -247,12 +258,7 @@ fn another_device_dtype_or_file_does_not_attach() {
     let e = start_err(&f32, &tiny_llama(), name, &EmuOpener);
     assert!(e.contains("dtype (daemon: auto, engine: float32)"), "{e}");
 
-    let other = dir.join("elsewhere");
-    std::fs::create_dir_all(&other).unwrap();
-    for f in std::fs::read_dir(tiny_llama()).unwrap() {
-        let f = f.unwrap();
-        std::fs::copy(f.path(), other.join(f.file_name())).unwrap();
-    }
+    let other = copy_of_tiny_llama(&dir.join("elsewhere"));
     let gpu = config(DeviceRequest::Cuda(0), Some((&dir, false)));
     let e = start_err(&gpu, &other, name, &EmuOpener);
     assert!(
@@ -362,5 +368,35 @@ fn a_gone_daemon_or_a_stale_socket_is_clear() {
         "{log}"
     );
     assert_eq!(greedy(&engine, name), expected);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A checkpoint touched under a GPU daemon is held again, device weights included, before any
+/// engine gets it: an engine without fallback waits for that and then maps the new copy.
+#[test]
+fn a_touched_checkpoint_is_held_again_on_the_device() {
+    let _serial = serial();
+    let dir = tmpdir("touched");
+    let name = "gpu-touched";
+    let model = copy_of_tiny_llama(&dir.join("tiny-llama"));
+    let (cold, _) = start(&config(DeviceRequest::Cuda(0), None), &model, name);
+    let expected = greedy(&cold, name);
+    drop(cold);
+    let daemon = Daemon::bind(&dir, name).unwrap();
+    daemon.set_ready(hold_on_gpu(&model, DTypeRequest::Auto, &Gpu::emulator()).unwrap());
+    let f = std::fs::File::options()
+        .write(true)
+        .open(model.join("model.safetensors"))
+        .unwrap();
+    f.set_modified(std::time::SystemTime::now() + Duration::from_secs(3))
+        .unwrap();
+    drop(f);
+    let mut cfg = config(DeviceRequest::Cuda(0), Some((&dir, false)));
+    cfg.loader.state_timeout = Duration::from_secs(120);
+    let (engine, log) = start(&cfg, &model, name);
+    assert!(log.contains(MAPPED), "{log}");
+    assert_eq!(greedy(&engine, name), expected);
+    drop(engine);
+    daemon.shutdown(Some(Duration::ZERO));
     let _ = std::fs::remove_dir_all(&dir);
 }
