@@ -36,12 +36,16 @@
 #                (the backend's "CUDA kernels ready": from_cache == sources, nothing written)
 #   kernels  45  every kernel against its CPU reference (`cuda::` tests of the kernels crate)
 #   decoder  30  the GPU decoder against the CPU one on the committed tiny checkpoints
-#   models   90  random-init bf16 SmolLM2-135M- and Llama-1B-shaped checkpoints, initialised on
+#   models   80  random-init bf16 SmolLM2-135M- and Llama-1B-shaped checkpoints, initialised on
 #                the GPU, their float32 transformers references, and transformers' own
 #                bfloat16 spread against them (the bfloat16 tolerance)
 #   parity   45  greedy tokens and top-5 logprobs against those references, float32 and bfloat16
-#   http     45  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
+#   http     40  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
 #                streams, metrics; its log must show every kernel taken from the cache
+#   warm     25  a warm restart through the GPU weight cache against a cold start: the time
+#                to /health of `serve` loading from disk, of `preload --device cuda`, and of
+#                `serve --load-format ipc_cache` mapping the daemon's device weights (its log
+#                must say so, and its greedy reply with logprobs must be the cold one's)
 #   bench    60  decode step at batch 1 and 32, prefill at 2048, transformers eager and the
 #                copy bandwidth in the same run, against the memory-bandwidth floor
 #   sanitize     optional, last, with the time left: compute-sanitizer racecheck on the kernel
@@ -51,7 +55,7 @@ cd "$(dirname "$0")/.."
 
 # The device tool carries 64 MiB (tree, pack and all); the rest is headroom for the tree's growth.
 MAX_CARRY_MIB=48
-# The sections' limits below sum to 345 s; the deadline bounds the whole run.
+# The sections' limits below sum to 355 s; the deadline bounds the whole run.
 DEADLINE=${GPU_CHECK_DEADLINE:-360}
 NVRTC_LIB=$PWD/models-cache/nvrtc/nvidia/cu13/lib
 
@@ -141,8 +145,10 @@ export TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=
 if [ -n "$DRY" ]; then
   # Limits for the 2-core CI machine, where the emulator runs the kernels one thread at a time.
   DEADLINE=${GPU_CHECK_DEADLINE:-600}
-  LIMITS=(env=20 nvrtc=90 kernels=120 decoder=60 models=90 parity=60 http=60 bench=60)
+  LIMITS=(env=20 nvrtc=90 kernels=120 decoder=60 models=90 parity=60 http=60 warm=30 bench=60)
   TESTS=emu:: SHAPES="tiny=$MODELS/tiny-llama" MAIN=$MODELS/tiny-llama DEVICE=cpu DTYPE=auto
+  # The warm section's GPU is the emulator: the test build opens it for `--device cuda`.
+  WARM_ENV=ENGINE_TEST_DEVICE=emu
   NEW_TOKENS=12 BENCH="--prefill 64 --decode-tokens 8" PEER="--steps 8 --copy-gib 1"
   # The binaries `cargo test --workspace` built, found without building anything new: the same
   # command, flags and settings as `make test`'s, so it is a no-op after it.
@@ -155,7 +161,8 @@ if [ -n "$DRY" ]; then
   PY=${PYTHON:-$(scripts/fetch-torch.sh)} || exit 1
   KCACHE=$WORK/kernels
 else
-  LIMITS=(env=10 nvrtc=20 kernels=45 decoder=30 models=90 parity=45 http=45 bench=60)
+  LIMITS=(env=10 nvrtc=20 kernels=45 decoder=30 models=80 parity=45 http=40 warm=25 bench=60)
+  WARM_ENV=
   TESTS=cuda:: SHAPES="smol=$MODELS/smol 1b=$MODELS/1b" MAIN=$MODELS/1b DEVICE=cuda DTYPE=bfloat16
   NEW_TOKENS=16 BENCH="--prefill 2048 --decode-tokens 64" PEER="--steps 64 --copy-gib 4"
   [ -f .gpu/pack.tar.xz ] || { echo "no .gpu/: run scripts/gpu-check.sh --pack first, here" >&2; exit 2; }
@@ -410,6 +417,75 @@ http() {
   return $rc
 }
 
+# up_in SECONDS_LIMIT PORT PID LOG: waits for /health on PORT to answer 200; prints the seconds
+# it took (from the caller's T0) or fails naming the log when the process exits or time runs out.
+up_in() {
+  local limit=$1 port=$2 pid=$3 log=$4 i
+  for i in $(seq $((limit * 10))); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$port/health', timeout=2)" \
+      >/dev/null 2>&1 && { python3 -c "import time; print(round(time.time() - $T0, 2))"; return 0; }
+    kill -0 "$pid" 2>/dev/null || { echo "exited: $(tail -5 "$log")" >&2; return 1; }
+    sleep 0.1
+  done
+  echo "not up within ${limit}s: $(tail -5 "$log")" >&2
+  return 1
+}
+
+# A greedy completion with logprobs from the server on PORT, as one JSON line.
+greedy() {
+  python3 - "$1" <<'PY'
+import json, sys, urllib.request as u
+body = {"model": "gpu-check", "prompt": "The capital of France is", "max_tokens": 8,
+        "temperature": 0, "ignore_eos": True, "logprobs": 2}
+r = u.Request(f"http://127.0.0.1:{sys.argv[1]}/v1/completions", json.dumps(body).encode(),
+              {"content-type": "application/json"})
+c = json.load(u.urlopen(r, timeout=60))["choices"][0]
+print(json.dumps({"text": c["text"], "logprobs": c["logprobs"]}, sort_keys=True))
+PY
+}
+
+# A warm restart through the GPU weight cache against a cold start, on the device (in the dry
+# run on the emulator, which the test build opens for `--device cuda`).
+warm() {
+  local port=8766 hport=8767 sock=$WORK/weight-cache pids=() cold preload warm_s rc=0
+  local common=(--model "$MAIN" --served-model-name gpu-check --device cuda --dtype "$DTYPE"
+    --max-model-len 1024 --kv-cache-tokens 4096 --max-num-batched-tokens 256)
+  # shellcheck disable=SC2064
+  trap 'kill "${pids[@]}" 2>/dev/null' EXIT
+  T0=$(date +%s.%N)
+  env $WARM_ENV "$BIN/gateway" serve "${common[@]}" --port "$port" >"$WORK/cold.log" 2>&1 &
+  pids+=($!)
+  cold=$(up_in 60 "$port" $! "$WORK/cold.log") || return 1
+  greedy "$port" >"$WORK/cold.json" || return 1
+  kill -TERM "${pids[-1]}"; wait "${pids[-1]}"
+  T0=$(date +%s.%N)
+  env $WARM_ENV "$BIN/gateway" preload --model "$MAIN" --served-model-name gpu-check --device cuda \
+    --dtype "$DTYPE" --weight-cache-socket-dir "$sock" --weight-cache-health-port "$hport" \
+    >"$WORK/preload.log" 2>&1 &
+  pids+=($!)
+  preload=$(up_in 60 "$hport" $! "$WORK/preload.log") || return 1
+  T0=$(date +%s.%N)
+  env $WARM_ENV "$BIN/gateway" serve "${common[@]}" --port "$port" --load-format ipc_cache \
+    --model-loader-extra-config "{\"fallback\": false, \"socket_dir\": \"$sock\"}" \
+    >"$WORK/warm.log" 2>&1 &
+  pids+=($!)
+  warm_s=$(up_in 60 "$port" $! "$WORK/warm.log") || return 1
+  greedy "$port" >"$WORK/warm.json" || return 1
+  grep -hE 'weights from|device weights mapped|weights on the GPU|weight cache ready' \
+    "$WORK/preload.log" "$WORK/warm.log" | sed 's/\x1b\[[0-9;]*m//g' | cut -c 1-300
+  local mapped=false same=false
+  grep -q 'device weights mapped from the weight cache' "$WORK/warm.log" && mapped=true
+  cmp -s "$WORK/cold.json" "$WORK/warm.json" && same=true
+  figure warm_restart "{\"cold_s\": $cold, \"preload_s\": $preload, \"warm_s\": $warm_s,
+    \"mapped\": $mapped, \"same_output\": $same}"
+  echo "cold start ${cold}s, preload ${preload}s, warm start ${warm_s}s (mapped: $mapped, same output: $same)"
+  [ "$mapped" = true ] || { echo "the warm start did not map the cached device weights"; rc=1; }
+  [ "$same" = true ] || { echo "warm and cold answers differ:"; cat "$WORK/cold.json" "$WORK/warm.json"; rc=1; }
+  kill -TERM "${pids[@]}" 2>/dev/null
+  wait
+  return $rc
+}
+
 # Races and bad accesses that the emulator cannot see (it runs a block's threads one at a time
 # between barriers), with the time the deadline leaves: each run gets what remains, and the
 # section says how many ran.
@@ -444,9 +520,9 @@ sanitize() {
   fi
 }
 
-export DRY PY TESTS SHAPES MAIN DEVICE DTYPE BENCH PEER NEW_TOKENS OUT WORK MODELS BIN KCACHE nv
+export WARM_ENV DRY PY TESTS SHAPES MAIN DEVICE DTYPE BENCH PEER NEW_TOKENS OUT WORK MODELS BIN KCACHE nv
 export -f figure last_json run_tests kernels_from_cache env_info kernel_cache kernel_tests decoder \
-  models parity bench http sanitize
+  models parity bench http up_in greedy warm sanitize
 
 section env env_info
 section nvrtc kernel_cache
@@ -455,6 +531,7 @@ section decoder decoder
 section models models
 section parity parity
 section http http
+section warm warm
 section bench bench
 section sanitize optional sanitize
 

@@ -10,7 +10,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use kernels::gpu::bringup::{self, CudaOpener, Opener, Step};
+use kernels::gpu::bringup::{self, Opener, Step};
 use kernels::gpu::{Gpu, GpuDType};
 
 use crate::error::{EngineError, Result};
@@ -130,7 +130,7 @@ impl Device {
 
 /// Resolve `--device` on the CUDA driver's devices (see [`resolve_with`]).
 pub fn resolve(request: DeviceRequest) -> Result<Device> {
-    resolve_with(request, &CudaOpener)
+    resolve_with(request, crate::fault::gpu_opener())
 }
 
 /// Resolve `--device`: open the device step by step through `opener` (probe, context, NVRTC,

@@ -233,7 +233,7 @@ impl EngineHandle {
     /// Resolve the device, load every model (decoders onto the device) and start the engine
     /// threads. Errors name the file or the device that failed.
     pub fn start(models: &[ModelSpec], config: &EngineConfig) -> Result<Self> {
-        Self::start_with(models, config, &kernels::gpu::CudaOpener)
+        Self::start_with(models, config, crate::fault::gpu_opener())
     }
 
     /// [`EngineHandle::start`] with GPUs opened through `opener` (tests open the emulator, or
@@ -275,7 +275,7 @@ impl EngineHandle {
             // Models load one after another before anything serves, so what the process
             // kept across a load is that model's.
             let before = footprint::rss_anon();
-            let mut model = load(spec, config, &device_label)?;
+            let (mut model, cached) = load(spec, config, &device_label)?;
             weights.push(footprint::weights(
                 std::path::Path::new(&spec.path),
                 before,
@@ -288,7 +288,8 @@ impl EngineHandle {
             let kv = match (&device, model) {
                 (Device::Gpu(gpu), LoadedModel::Decoder(mut d)) => {
                     d.model.set_activation_mode(config.activation_mode);
-                    let kv = match place::place_on_gpu(d.model.as_mut(), gpu, config, active) {
+                    let placed = place::place_on_gpu(d.model.as_mut(), gpu, config, active, cached);
+                    let kv = match placed {
                         Ok(placed) => {
                             d.model = placed.model;
                             Some(placed.kv_blocks)

@@ -8,7 +8,7 @@
 //! everything the table covers. Sampling goes through the model too ([`CausalLm::step`]), so a
 //! device model can sample where its logits are.
 
-use kernels::gpu::Gpu;
+use kernels::gpu::{Gpu, PackedWeights};
 use rand::rngs::StdRng;
 
 use crate::device::DTypeRequest;
@@ -316,6 +316,11 @@ pub struct StepShape {
     pub threads: usize,
 }
 
+/// What a model without a GPU implementation answers to the GPU calls.
+fn no_gpu() -> EngineError {
+    EngineError::BackendUnavailable("this model has no GPU implementation".into())
+}
+
 /// A Llama-family decoder (or any causal LM) behind the serving machinery.
 pub trait CausalLm: Send {
     fn info(&self) -> &DecoderInfo;
@@ -329,9 +334,26 @@ pub trait CausalLm: Send {
     /// without a GPU implementation say so.
     fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
         let _ = (gpu, dtype);
-        Err(EngineError::BackendUnavailable(
-            "this model has no GPU implementation".into(),
-        ))
+        Err(no_gpu())
+    }
+
+    /// This model's weights converted for `gpu` as `dtype` would convert them, packed into one
+    /// region other processes can map (what the weight cache's daemon holds on a GPU).
+    fn export_gpu_weights(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<PackedWeights> {
+        let _ = (gpu, dtype);
+        Err(no_gpu())
+    }
+
+    /// This model on `gpu` over `weights` that [`CausalLm::export_gpu_weights`] packed, in this
+    /// process or another: views of the shared memory, nothing converted or copied.
+    fn to_gpu_mapped(
+        &self,
+        gpu: &Gpu,
+        dtype: DTypeRequest,
+        weights: &PackedWeights,
+    ) -> Result<Box<dyn CausalLm>> {
+        let _ = (gpu, dtype, weights);
+        Err(no_gpu())
     }
 
     /// The weights this model holds where it runs, by stored type (empty where a model does

@@ -1,5 +1,7 @@
 //! `gateway preload`: hold one model's weights for engines started with
-//! `serve --load-format ipc_cache`, with an optional health server, until SIGTERM.
+//! `serve --load-format ipc_cache`, with an optional health server, until SIGTERM. With
+//! `--device cuda[:N]` the daemon also holds the converted device weights on that GPU, which
+//! engines on the same device map instead of uploading.
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -8,20 +10,26 @@ use std::time::Duration;
 use axum::extract::State;
 use axum::http::StatusCode;
 use axum::routing::get;
-use engine::device::DeviceRequest;
+use engine::device::{Device, DeviceRequest};
 use engine::weight_cache::daemon::{Daemon, Status};
-use engine::weight_cache::hold::hold_checkpoint;
+use engine::weight_cache::hold::{hold_checkpoint, hold_on_gpu};
 use engine::weight_cache::protocol::default_socket_dir;
 
 use crate::cli::PreloadArgs;
 use crate::state::{default_models, StartupError};
 
 pub async fn run(args: PreloadArgs) -> Result<(), StartupError> {
-    if let DeviceRequest::Cuda(n) = args.device {
-        return Err(StartupError(format!(
-            "--device cuda:{n}: the CUDA weight cache (device memory exported through CUDA IPC) is not built in this version; preload with --device cpu"
-        )));
-    }
+    // A GPU daemon opens its device before anything else, so a wrong flag fails at once.
+    let device = match args.device {
+        DeviceRequest::Cuda(_) => {
+            let request = args.device;
+            tokio::task::spawn_blocking(move || engine::device::resolve(request))
+                .await
+                .map_err(|e| StartupError(format!("opening the device stopped: {e}")))?
+                .map_err(|e| StartupError(e.to_string()))?
+        }
+        DeviceRequest::Cpu | DeviceRequest::Auto => Device::Cpu,
+    };
     let force = match args.force {
         Some(s) if !(s.is_finite() && s >= 0.0) => {
             return Err(StartupError(format!(
@@ -55,14 +63,18 @@ pub async fn run(args: PreloadArgs) -> Result<(), StartupError> {
     }
     let dtype = args.dtype;
     let load_path = path.clone();
-    let held = tokio::task::spawn_blocking(move || hold_checkpoint(&load_path, dtype, "cpu"))
-        .await
-        .map_err(|e| StartupError(format!("the load stopped: {e}")))?;
+    let held = tokio::task::spawn_blocking(move || match &device {
+        Device::Gpu(gpu) => hold_on_gpu(&load_path, dtype, gpu),
+        Device::Cpu => hold_checkpoint(&load_path, dtype, "cpu"),
+    })
+    .await
+    .map_err(|e| StartupError(format!("the load stopped: {e}")))?;
     match held {
         Ok(h) => {
             tracing::info!(
                 model = %name,
                 bytes = h.bytes(),
+                device_bytes = h.device_bytes(),
                 identity = %h.identity,
                 socket = %daemon.socket().display(),
                 "weight cache ready"

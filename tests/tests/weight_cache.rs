@@ -1,7 +1,8 @@
 //! `gateway preload` and `serve --load-format ipc_cache` as processes: the start-up log and
 //! the metrics say which path loaded the weights, a warm start answers exactly as a disk load,
 //! copy mode survives the daemon, health follows the daemon's parts, and bad configurations
-//! fail at start-up.
+//! fail at start-up. On a GPU (the kernels' emulator here, `ENGINE_TEST_DEVICE=emu`): the
+//! daemon's device weights are mapped, not uploaded, and the answers are a cold start's.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -45,10 +46,16 @@ struct Preload {
 
 impl Preload {
     fn start(socket_dir: &Path, extra: &[&str]) -> Preload {
-        Preload::start_model(&gguf(), NAME, socket_dir, extra)
+        Preload::start_model(&gguf(), NAME, socket_dir, extra, &[])
     }
 
-    fn start_model(model: &str, name: &str, socket_dir: &Path, extra: &[&str]) -> Preload {
+    fn start_model(
+        model: &str,
+        name: &str,
+        socket_dir: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Preload {
         let bin = must(gateway_bin());
         let port = must(free_port());
         let dir = must(TempDir::new("preload"));
@@ -63,6 +70,7 @@ impl Preload {
             .args(["--weight-cache-health-port", &port.to_string()])
             .args(extra)
             .env_remove("RUST_LOG")
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::from(out.try_clone().unwrap()))
             .stderr(Stdio::from(out))
@@ -165,15 +173,23 @@ async fn greedy(g: &Gateway) -> String {
 async fn greedy_of(g: &Gateway, name: &str) -> String {
     let body = json!({"model": name, "prompt": "The capital of France is", "max_tokens": 12,
         "temperature": 0, "ignore_eos": true});
+    completion(g, &body).await["text"]
+        .as_str()
+        .unwrap()
+        .to_string()
+}
+
+/// The first choice of a completion that must succeed.
+async fn completion(g: &Gateway, body: &Value) -> Value {
     let r = client()
         .post(format!("{}/v1/completions", g.base_url))
-        .json(&body)
+        .json(body)
         .send()
         .await
         .unwrap();
     assert_eq!(r.status().as_u16(), 200);
-    let v: Value = r.json().await.unwrap();
-    v["choices"][0]["text"].as_str().unwrap().to_string()
+    let mut v: Value = r.json().await.unwrap();
+    v["choices"][0].take()
 }
 
 /// `gateway upgrade-check` of a deployment started with `--load-format ipc_cache`.
@@ -333,7 +349,7 @@ async fn an_hf_folder_is_preloaded_and_served_warm() {
         .to_string();
     let name = "tiny-llama";
     let dir = must(TempDir::new("wc-hf"));
-    let mut daemon = Preload::start_model(&model, name, &dir.path, &[]);
+    let mut daemon = Preload::start_model(&model, name, &dir.path, &[], &[]);
     daemon.wait_ready().await;
     let served = |extra: &[&str]| {
         let mut args = vec!["--model", &model, "--served-model-name", name];
@@ -392,13 +408,142 @@ fn unknown_loader_config_keys_and_wrong_types_are_refused() {
     }
 }
 
+/// No GPU here (and no emulator asked for): a GPU daemon fails at once, naming the device,
+/// before it binds a socket or loads anything.
 #[test]
-fn preload_on_cuda_says_the_cuda_cache_is_not_built() {
+fn preload_on_cuda_without_a_gpu_fails_naming_the_device() {
     let out = Command::new(must(gateway_bin()))
         .args(["preload", "--model", &gguf(), "--device", "cuda"])
+        .env_remove("ENGINE_TEST_DEVICE")
         .output()
         .unwrap();
     assert!(!out.status.success());
     let text = String::from_utf8_lossy(&out.stderr);
-    assert!(text.contains("CUDA weight cache"), "{text}");
+    assert!(text.contains("--device cuda:0"), "{text}");
+    assert!(!text.contains("weight cache listening"), "{text}");
+}
+
+/// The test build's emulator as the CUDA device (see `engine/src/fault.rs`).
+const EMU: [(&str, &str); 1] = [("ENGINE_TEST_DEVICE", "emu")];
+
+/// `serve` arguments for `model` on the emulator (its KV cache sized by tokens, not by its
+/// nominal memory), through the weight cache with `cache` as the loader's config.
+fn on_emu(model: &str, name: &str, cache: Option<&Value>) -> Vec<String> {
+    let mut a: Vec<String> = [
+        "--model",
+        model,
+        "--served-model-name",
+        name,
+        "--device",
+        "cuda",
+        "--kv-cache-tokens",
+        "256",
+        "--max-model-len",
+        "256",
+        "--max-num-batched-tokens",
+        "64",
+    ]
+    .map(str::to_string)
+    .to_vec();
+    if let Some(c) = cache {
+        a.extend(["--load-format".into(), "ipc_cache".into()]);
+        a.extend(["--model-loader-extra-config".into(), c.to_string()]);
+    }
+    a
+}
+
+/// A greedy completion with top-2 logprobs, as JSON text (bit-for-bit comparisons).
+async fn greedy_logprobs(g: &Gateway, name: &str) -> String {
+    let body = json!({"model": name, "prompt": "hello there", "max_tokens": 6,
+        "temperature": 0, "ignore_eos": true, "logprobs": 2});
+    let c = completion(g, &body).await;
+    format!("{} {}", c["text"], c["logprobs"])
+}
+
+/// Files in /dev/shm now (the cache's memory is memfds, which leave none).
+fn shm_files() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_daemon_serves_mapped_device_weights_that_answer_as_a_cold_start() {
+    let model = workspace_root().join("tests/data/tiny-llama");
+    let model = model.to_str().unwrap();
+    let name = "tiny-gpu";
+    let dir = must(TempDir::new("wc-gpu"));
+    let shm = shm_files();
+
+    let cold_args = on_emu(model, name, None);
+    let cold_args: Vec<&str> = cold_args.iter().map(String::as_str).collect();
+    let cold = must(Gateway::start_with_env(&cold_args, &EMU).await);
+    assert!(
+        cold.output().contains("weights on the GPU"),
+        "{}",
+        cold.output()
+    );
+    let expected = greedy_logprobs(&cold, name).await;
+    drop(cold);
+
+    let mut daemon = Preload::start_model(model, name, &dir.path, &["--device", "cuda"], &EMU);
+    daemon.wait_ready().await;
+    assert!(
+        daemon.output().contains("device=emu:0"),
+        "{}",
+        daemon.output()
+    );
+
+    let config = json!({"socket_dir": dir.path, "fallback": false});
+    let warm_args = on_emu(model, name, Some(&config));
+    let warm_args: Vec<&str> = warm_args.iter().map(String::as_str).collect();
+    let mut warm = must(Gateway::start_with_env(&warm_args, &EMU).await);
+    let log = warm.output();
+    assert!(log.contains("bytes of device weights to map"), "{log}");
+    assert!(
+        log.contains("device weights mapped from the weight cache (nothing uploaded)"),
+        "{log}"
+    );
+    assert!(
+        !log.contains("weights on the GPU"),
+        "a warm start uploaded: {log}"
+    );
+    let line = weights_source_line(&warm).await;
+    assert!(line.contains("source=\"ipc_cache\""), "{line}");
+    assert_eq!(
+        greedy_logprobs(&warm, name).await,
+        expected,
+        "warm and cold differ"
+    );
+
+    // The server's exit releases its mapping: the daemon sees it detach, and no file is left.
+    assert!(warm.terminate(Duration::from_secs(30)).await.is_some());
+    let started = Instant::now();
+    while !daemon.output().contains("engine detached") {
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "{}",
+            daemon.output()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The daemon goes: an engine without fallback says so, after its short wait.
+    assert!(daemon.terminate(Duration::from_secs(30)).await.is_some());
+    let config = json!({"socket_dir": dir.path, "fallback": false, "state_timeout_s": 0.5});
+    let args = on_emu(model, name, Some(&config));
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    let (status, text) = must(common::run_to_exit_with_env(
+        &args,
+        &EMU,
+        Duration::from_secs(60),
+    ));
+    assert!(!status.success());
+    assert!(text.contains("no weight-cache daemon was ready"), "{text}");
+    assert_eq!(shm_files(), shm, "no shared-memory file left behind");
 }

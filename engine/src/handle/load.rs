@@ -5,11 +5,16 @@ use std::path::Path;
 use super::{EngineConfig, LoadedModel, ModelSpec};
 use crate::error::{EngineError, Result};
 use crate::load::CheckpointKind;
-use crate::weight_cache::{CacheRequest, LoadFormat, WeightsSource};
+use crate::weight_cache::{CacheRequest, CachedDevice, LoadFormat, WeightsSource};
 
 /// Dispatch a model to its loader as `--load-format` says, and say which path loaded it (a
-/// log line and the weights-source gauge). `device` is where the model will run.
-pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Result<LoadedModel> {
+/// log line and the weights-source gauge). `device` is where the model will run. With the
+/// model, the device weights a GPU weight cache handed over, for the bring-up to map.
+pub(super) fn load(
+    spec: &ModelSpec,
+    config: &EngineConfig,
+    device: &str,
+) -> Result<(LoadedModel, Option<CachedDevice>)> {
     let path = spec.path.as_str();
     let p = Path::new(path);
     if !p.exists() {
@@ -50,9 +55,9 @@ pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Res
                 device,
             };
             match crate::weight_cache::load_decoder(p, &req)? {
-                Ok((decoder, source)) => {
+                Ok((decoder, source, device)) => {
                     announce(spec, &source);
-                    return Ok(LoadedModel::Decoder(decoder));
+                    return Ok((LoadedModel::Decoder(decoder), device));
                 }
                 Err(why) => why,
             }
@@ -60,7 +65,7 @@ pub(super) fn load(spec: &ModelSpec, config: &EngineConfig, device: &str) -> Res
     };
     let model = load_from_disk(path, p, kind)?;
     announce(spec, &WeightsSource::Disk { reason });
-    Ok(model)
+    Ok((model, None))
 }
 
 fn announce(spec: &ModelSpec, source: &WeightsSource) {

@@ -8,8 +8,9 @@ use kernels::gpu::{Gpu, Step};
 
 use super::start::kv_budget;
 use super::EngineConfig;
-use crate::device::one_line;
+use crate::device::{one_line, DTypeRequest};
 use crate::model::{ActivationMode, CausalLm, KvBudget, SeqChunk};
+use crate::weight_cache::CachedDevice;
 
 /// A decoder on its GPU, its KV cache allocated and its self-test passed.
 pub(super) struct Placed {
@@ -39,14 +40,15 @@ const SELF_TEST_TOLERANCE: f32 = 0.15;
 const SELF_TEST_PREFILL: usize = 3;
 
 /// Put `host` on `gpu` as `config` asks, leaving `host` as it was (it serves on the CPU if
-/// this fails).
+/// this fails). `cached`: device weights from the weight cache, mapped instead of uploaded.
 pub(super) fn place_on_gpu(
     host: &mut dyn CausalLm,
     gpu: &Gpu,
     config: &EngineConfig,
     active: usize,
+    cached: Option<CachedDevice>,
 ) -> Result<Placed, PlaceError> {
-    let result = steps(host, gpu, config, active);
+    let result = steps(host, gpu, config, active, cached);
     gpu.enter(None);
     result
 }
@@ -63,11 +65,14 @@ fn steps(
     gpu: &Gpu,
     config: &EngineConfig,
     active: usize,
+    cached: Option<CachedDevice>,
 ) -> Result<Placed, PlaceError> {
     gpu.enter(Some(Step::Weights));
-    let mut model = host
-        .to_gpu(gpu, config.dtype)
-        .map_err(fail(Step::Weights))?;
+    let mut model = match cached {
+        Some(c) => from_cache(host, gpu, config.dtype, &c),
+        None => host.to_gpu(gpu, config.dtype),
+    }
+    .map_err(fail(Step::Weights))?;
     gpu.enter(Some(Step::KvCache));
     let kv_blocks = model
         .allocate_kv(config.block_size, &kv_budget(config, active))
@@ -78,6 +83,39 @@ fn steps(
         why,
     })?;
     Ok(Placed { model, kv_blocks })
+}
+
+/// The model over the weight cache's device weights, mapped, not uploaded. When they cannot
+/// be mapped, `fallback` uploads from the host model, saying why; without it the weights
+/// step fails.
+fn from_cache(
+    host: &dyn CausalLm,
+    gpu: &Gpu,
+    dtype: DTypeRequest,
+    cached: &CachedDevice,
+) -> crate::error::Result<Box<dyn CausalLm>> {
+    let mapped = cached
+        .map(gpu)
+        .and_then(|packed| host.to_gpu_mapped(gpu, dtype, &packed));
+    match mapped {
+        Ok(model) => {
+            tracing::info!(
+                device = %gpu.info().label(),
+                bytes = cached.bytes(),
+                "device weights mapped from the weight cache (nothing uploaded)"
+            );
+            Ok(model)
+        }
+        Err(e) if cached.fallback => {
+            tracing::warn!(
+                device = %gpu.info().label(),
+                "the weight cache's device weights cannot be used ({}): uploading from the checkpoint",
+                one_line(&e)
+            );
+            host.to_gpu(gpu, dtype)
+        }
+        Err(e) => Err(e),
+    }
 }
 
 /// Prefill a few tokens and decode one on both models, and compare the decode step's logits.

@@ -46,7 +46,7 @@ pub use rules::{
 
 use std::sync::{Arc, Mutex};
 
-use kernels::gpu::{Gpu, GpuDType};
+use kernels::gpu::{Gpu, GpuDType, PackedWeights};
 use kernels::{DType, MatmulJob, QMatrix};
 use memmap2::Mmap;
 
@@ -346,6 +346,22 @@ impl CausalLm for LlamaModel {
     fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
         let stored = self.stored_dtype();
         let mut m = GpuLlama::from_host(self, gpu.clone(), dtype.resolve(stored))?;
+        m.set_activation_mode(self.activation_mode);
+        Ok(Box::new(m))
+    }
+
+    fn export_gpu_weights(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<PackedWeights> {
+        GpuLlama::from_host(self, gpu.clone(), dtype.resolve(self.stored_dtype()))?.export()
+    }
+
+    fn to_gpu_mapped(
+        &self,
+        gpu: &Gpu,
+        dtype: DTypeRequest,
+        weights: &PackedWeights,
+    ) -> Result<Box<dyn CausalLm>> {
+        let dtype = dtype.resolve(self.stored_dtype());
+        let mut m = GpuLlama::from_packed(self, gpu.clone(), dtype, weights)?;
         m.set_activation_mode(self.activation_mode);
         Ok(Box::new(m))
     }

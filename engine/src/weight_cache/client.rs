@@ -12,6 +12,7 @@ use rustix::fs::{fcntl_get_seals, SealFlags};
 use thiserror::Error;
 
 use super::config::{CacheMode, LoaderConfig};
+use super::device::CachedDevice;
 use super::identity::{describe_diffs, CacheIdentity, FieldDiff};
 use super::protocol::{self, PartInfo, Reply, Request};
 
@@ -44,6 +45,8 @@ pub struct Attachment {
     pub parts: Vec<PartInfo>,
     pub maps: Vec<Arc<Mmap>>,
     pub mode: CacheMode,
+    /// The device weights of a daemon holding them on a GPU, mapped at the bring-up.
+    pub device: Option<CachedDevice>,
 }
 
 impl Attachment {
@@ -116,12 +119,13 @@ fn attach_once(
         )),
         _ => unavailable("no answer within connect_timeout_s from", e),
     })?;
-    let (pid, identity, parts) = match reply {
+    let (pid, identity, parts, device) = match reply {
         Reply::Ready {
             pid,
             identity,
             parts,
-        } => (pid, identity, parts),
+            device,
+        } => (pid, identity, parts, device),
         Reply::Loading => {
             return Err(AttachError::Unavailable(
                 "the daemon is still loading".into(),
@@ -143,13 +147,23 @@ fn attach_once(
     if !diffs.is_empty() {
         return Err(AttachError::Mismatch(diffs));
     }
-    if fds.len() != parts.len() {
+    let mut fds = fds;
+    let expected = parts.len() + usize::from(device.is_some());
+    if fds.len() != expected {
         return Err(AttachError::Protocol(format!(
-            "{} parts announced, {} memory handles received",
-            parts.len(),
+            "{expected} memory handles announced, {} received",
             fds.len()
         )));
     }
+    // `copy` leaves the daemon free to release right after the answer, so the device weights
+    // are only mapped in `zero_copy`; a copying engine uploads them from its copy of the files.
+    let device = match (device, fds.len() > parts.len()) {
+        (Some(d), true) => fds
+            .pop()
+            .filter(|_| cfg.mode == CacheMode::ZeroCopy)
+            .map(|fd| CachedDevice::new(*d, fd, cfg.fallback)),
+        _ => None,
+    };
     let mut maps = Vec::with_capacity(parts.len());
     for (part, fd) in parts.iter().zip(fds) {
         let seals = fcntl_get_seals(&fd)
@@ -197,6 +211,7 @@ fn attach_once(
         parts,
         maps,
         mode: cfg.mode,
+        device,
     })
 }
 

@@ -334,11 +334,22 @@ fn serve_engine(conn: UnixStream, shared: &Arc<Shared>) {
         );
         return reply_only(Reply::Mismatch { fields: diffs });
     }
-    let fds: Vec<_> = held.parts.iter().map(|(_, fd)| fd.as_fd()).collect();
+    let mut fds: Vec<_> = held.parts.iter().map(|(_, fd)| fd.as_fd()).collect();
+    if let Some(d) = &held.device {
+        match d.handle() {
+            Ok(h) => fds.push(h),
+            Err(e) => {
+                return reply_only(Reply::Unavailable {
+                    reason: e.to_string(),
+                })
+            }
+        }
+    }
     let reply = Reply::Ready {
         pid: std::process::id(),
         identity: held.identity.clone(),
         parts: held.parts.iter().map(|(p, _)| p.clone()).collect(),
+        device: held.device.as_ref().map(|d| Box::new(d.wire())),
     };
     shared.attached.fetch_add(1, Ordering::SeqCst);
     if let Err(e) = protocol::send(&conn, &reply, &fds) {

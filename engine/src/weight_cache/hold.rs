@@ -1,5 +1,6 @@
 //! What the daemon holds: a checkpoint's weights, processed as the engine processes them at
-//! load, in sealed memfds (one per file), with the identity engines compare before mapping.
+//! load, in sealed memfds (one per file), with the identity engines compare before mapping;
+//! on a GPU also the converted device weights ([`super::device`]).
 
 use std::fs::File;
 use std::io;
@@ -11,8 +12,11 @@ use std::time::Instant;
 use memmap2::Mmap;
 use rustix::fs::{fcntl_add_seals, memfd_create, MemfdFlags, SealFlags};
 
+use kernels::gpu::Gpu;
+
+use super::device::HeldDevice;
 use super::identity::{describe_diffs, stamp_diffs, CacheIdentity, FileStamp, Role};
-use super::protocol::PartInfo;
+use super::protocol::{PartInfo, MAX_PARTS};
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -24,6 +28,8 @@ use crate::load::CheckpointKind;
 pub struct Held {
     pub identity: CacheIdentity,
     pub(super) parts: Vec<(PartInfo, OwnedFd)>,
+    /// The device weights, when held for a GPU.
+    pub(super) device: Option<HeldDevice>,
     origin: Origin,
 }
 
@@ -32,7 +38,8 @@ pub struct Held {
 struct Origin {
     path: PathBuf,
     dtype: DTypeRequest,
-    device: String,
+    /// `None`: held for the CPU.
+    gpu: Option<Gpu>,
 }
 
 impl Held {
@@ -54,9 +61,18 @@ impl Held {
         }
     }
 
+    /// Bytes of the device weights (0 when held for the CPU).
+    pub fn device_bytes(&self) -> u64 {
+        self.device.as_ref().map_or(0, HeldDevice::bytes)
+    }
+
     /// The same checkpoint held again from its files as they are now.
     pub fn reload(&self) -> Result<Held> {
-        hold_checkpoint(&self.origin.path, self.origin.dtype, &self.origin.device)
+        hold(
+            &self.origin.path,
+            self.origin.dtype,
+            self.origin.gpu.as_ref(),
+        )
     }
 
     /// The same memory under another identity (tests of the mismatch path).
@@ -171,7 +187,7 @@ impl Cacheable {
 pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result<Held> {
     if device != "cpu" {
         return Err(EngineError::BackendUnavailable(format!(
-            "the CUDA weight cache is not built in this version: only --device cpu can be preloaded (asked: {device})"
+            "{device}: weights are held for a GPU once it is opened (hold_on_gpu)"
         )));
     }
     if dtype != DTypeRequest::Auto {
@@ -179,6 +195,19 @@ pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result
             "--dtype {dtype} applies to GPU models; the CPU engine serves the checkpoint's stored types (use --dtype auto)"
         )));
     }
+    hold(path, dtype, None)
+}
+
+/// [`hold_checkpoint`] for engines on `gpu`: the files' bytes as on the CPU (the engine's host
+/// model maps them, for its self-test and a CPU fallback), and the device weights converted as
+/// `dtype` (`--dtype`), uploaded once and packed in one region engines map.
+pub fn hold_on_gpu(path: &Path, dtype: DTypeRequest, gpu: &Gpu) -> Result<Held> {
+    hold(path, dtype, Some(gpu))
+}
+
+fn hold(path: &Path, dtype: DTypeRequest, gpu: Option<&Gpu>) -> Result<Held> {
+    let device = gpu.map_or_else(|| "cpu".to_string(), |g| g.info().label());
+    let device = device.as_str();
     let name = path.display().to_string();
     let started = Instant::now();
     let what = Cacheable::of(path)?;
@@ -218,20 +247,36 @@ pub fn hold_checkpoint(path: &Path, dtype: DTypeRequest, device: &str) -> Result
         }
         tracing::warn!(model = %name, "the checkpoint changed while it was copied ({}); copying again", describe_diffs(&diffs));
     };
-    drop(what.decoder(maps)?);
+    let decoder = what.decoder(maps)?;
+    let device_weights = match gpu {
+        None => None,
+        Some(_) if parts.len() >= MAX_PARTS => {
+            return Err(EngineError::load(
+                &name,
+                format!(
+                    "{} weight files and the device weights pass the {MAX_PARTS} handles one answer carries",
+                    parts.len()
+                ),
+            ))
+        }
+        Some(g) => Some(HeldDevice::convert(&decoder, g, dtype)?),
+    };
+    drop(decoder);
     let held = Held {
         identity,
         parts,
+        device: device_weights,
         origin: Origin {
             path: path.to_path_buf(),
             dtype,
-            device: device.to_string(),
+            gpu: gpu.cloned(),
         },
     };
     tracing::info!(
         model = %name,
         parts = held.parts.len(),
         bytes = held.bytes(),
+        device_bytes = held.device_bytes(),
         identity = %held.identity,
         elapsed_ms = started.elapsed().as_millis() as u64,
         "weights held in shared memory"

@@ -10,6 +10,7 @@
 pub mod client;
 pub mod config;
 pub mod daemon;
+pub mod device;
 pub mod hold;
 pub mod identity;
 pub mod protocol;
@@ -17,6 +18,7 @@ pub mod protocol;
 use std::path::Path;
 
 pub use config::{CacheMode, LoadFormat, LoaderConfig};
+pub use device::CachedDevice;
 pub use identity::{CacheIdentity, Role};
 
 use crate::device::DTypeRequest;
@@ -32,6 +34,8 @@ pub enum WeightsSource {
     IpcCache {
         pid: u32,
         bytes: u64,
+        /// Bytes of device weights handed over to be mapped (0: none).
+        device_bytes: u64,
         identity: String,
     },
 }
@@ -53,11 +57,18 @@ impl WeightsSource {
             WeightsSource::IpcCache {
                 pid,
                 bytes,
+                device_bytes,
                 identity,
-            } => tracing::info!(
-                model,
-                "weights from ipc_cache (daemon pid {pid}, {bytes} bytes, identity {identity})"
-            ),
+            } => {
+                let device = match device_bytes {
+                    0 => String::new(),
+                    n => format!("; {n} bytes of device weights to map"),
+                };
+                tracing::info!(
+                    model,
+                    "weights from ipc_cache (daemon pid {pid}, {bytes} bytes, identity {identity}{device})"
+                )
+            }
         }
     }
 }
@@ -72,13 +83,17 @@ pub struct CacheRequest<'a> {
     pub device: &'a str,
 }
 
+/// A decoder loaded through the cache: its host model over the daemon's memory, where its
+/// weights came from, and the device weights to map when the daemon holds them on a GPU.
+pub type CachedDecoder = (LoadedDecoder, WeightsSource, Option<CachedDevice>);
+
 /// Loads a decoder (GGUF, or an HF safetensors folder) through the cache. `Ok(Err(reason))`
 /// means "load from disk" (only with `fallback`); a checkpoint the cache cannot hold is an
 /// error either way.
 pub fn load_decoder(
     path: &Path,
     req: &CacheRequest<'_>,
-) -> Result<std::result::Result<(LoadedDecoder, WeightsSource), String>> {
+) -> Result<std::result::Result<CachedDecoder, String>> {
     let what = hold::Cacheable::of(path)?;
     let want = what.identity(req.dtype, req.device, Role::Target)?;
     let dir = req
@@ -97,6 +112,7 @@ pub fn load_decoder(
     let source = WeightsSource::IpcCache {
         pid: att.pid,
         bytes: att.bytes(),
+        device_bytes: att.device.as_ref().map_or(0, CachedDevice::bytes),
         identity: att.identity.to_string(),
     };
     let parts = att
@@ -105,5 +121,5 @@ pub fn load_decoder(
         .map(|p| p.name)
         .zip(att.maps)
         .collect();
-    Ok(Ok((what.decoder(parts)?, source)))
+    Ok(Ok((what.decoder(parts)?, source, att.device)))
 }

@@ -21,7 +21,7 @@ use super::identity::{CacheIdentity, FieldDiff};
 
 /// Frames larger than this are refused (the largest real one is a `Ready` with a few parts).
 const MAX_FRAME: usize = 1 << 20;
-/// The most memfds one `Ready` carries.
+/// The most fds one `Ready` carries (a checkpoint's files and the device weights).
 pub const MAX_PARTS: usize = 16;
 
 /// Engine to daemon.
@@ -45,6 +45,23 @@ pub struct PartInfo {
     pub len: u64,
 }
 
+/// Device weights a GPU daemon holds (`preload --device cuda`): one shared region, passed as
+/// the last fd of the `Ready` frame, and where each buffer lies in it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceWeights {
+    /// The region's size (rounded up to the device's granularity).
+    pub bytes: u64,
+    pub slots: Vec<DeviceSlot>,
+}
+
+/// One buffer of [`DeviceWeights`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DeviceSlot {
+    pub name: String,
+    pub offset: u64,
+    pub bytes: u64,
+}
+
 /// Daemon to engine.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -55,11 +72,14 @@ pub enum Reply {
     Reloading { reason: String },
     /// The daemon holds other weights: every differing field.
     Mismatch { fields: Vec<FieldDiff> },
-    /// The weights, one memfd per part attached to this frame.
+    /// The weights, one memfd per part attached to this frame, then the device weights'
+    /// handle where the daemon holds them on a GPU.
     Ready {
         pid: u32,
         identity: CacheIdentity,
         parts: Vec<PartInfo>,
+        #[serde(default)]
+        device: Option<Box<DeviceWeights>>,
     },
     /// The daemon failed to load or is shutting down.
     Unavailable { reason: String },

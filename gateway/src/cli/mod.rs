@@ -54,7 +54,8 @@ pub struct PreloadArgs {
         default_value = "auto"
     )]
     pub dtype: DTypeRequest,
-    /// Where the held weights live: `cpu` (shared memory). The CUDA cache is not built yet.
+    /// Where the held weights live: `cpu` (shared memory), or `cuda[:N]` (the files' bytes in
+    /// shared memory and the converted device weights on that GPU, exported to engines on it).
     #[arg(long = "device", value_name = "cpu|cuda[:N]", default_value = "cpu")]
     pub device: DeviceRequest,
     /// The socket folder (created mode 0700); default `$XDG_RUNTIME_DIR/gateway-weight-cache`

@@ -8,6 +8,7 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_void, CString};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -19,7 +20,8 @@ use super::blas_map::{self, BlasCompute, BlasOp, BlasType};
 use super::bringup::Opening;
 use super::sources::{Source, SOURCES};
 use super::{
-    nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuError, Launch, Result, UPLOAD_CHUNK,
+    cuda_vmm, nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuError, Launch, Result,
+    UPLOAD_CHUNK,
 };
 
 fn driver(call: &'static str) -> impl Fn(result::DriverError) -> GpuError {
@@ -294,6 +296,24 @@ impl Backend for CudaBackend {
             if let Err(e) = unsafe { result::free_sync(ptr.0) } {
                 tracing::warn!("cuMemFree failed: {e:?}");
             }
+        }
+    }
+
+    fn alloc_exportable(&self, bytes: usize) -> Result<(DevicePtr, usize, OwnedFd)> {
+        self.bind()?;
+        cuda_vmm::export(self.info.ordinal, bytes)
+    }
+
+    fn import(&self, handle: BorrowedFd<'_>, bytes: usize) -> Result<DevicePtr> {
+        self.bind()?;
+        cuda_vmm::import(self.info.ordinal, handle, bytes)
+    }
+
+    unsafe fn release_shared(&self, ptr: DevicePtr, bytes: usize) {
+        // Earlier work may still read the range.
+        if self.bind().and_then(|()| self.stream_sync()).is_ok() {
+            // SAFETY: the caller's promise, passed on.
+            unsafe { cuda_vmm::release(ptr, bytes) }
         }
     }
 

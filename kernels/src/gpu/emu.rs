@@ -10,6 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::ffi::{c_char, c_void, CStr, CString};
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Mutex;
 
 use rayon::prelude::*;
@@ -109,8 +110,23 @@ const NOMINAL_MEMORY: usize = 16 << 30;
 
 struct Allocation {
     bytes: usize,
-    layout: std::alloc::Layout,
-    base: *mut u8,
+    memory: Memory,
+}
+
+/// Where an allocation's bytes live.
+enum Memory {
+    /// Private heap memory with guard bytes on either side.
+    Heap {
+        layout: std::alloc::Layout,
+        base: *mut u8,
+    },
+    /// A shared mapping of a memfd ([`super::share`]): exported (writable) or imported from
+    /// another process (read-only: the backend refuses to write it, and a kernel that did
+    /// would fault). No guard bytes: the bytes are the other process's too.
+    Shared {
+        _map: memmap2::MmapRaw,
+        writable: bool,
+    },
 }
 
 // SAFETY: the raw pointer is only an address of memory this backend owns; access to the table
@@ -143,29 +159,70 @@ impl EmuBackend {
 
     /// Checks that `[ptr, ptr + bytes)` lies inside one live allocation.
     fn check_range(&self, ptr: DevicePtr, bytes: usize, what: &str) -> Result<()> {
+        self.check_access(ptr, bytes, what, false)
+    }
+
+    /// [`Self::check_range`] for a write: an imported shared region is read-only.
+    fn check_write(&self, ptr: DevicePtr, bytes: usize, what: &str) -> Result<()> {
+        self.check_access(ptr, bytes, what, true)
+    }
+
+    fn check_access(&self, ptr: DevicePtr, bytes: usize, what: &str, write: bool) -> Result<()> {
         let table = self.table();
-        let inside = table
+        let Some(a) = table
             .range(..=ptr.0)
             .next_back()
-            .is_some_and(|(&start, a)| ptr.0 + bytes as u64 <= start + a.bytes as u64);
-        if inside {
-            Ok(())
-        } else {
-            Err(GpuError::Invalid(format!(
+            .filter(|(&start, a)| ptr.0 + bytes as u64 <= start + a.bytes as u64)
+            .map(|(_, a)| a)
+        else {
+            return Err(GpuError::Invalid(format!(
                 "{what}: {bytes} bytes at {:#x} are not inside one device allocation",
                 ptr.0
-            )))
+            )));
+        };
+        if write
+            && matches!(
+                a.memory,
+                Memory::Shared {
+                    writable: false,
+                    ..
+                }
+            )
+        {
+            return Err(GpuError::Invalid(format!(
+                "{what}: {bytes} bytes at {:#x} are in memory mapped read-only from another process",
+                ptr.0
+            )));
         }
+        Ok(())
+    }
+
+    fn insert_shared(&self, map: memmap2::MmapRaw, bytes: usize, writable: bool) -> DevicePtr {
+        let ptr = map.as_mut_ptr() as u64;
+        self.table().insert(
+            ptr,
+            Allocation {
+                bytes,
+                memory: Memory::Shared {
+                    _map: map,
+                    writable,
+                },
+            },
+        );
+        DevicePtr(ptr)
     }
 
     fn check_guards(&self) -> std::result::Result<(), String> {
         let table = self.table();
         for (&start, a) in table.iter() {
+            let Memory::Heap { base, .. } = a.memory else {
+                continue;
+            };
             // SAFETY: the guard bytes belong to this live allocation.
             let (front, back) = unsafe {
                 (
-                    std::slice::from_raw_parts(a.base, GUARD),
-                    std::slice::from_raw_parts(a.base.add(GUARD + a.bytes), GUARD),
+                    std::slice::from_raw_parts(base, GUARD),
+                    std::slice::from_raw_parts(base.add(GUARD + a.bytes), GUARD),
                 )
             };
             if let Some(i) = back.iter().position(|&b| b != GUARD_BYTE) {
@@ -221,8 +278,7 @@ impl Backend for EmuBackend {
             ptr,
             Allocation {
                 bytes,
-                layout,
-                base,
+                memory: Memory::Heap { layout, base },
             },
         );
         Ok(DevicePtr(ptr))
@@ -230,13 +286,68 @@ impl Backend for EmuBackend {
 
     unsafe fn free(&self, ptr: DevicePtr) {
         if let Some(a) = self.table().remove(&ptr.0) {
-            // SAFETY: allocated in `alloc` with this layout, removed from the table once.
-            unsafe { std::alloc::dealloc(a.base, a.layout) };
+            release(a);
+        }
+    }
+
+    fn alloc_exportable(&self, bytes: usize) -> Result<(DevicePtr, usize, OwnedFd)> {
+        let fail = |what: &str, e: std::io::Error| GpuError::Driver {
+            call: "emulated export",
+            message: format!("{what}: {e}"),
+        };
+        let fd =
+            rustix::fs::memfd_create("gateway-device-weights", rustix::fs::MemfdFlags::CLOEXEC)
+                .map_err(|e| fail("memfd_create", e.into()))?;
+        let file = std::fs::File::from(fd);
+        file.set_len(bytes as u64)
+            .map_err(|e| fail("cannot size the memfd", e))?;
+        let map = memmap2::MmapOptions::new()
+            .len(bytes)
+            .map_raw(&file)
+            .map_err(|e| fail("cannot map the memfd", e))?;
+        // SAFETY: `bytes` writable bytes, mapped above; unwritten memory reads as NaN, as `alloc`'s.
+        unsafe { std::ptr::write_bytes(map.as_mut_ptr(), 0xFF, bytes) };
+        Ok((
+            self.insert_shared(map, bytes, true),
+            bytes,
+            OwnedFd::from(file),
+        ))
+    }
+
+    fn import(&self, handle: BorrowedFd<'_>, bytes: usize) -> Result<DevicePtr> {
+        let fail = |message: String| GpuError::Driver {
+            call: "emulated import",
+            message,
+        };
+        let file = std::fs::File::from(
+            handle
+                .try_clone_to_owned()
+                .map_err(|e| fail(format!("cannot duplicate the handle: {e}")))?,
+        );
+        let len = file
+            .metadata()
+            .map_err(|e| fail(format!("cannot stat the handle: {e}")))?
+            .len();
+        if len < bytes as u64 {
+            return Err(fail(format!(
+                "the shared memory holds {len} bytes, {bytes} were announced"
+            )));
+        }
+        let map = memmap2::MmapOptions::new()
+            .len(bytes)
+            .map_raw_read_only(&file)
+            .map_err(|e| fail(format!("cannot map the shared memory: {e}")))?;
+        Ok(self.insert_shared(map, bytes, false))
+    }
+
+    unsafe fn release_shared(&self, ptr: DevicePtr, _bytes: usize) {
+        if let Some(a) = self.table().remove(&ptr.0) {
+            release(a);
         }
     }
 
     fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
-        self.check_range(dst, src.len(), "upload")?;
+        self.check_write(dst, src.len(), "upload")?;
         // SAFETY: the range lies inside a live allocation (checked above).
         unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), dst.0 as *mut u8, src.len()) };
         Ok(())
@@ -250,7 +361,7 @@ impl Backend for EmuBackend {
     }
 
     fn copy(&self, dst: DevicePtr, src: DevicePtr, bytes: usize) -> Result<()> {
-        self.check_range(dst, bytes, "copy destination")?;
+        self.check_write(dst, bytes, "copy destination")?;
         self.check_range(src, bytes, "copy source")?;
         // SAFETY: both ranges lie inside live allocations; `copy` allows overlap.
         unsafe { std::ptr::copy(src.0 as *const u8, dst.0 as *mut u8, bytes) };
@@ -258,7 +369,7 @@ impl Backend for EmuBackend {
     }
 
     fn memset(&self, dst: DevicePtr, byte: u8, bytes: usize) -> Result<()> {
-        self.check_range(dst, bytes, "memset")?;
+        self.check_write(dst, bytes, "memset")?;
         // SAFETY: as above.
         unsafe { std::ptr::write_bytes(dst.0 as *mut u8, byte, bytes) };
         Ok(())
@@ -327,7 +438,7 @@ impl Backend for EmuBackend {
         }
         self.check_range(g.a, ((g.m - 1) * g.lda + g.k) * es, "gemm A")?;
         self.check_range(g.b, ((g.n - 1) * g.ldb + g.k) * es, "gemm B")?;
-        self.check_range(g.c, ((g.m - 1) * g.ldc + g.n) * 4, "gemm C")?;
+        self.check_write(g.c, ((g.m - 1) * g.ldc + g.n) * 4, "gemm C")?;
         let load = |p: DevicePtr, i: usize| -> f32 {
             // SAFETY: every index read is inside the ranges checked above.
             unsafe {
@@ -378,9 +489,14 @@ impl Backend for EmuBackend {
 impl Drop for EmuBackend {
     fn drop(&mut self) {
         let table = std::mem::take(&mut *self.table());
-        for a in table.into_values() {
-            // SAFETY: each allocation was made in `alloc` with its layout and is freed once.
-            unsafe { std::alloc::dealloc(a.base, a.layout) };
-        }
+        table.into_values().for_each(release);
+    }
+}
+
+/// Frees an allocation taken out of the table (a shared one is unmapped as its map drops).
+fn release(a: Allocation) {
+    if let Memory::Heap { layout, base } = a.memory {
+        // SAFETY: allocated in `alloc` with this layout, and out of the table, so freed once.
+        unsafe { std::alloc::dealloc(base, layout) };
     }
 }

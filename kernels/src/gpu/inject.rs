@@ -3,6 +3,7 @@
 //! and whose backend fails the engine's steps (weights, KV cache, self-test) when the engine
 //! enters them.
 
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::Arc;
 
@@ -108,6 +109,23 @@ impl Backend for FaultyBackend {
     unsafe fn free(&self, ptr: DevicePtr) {
         // SAFETY: forwarded under the caller's guarantee.
         unsafe { self.inner.free(ptr) }
+    }
+    fn alloc_exportable(&self, bytes: usize) -> Result<(DevicePtr, usize, OwnedFd)> {
+        self.inner.alloc_exportable(bytes)
+    }
+    /// Mapping another process's weights is the weights step's work: it fails there.
+    fn import(&self, handle: BorrowedFd<'_>, bytes: usize) -> Result<DevicePtr> {
+        if self.in_faulty_step() && self.step == Step::Weights {
+            return Err(GpuError::Driver {
+                call: "import (injected)",
+                message: "the mapping failed".into(),
+            });
+        }
+        self.inner.import(handle, bytes)
+    }
+    unsafe fn release_shared(&self, ptr: DevicePtr, bytes: usize) {
+        // SAFETY: forwarded under the caller's guarantee.
+        unsafe { self.inner.release_shared(ptr, bytes) }
     }
     fn upload(&self, dst: DevicePtr, src: &[u8]) -> Result<()> {
         self.inner.upload(dst, src)

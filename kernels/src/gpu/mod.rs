@@ -18,15 +18,19 @@ pub mod blas_map;
 pub mod bringup;
 #[cfg(feature = "cuda")]
 mod cuda;
+#[cfg(feature = "cuda")]
+mod cuda_vmm;
 #[cfg(feature = "emu")]
 mod emu;
 #[cfg(feature = "cuda")]
 pub mod nvrtc;
 pub mod ops;
 mod probe;
+pub mod share;
 pub mod sources;
 
 use std::fmt;
+use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::Arc;
 
 pub use probe::{probe, Availability, NOT_BUILT};
@@ -37,6 +41,7 @@ pub use emu::{emulated_kernels, EmuOpener};
 pub mod inject;
 
 pub use bringup::{CudaOpener, Opener, Step, StepError};
+pub use share::{PackedWeights, SharedRegion, Slot};
 
 /// A device address. In the emulator it is a host address.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
@@ -308,6 +313,35 @@ pub trait Backend: Send + Sync {
     fn synchronize(&self) -> Result<()>;
     /// (free, total) bytes of device memory.
     fn memory(&self) -> Result<(usize, usize)>;
+    /// Allocate at least `bytes` of device memory that another process can map, and the
+    /// handle that lets it: a file descriptor (a CUDA VMM POSIX-fd shareable handle, or the
+    /// emulator's memfd) to pass over a Unix socket. Returns the address, the bytes really
+    /// allocated (rounded up to the backend's granularity) and the handle. Backends that
+    /// cannot share memory say so.
+    fn alloc_exportable(&self, bytes: usize) -> Result<(DevicePtr, usize, OwnedFd)> {
+        let _ = bytes;
+        Err(GpuError::Unavailable(format!(
+            "{} cannot share device memory with other processes",
+            self.info().label()
+        )))
+    }
+    /// Map `bytes` of memory another process exported with [`Backend::alloc_exportable`]
+    /// (its `handle`) into this device's address space. The handle may be closed afterwards.
+    fn import(&self, handle: BorrowedFd<'_>, bytes: usize) -> Result<DevicePtr> {
+        let _ = (handle, bytes);
+        Err(GpuError::Unavailable(format!(
+            "{} cannot map device memory of other processes",
+            self.info().label()
+        )))
+    }
+    /// Unmap and release memory of [`Backend::alloc_exportable`] or [`Backend::import`].
+    ///
+    /// # Safety
+    /// `ptr` and `bytes` came from one of those calls on this backend, and nothing uses the
+    /// range afterwards.
+    unsafe fn release_shared(&self, ptr: DevicePtr, bytes: usize) {
+        let _ = (ptr, bytes);
+    }
     /// The engine is about to do `step` of putting a model on this device (`None`: bring-up
     /// is over): what it allocates and copies until the next call serves that step. Backends
     /// may log it; the tests' fault injector fails the step's work.
@@ -366,6 +400,7 @@ impl Gpu {
             ptr,
             bytes,
             gpu: self.clone(),
+            region: None,
         })
     }
 
@@ -450,11 +485,13 @@ impl Gpu {
     }
 }
 
-/// One device allocation, freed on drop.
+/// One device allocation, freed on drop; or a view into a [`SharedRegion`], which it keeps
+/// mapped while it lives.
 pub struct GpuBuffer {
     ptr: DevicePtr,
     bytes: usize,
     gpu: Gpu,
+    region: Option<Arc<SharedRegion>>,
 }
 
 impl fmt::Debug for GpuBuffer {
@@ -486,8 +523,10 @@ impl GpuBuffer {
 
 impl Drop for GpuBuffer {
     fn drop(&mut self) {
-        // SAFETY: the buffer owns `ptr`, allocated by this backend, and is going away.
-        unsafe { self.gpu.backend.free(self.ptr) }
+        if self.region.is_none() {
+            // SAFETY: the buffer owns `ptr`, allocated by this backend, and is going away.
+            unsafe { self.gpu.backend.free(self.ptr) }
+        }
     }
 }
 

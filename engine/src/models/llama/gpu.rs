@@ -19,13 +19,14 @@
 mod buffers;
 mod forward;
 mod plan;
+mod shared;
 mod weights;
 
 use rand::rngs::StdRng;
 
 use kernels::gpu::ops::rope_inv_freq;
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
-use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError};
+use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError, PackedWeights};
 
 use super::{LlamaConfig, LlamaModel};
 use crate::error::{EngineError, Result};
@@ -74,7 +75,32 @@ impl std::fmt::Debug for GpuLlama {
 impl GpuLlama {
     /// Copy `model` to `gpu` as `dtype`.
     pub fn from_host(model: &LlamaModel, gpu: Gpu, dtype: GpuDType) -> Result<Self> {
-        let cfg = model.cfg.clone();
+        Self::check(model, &gpu)?;
+        let weights = weights::upload(&gpu, model, dtype)?;
+        Self::with_weights(model, gpu, dtype, weights)
+    }
+
+    /// `model` on `gpu` over device weights another process (or this one) converted and
+    /// packed ([`GpuLlama::export`]): views of the shared region, nothing copied.
+    pub fn from_packed(
+        model: &LlamaModel,
+        gpu: Gpu,
+        dtype: GpuDType,
+        packed: &PackedWeights,
+    ) -> Result<Self> {
+        Self::check(model, &gpu)?;
+        let weights = shared::unpack(model, dtype, packed)?;
+        Self::with_weights(model, gpu, dtype, weights)
+    }
+
+    /// This model's device weights, packed into one region other processes can map.
+    pub fn export(&self) -> Result<PackedWeights> {
+        shared::pack(&self.gpu, &self.weights)
+    }
+
+    /// Whether the GPU kernels can run `model`'s shape.
+    fn check(model: &LlamaModel, gpu: &Gpu) -> Result<()> {
+        let cfg = &model.cfg;
         if cfg.head_dim > 256 || !cfg.head_dim.is_multiple_of(8) {
             return Err(EngineError::load(
                 gpu.info().label(),
@@ -84,13 +110,22 @@ impl GpuLlama {
                 ),
             ));
         }
-        if let Some(what) = gpu_unsupported(&cfg) {
+        if let Some(what) = gpu_unsupported(cfg) {
             return Err(EngineError::load(
                 gpu.info().label(),
                 format!("{what} is not supported by the GPU decoder (it runs on the CPU)"),
             ));
         }
-        let weights = weights::upload(&gpu, model, dtype)?;
+        Ok(())
+    }
+
+    fn with_weights(
+        model: &LlamaModel,
+        gpu: Gpu,
+        dtype: GpuDType,
+        weights: GpuWeights,
+    ) -> Result<Self> {
+        let cfg = model.cfg.clone();
         let inv_freq = rope_inv_freq(cfg.rope_base, cfg.rope_dim, model.rope_factors.as_deref());
         let inv_freq = gpu.upload(&inv_freq).map_err(gpu_err)?;
         // As the CPU decoder: no scaling and no rope factors on the local layers.

@@ -250,7 +250,7 @@ fn upload_layer(
 }
 
 /// Bytes the matrices of `model` take as `dtype` (for the progress total and sizing).
-fn matrix_bytes(model: &LlamaModel, dtype: GpuDType) -> usize {
+pub(super) fn matrix_bytes(model: &LlamaModel, dtype: GpuDType) -> usize {
     let size = |w: &Weight| w.rows * w.cols * dtype.size();
     let tied = model.output.same_bytes(&model.token_embd);
     let mut total = size(&model.token_embd) + if tied { 0 } else { size(&model.output) };
