@@ -1,11 +1,7 @@
 //! The bounded blocking pool all media decoding runs on.
 //!
-//! At most `threads` jobs run at once, each on one of the pool's own threads
-//! (never on the reactor), and at most `queue` more wait for a slot. The
-//! threads run at a lower scheduling priority (nice +10, and the decoders'
-//! own threads inherit it), so on a busy machine decoding a large photo or a
-//! long recording takes the CPU time the model threads leave rather than
-//! theirs: media work waits, chats do not. A job submitted
+//! At most `threads` jobs run at once (each on tokio's blocking threads, never
+//! on the reactor), and at most `queue` more wait for a slot. A job submitted
 //! when both are full is refused at once with [`PreprocessError::Overloaded`]
 //! (a 503), so a flood of media requests cannot queue without bound or hold
 //! unbounded decoded memory.
@@ -14,9 +10,8 @@
 //! (decoding cannot be interrupted), holding its slot: the decoders' own time
 //! budgets bound how long.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::Arc;
 
 use tokio::sync::Semaphore;
 
@@ -41,62 +36,11 @@ impl Default for PoolConfig {
     }
 }
 
-/// A job as the pool's threads take it.
-type Job = Box<dyn FnOnce() + Send>;
-
-/// How much lower than the server's threads the decoding threads run (a nice value).
-const DECODE_NICENESS: i32 = 10;
-
 #[derive(Debug)]
 struct Inner {
     running: Semaphore,
     admitted: AtomicUsize,
     capacity: usize,
-    /// Jobs to the pool's threads; they end when it is dropped.
-    jobs: Mutex<mpsc::Sender<Job>>,
-}
-
-/// Starts `n` decoding threads taking jobs from `rx`, each at the lower priority.
-fn start_threads(n: usize, rx: mpsc::Receiver<Job>) {
-    let rx = Arc::new(Mutex::new(rx));
-    for i in 0..n {
-        let rx = rx.clone();
-        let started = std::thread::Builder::new()
-            .name(format!("media-decode-{i}"))
-            .spawn(move || {
-                lower_priority();
-                loop {
-                    // The lock is held only to take one job.
-                    let job = match rx.lock() {
-                        Ok(rx) => rx.recv(),
-                        Err(poisoned) => poisoned.into_inner().recv(),
-                    };
-                    match job {
-                        Ok(job) => job(),
-                        Err(_) => return,
-                    }
-                }
-            });
-        if let Err(e) = started {
-            tracing::error!(error = %e, "cannot start a media decoding thread");
-        }
-    }
-}
-
-/// Lowers the calling thread's scheduling priority (Linux: nice is per thread).
-fn lower_priority() {
-    #[cfg(target_os = "linux")]
-    {
-        // SAFETY: setpriority with PRIO_PROCESS and who = 0 changes only the calling
-        // thread's nice value; it reads no memory of ours.
-        let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, DECODE_NICENESS) };
-        if rc != 0 {
-            tracing::warn!(
-                error = %std::io::Error::last_os_error(),
-                "media decoding threads keep the server's priority"
-            );
-        }
-    }
 }
 
 /// A cheap-to-clone handle to the pool.
@@ -118,14 +62,11 @@ impl Drop for Admission {
 impl DecodePool {
     pub fn new(config: PoolConfig) -> DecodePool {
         let threads = config.threads.max(1);
-        let (tx, rx) = mpsc::channel();
-        start_threads(threads, rx);
         DecodePool {
             inner: Arc::new(Inner {
                 running: Semaphore::new(threads),
                 admitted: AtomicUsize::new(0),
                 capacity: threads.saturating_add(config.queue),
-                jobs: Mutex::new(tx),
             }),
         }
     }
@@ -154,30 +95,18 @@ impl DecodePool {
             .acquire()
             .await
             .map_err(|_| PreprocessError::Overloaded)?;
-        let (done_tx, done_rx) = tokio::sync::oneshot::channel();
-        let work: Job = Box::new(move || {
-            let out = catch_unwind(AssertUnwindSafe(job));
+        let handle = tokio::task::spawn_blocking(move || {
+            let out = job();
             drop(admission);
-            let _ = done_tx.send(out);
+            out
         });
-        let sent = match self.inner.jobs.lock() {
-            Ok(jobs) => jobs.send(work),
-            Err(poisoned) => poisoned.into_inner().send(work),
-        };
-        if sent.is_err() {
-            tracing::error!("the media decoding threads are gone");
-            return Err(PreprocessError::DecoderFailed);
-        }
         // The slot is held until the job ends, even if this future is dropped.
-        let result = done_rx.await;
+        let result = handle.await;
         drop(permit);
-        match result {
-            Ok(Ok(out)) => Ok(out),
-            Ok(Err(_)) | Err(_) => {
-                tracing::error!("a media decoding job failed");
-                Err(PreprocessError::DecoderFailed)
-            }
-        }
+        result.map_err(|e| {
+            tracing::error!(error = %e, "a media decoding job failed");
+            PreprocessError::DecoderFailed
+        })
     }
 }
 
@@ -260,23 +189,5 @@ mod tests {
         release_tx.send(()).unwrap();
         running.await.unwrap().unwrap();
         assert_eq!(pool.admitted(), 0);
-    }
-
-    #[cfg(target_os = "linux")]
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn jobs_run_below_the_server_s_priority() {
-        fn nice() -> i32 {
-            // SAFETY: reads the calling thread's nice value.
-            unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) }
-        }
-        let base = nice();
-        let pool = DecodePool::new(PoolConfig::default());
-        let job = pool.run(nice).await.unwrap();
-        if base < DECODE_NICENESS {
-            assert_eq!(job, DECODE_NICENESS);
-        } else {
-            assert!(job >= base, "{job} vs {base}");
-        }
-        assert_eq!(nice(), base, "the caller's thread keeps its priority");
     }
 }
