@@ -30,6 +30,9 @@ pub enum EngineError {
     /// Chat template rendering failed (a template error or a `raise_exception` call).
     #[error("chat template error: {0}")]
     Template(String),
+    /// A LoRA adapter cannot be loaded, found or served ([`crate::lora::LoraError`]).
+    #[error(transparent)]
+    Lora(#[from] crate::lora::LoraError),
     /// A bug: an invariant did not hold. Maps to 500.
     #[error("internal engine error: {0}")]
     Internal(String),

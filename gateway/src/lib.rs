@@ -4,6 +4,7 @@
 //! - [`state`]: start-up validation and the shared state.
 //! - [`served`]: the names models are served under (aliases) and what each was given as.
 //! - [`generation_config`]: each model's request defaults (`--generation-config`).
+//! - [`lora`]: the LoRA flags and the switch of the runtime adapter routes.
 //! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
 //!   overload, body limit, timeout), SSE framing.
 //! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
@@ -20,6 +21,7 @@ pub mod contract_cmd;
 pub mod error;
 pub mod generation_config;
 pub mod http;
+pub mod lora;
 pub mod memory;
 pub mod parsers;
 pub mod policy;

@@ -58,6 +58,8 @@ pub struct AppState {
     pub served: ServedNames,
     /// Each served model's request defaults (`--generation-config`), by served name.
     pub generation: std::collections::HashMap<String, GenerationDefaults>,
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`: the adapter load and unload routes are served.
+    pub runtime_lora_updating: bool,
 }
 
 impl AppState {
@@ -117,6 +119,9 @@ impl AppState {
                 .map(|spec| spec.served_name.clone())
                 .zip(settings.generation)
                 .collect(),
+            runtime_lora_updating: crate::lora::runtime_updating(
+                std::env::var(crate::lora::RUNTIME_UPDATING).ok().as_deref(),
+            ),
         })
     }
 
@@ -381,6 +386,7 @@ impl Settings {
                 runner: args.runner.parse().map_err(fail)?,
                 convert: args.convert.parse().map_err(fail)?,
             },
+            lora: crate::lora::config(args).map_err(fail)?,
         };
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,

@@ -270,7 +270,7 @@ pub async fn handler(
         .await?
     };
     // (6) structured outputs, checked before any work starts
-    let defaults = state.generation_defaults(&model.card().name);
+    let defaults = state.generation_defaults(model.base_name());
     let mut params = req.sampling.to_params(logprobs, defaults)?;
     params.prompt_logprobs =
         generate::resolve_prompt_logprobs(&req.sampling, &model, state.max_logprobs)?;
