@@ -307,13 +307,29 @@ async fn unloading_an_adapter_lets_its_running_request_finish() {
         .generate(GenerateRequest {
             request_id: "long".into(),
             prompt_ids: vec![5, 17, 300, 42],
-            params: greedy(300),
+            params: greedy(2000),
             cache_salt: None,
             media: None,
         })
         .unwrap();
     let first = stream.next().await.unwrap().unwrap();
     engine.unload_lora("tiny-llama-lora-a").unwrap();
+    // A snapshot of the engine taken two steps after the unload still runs the sequence
+    // (the engine goes idle, and its step count stops, once the sequence ends).
+    let base = engine.model("tiny-llama").unwrap();
+    let at_unload = base.engine_stats().unwrap().steps;
+    let started = std::time::Instant::now();
+    let later = loop {
+        let s = base.engine_stats().unwrap();
+        if s.steps > at_unload + 1 || started.elapsed().as_secs() > 5 {
+            break s;
+        }
+        std::thread::yield_now();
+    };
+    assert_eq!(
+        later.running, 1,
+        "the request ran on after the unload: {later:?}"
+    );
     assert!(engine.adapter("tiny-llama-lora-a").is_none());
     assert!(matches!(
         engine.unload_lora("tiny-llama-lora-a"),
@@ -323,7 +339,7 @@ async fn unloading_an_adapter_lets_its_running_request_finish() {
     while let Some(d) = stream.next().await {
         tokens += d.unwrap().token_ids.len();
     }
-    assert_eq!(tokens, 300, "the request ran to its end");
+    assert_eq!(tokens, 2000, "the request ran to its end");
 }
 
 #[test]
