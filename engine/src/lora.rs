@@ -12,13 +12,12 @@
 //! factors and fits them to the base's projections ([`LoraTargets`]); [`registry`] holds the
 //! adapters a decoder serves (start-up and runtime loads); [`delta`] applies them in a step.
 
-use thiserror::Error;
-
 pub mod adapter;
 pub mod config;
 pub mod delta;
 pub mod registry;
 
+pub use crate::error::LoraError;
 pub use adapter::{LoraAdapter, LoraPair};
 pub use config::AdapterConfig;
 pub use delta::StepLoras;
@@ -97,33 +96,4 @@ impl LoraTargets {
             Proj::Down => (self.ffn, self.hidden),
         }
     }
-}
-
-/// Why an adapter cannot be loaded or found. Every message names the adapter.
-#[derive(Debug, Clone, PartialEq, Eq, Error)]
-pub enum LoraError {
-    /// Its files do not make an adapter this base can run (missing file, bad config, an
-    /// unsupported PEFT type or DoRA, shapes or modules that do not fit, a rank over the
-    /// limit).
-    #[error("LoRA adapter '{name}' at {path}: {reason}")]
-    Invalid {
-        name: String,
-        path: String,
-        reason: String,
-    },
-    /// vLLM's answer to loading a name twice.
-    #[error("The lora adapter '{0}' has already been loaded.")]
-    Exists(String),
-    /// `--max-cpu-loras` adapters are loaded already.
-    #[error("cannot load LoRA adapter '{name}': {max} adapters are loaded, the most --max-cpu-loras allows; unload one first")]
-    Full { name: String, max: usize },
-    /// The name is a served model's.
-    #[error("cannot load LoRA adapter '{0}': a served model has that name")]
-    NameTaken(String),
-    /// vLLM's answer to unloading an unknown name.
-    #[error("The lora adapter '{0}' cannot be found.")]
-    NotFound(String),
-    /// The deployment does not serve adapters.
-    #[error("{0}")]
-    NotEnabled(String),
 }

@@ -6,15 +6,16 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Arc;
 
 use super::config::{module_leaf, AdapterConfig};
 use super::{LoraTargets, Proj};
-use crate::hf::SafetensorsWeights;
 
 /// The file PEFT saves the factors in.
 pub const WEIGHTS_FILE: &str = "adapter_model.safetensors";
 pub const CONFIG_FILE: &str = "adapter_config.json";
+
+/// A factor as read: its shape and values.
+type Factor = (Vec<usize>, Vec<f32>);
 
 /// One projection's factors.
 #[derive(Debug, Clone, PartialEq)]
@@ -78,10 +79,12 @@ impl LoraAdapter {
                 config.r
             ));
         }
-        let weights = open_weights(path)?;
-        let mut factors: BTreeMap<(usize, String), [Option<(Vec<usize>, Vec<f32>)>; 2]> =
-            BTreeMap::new();
-        for tensor in weights.names() {
+        let bytes = read_weights(path)?;
+        let weights = safetensors::SafeTensors::deserialize(&bytes)
+            .map_err(|e| format!("{WEIGHTS_FILE} is not a safetensors file: {e}"))?;
+        let mut factors: BTreeMap<(usize, String), [Option<Factor>; 2]> = BTreeMap::new();
+        for (tensor, view) in weights.tensors() {
+            let tensor = tensor.as_str();
             let (layer, module, which) = parse_name(tensor)?;
             if !config
                 .target_modules
@@ -92,11 +95,9 @@ impl LoraAdapter {
                     "tensor {tensor} targets {module}, which target_modules does not list"
                 ));
             }
-            let t = weights
-                .tensor_f32(tensor)
-                .map_err(|e| format!("tensor {tensor}: {e}"))?;
+            let data = to_f32(&view).map_err(|e| format!("tensor {tensor}: {e}"))?;
             factors.entry((layer, module.to_string())).or_default()[which] =
-                Some((t.shape, t.data));
+                Some((view.shape().to_vec(), data));
         }
         if factors.is_empty() {
             return Err(format!("{WEIGHTS_FILE} holds no LoRA factors"));
@@ -142,22 +143,41 @@ impl LoraAdapter {
     }
 }
 
-/// The adapter's weights file, mapped.
-fn open_weights(dir: &Path) -> Result<SafetensorsWeights, String> {
-    let path = dir.join(WEIGHTS_FILE);
-    let file = std::fs::File::open(&path).map_err(|e| {
+/// The adapter's weights file (adapters are small: read whole, not mapped).
+fn read_weights(dir: &Path) -> Result<Vec<u8>, String> {
+    std::fs::read(dir.join(WEIGHTS_FILE)).map_err(|e| {
         if dir.join("adapter_model.bin").is_file() {
             format!("no {WEIGHTS_FILE} (only adapter_model.bin, a pickle, which is not read)")
         } else {
-            format!("cannot open {WEIGHTS_FILE}: {e}")
+            format!("cannot read {WEIGHTS_FILE}: {e}")
         }
-    })?;
-    // SAFETY: a read-only private map; the header is checked against the mapped length by
-    // `from_maps`, and the factors are copied out before the map is dropped.
-    let map = unsafe { memmap2::Mmap::map(&file) }
-        .map_err(|e| format!("cannot map {WEIGHTS_FILE}: {e}"))?;
-    SafetensorsWeights::from_maps(dir, vec![(WEIGHTS_FILE.to_string(), Arc::new(map))])
-        .map_err(|e| e.to_string())
+    })
+}
+
+/// A float tensor's values as f32.
+fn to_f32(view: &safetensors::tensor::TensorView<'_>) -> Result<Vec<f32>, String> {
+    use safetensors::Dtype;
+    let data = view.data();
+    let values = match view.dtype() {
+        Dtype::F32 => data
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+            .collect(),
+        Dtype::F16 => data
+            .chunks_exact(2)
+            .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => data
+            .chunks_exact(2)
+            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+            .collect(),
+        other => {
+            return Err(format!(
+                "type {other:?} is not a float type (F32, F16, BF16)"
+            ))
+        }
+    };
+    Ok(values)
 }
 
 /// `(layer, module, 0 for A / 1 for B)` of a PEFT tensor name such as

@@ -39,7 +39,7 @@ impl<'a> StepLoras<'a> {
     /// `layer`; `x` and `y` hold one row per step row.
     pub fn add(&self, layer: usize, proj: Proj, x: &[f32], y: &mut [f32]) {
         let n = self.rows.len();
-        if n == 0 || x.len() % n != 0 || y.len() % n != 0 {
+        if n == 0 || !x.len().is_multiple_of(n) || !y.len().is_multiple_of(n) {
             return;
         }
         let (in_dim, out_dim) = (x.len() / n, y.len() / n);
