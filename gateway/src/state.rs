@@ -388,6 +388,17 @@ impl Settings {
             },
             lora: crate::lora::config(args).map_err(fail)?,
         };
+        if let Some(taken) = engine
+            .lora
+            .iter()
+            .flat_map(|l| &l.modules)
+            .find(|m| served.iter().any(|s| s.names.contains(&m.name)))
+        {
+            return Err(fail(format!(
+                "--lora-modules: the adapter name {} is a served model's name",
+                taken.name
+            )));
+        }
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,
             (None, true) => {

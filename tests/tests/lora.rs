@@ -320,6 +320,14 @@ fn bad_lora_flags_and_adapters_stop_the_start_with_one_line() {
             &["--lora-target-modules", "q_proj"],
             "--lora-target-modules",
         ),
+        (
+            &[
+                "--enable-lora",
+                "--lora-modules",
+                "tiny=tests/data/tiny-llama-lora-a",
+            ],
+            "the adapter name tiny is a served model's name",
+        ),
     ];
     for (extra, want) in cases {
         let args = common::tiny_args(extra);

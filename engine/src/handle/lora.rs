@@ -106,10 +106,7 @@ impl EngineHandle {
                 .inner
                 .iter()
                 .find(|m| m.registry().is_some())
-                .ok_or_else(|| match self.inner.first() {
-                    Some(m) => not_runnable(m),
-                    None => LoraError::NotEnabled("no model is served".into()),
-                }),
+                .ok_or_else(not_enabled),
         }
     }
 
@@ -163,7 +160,10 @@ impl EngineHandle {
 }
 
 fn not_enabled() -> LoraError {
-    LoraError::NotEnabled("LoRA is not enabled: start the server with --enable-lora".into())
+    LoraError::NotEnabled(
+        "LoRA adapters are not served: start the server with --enable-lora and a generation model"
+            .into(),
+    )
 }
 
 /// Why `m` runs no adapters.

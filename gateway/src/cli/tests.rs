@@ -410,3 +410,18 @@ fn lora_flags_parse_as_vllm_spells_them() {
         (1, 16, None)
     );
 }
+
+#[test]
+fn lora_flags_come_from_a_config_file_too() {
+    let (dir, path) = config_file(
+        "enable_lora: true\nlora-modules: [a=/x, b=/y]\nmax_loras: 2\nmax-cpu-loras: 3\n",
+    );
+    let (args, _) = serve(&["--config", &path]).unwrap();
+    assert!(args.enable_lora);
+    assert_eq!(
+        args.lora_modules,
+        vec!["a=/x".to_string(), "b=/y".to_string()]
+    );
+    assert_eq!((args.max_loras, args.max_cpu_loras), (2, Some(3)));
+    let _ = std::fs::remove_dir_all(dir);
+}
