@@ -13,12 +13,21 @@ and `tests/data/tiny-llama-lora-a/reference.json`: for the base (`tiny-llama`), 
 adapter and the Phi-3 one, greedy continuations of a few prompts in float32 with the top-5
 logprobs and the top-2 margin of every step.
 
+It also converts `tiny-llama` with llama.cpp's `convert_hf_to_gguf.py` (bf16, the checkpoint's
+own type) to `tests/data/tiny-llama-gguf/tiny-llama.bf16.gguf`: the converter permutes Llama's
+Q/K rows, so the same references check that adapters land on the permuted rows. The converter
+comes from the llama.cpp sources vendored in llama-cpp-python's sdist (LLAMA_CPP_SRC, default
+under models-cache/llama-cpp, as for scripts/make_tiny_gguf.py).
+
 PEFT initialises `lora_B` to zero, which would make an adapter a no-op and a parity test unable
 to fail: both factors are drawn at random here instead. Deterministic: fixed seeds, one thread.
 """
 
+import glob
 import json
 import os
+import subprocess
+import sys
 
 import peft
 import torch
@@ -81,10 +90,31 @@ def make_adapter(out, base_name, cfg, seed):
     with open(cfg_path) as f:
         saved = json.load(f)
     saved["base_model_name_or_path"] = f"tests/data/{base_name}"
+    # PEFT keeps the modules as a set: its order changes from run to run.
+    saved["target_modules"] = sorted(saved["target_modules"])
     with open(cfg_path, "w") as f:
         json.dump(saved, f, indent=2, sort_keys=True)
         f.write("\n")
     return model.eval()
+
+
+def convert_gguf():
+    """tiny-llama as llama.cpp converts it (its tokenizer hash is unknown to the converter,
+    which is told the Llama 3 pre-tokenizer; the tests feed token ids)."""
+    src = os.environ.get("LLAMA_CPP_SRC") or glob.glob(os.path.join(
+        ROOT, "models-cache", "llama-cpp", "llama_cpp_python-*", "vendor", "llama.cpp"))[0]
+    out = os.path.join(DATA, "tiny-llama-gguf")
+    os.makedirs(out, exist_ok=True)
+    code = ("import os, sys, runpy, transformers; sys.path.insert(0, sys.argv[1]); "
+            "sys.argv = sys.argv[2:]; import conversion.base as b; "
+            "b.TextModel.get_vocab_base_pre = lambda self, tokenizer: 'llama-bpe'; "
+            "transformers.AutoTokenizer.from_pretrained = lambda d, *a, **k: "
+            "transformers.PreTrainedTokenizerFast(tokenizer_file=os.path.join(str(d), "
+            "'tokenizer.json')); runpy.run_path(sys.argv[0], run_name='__main__')")
+    subprocess.run([sys.executable, "-c", code, src, os.path.join(src, "convert_hf_to_gguf.py"),
+                    os.path.join(DATA, "tiny-llama"), "--outfile",
+                    os.path.join(out, "tiny-llama.bf16.gguf"), "--outtype", "bf16"],
+                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
 def main():
@@ -113,7 +143,8 @@ def main():
     with open(os.path.join(DATA, "tiny-llama-lora-a", "reference.json"), "w") as f:
         json.dump(ref, f, indent=1)
         f.write("\n")
-    print("wrote", sorted(ADAPTERS))
+    convert_gguf()
+    print("wrote", sorted(ADAPTERS), "and tiny-llama-gguf")
 
 
 if __name__ == "__main__":
