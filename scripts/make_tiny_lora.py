@@ -9,6 +9,8 @@ Writes (each an `adapter_config.json` and `adapter_model.safetensors`, float32):
 - `tests/data/tiny-llama-lora-b/`: rank 16, alpha 32, `use_rslora`, q/k/o/gate/up projections;
 - `tests/data/tiny-phi3-lora/`: rank 8 on Phi-3's fused `qkv_proj` and `gate_up_proj` and on
   `o_proj` / `down_proj`;
+- `tests/data/tiny-gemma2-lora/`: rank 8 on Gemma 2's q, o, gate and down projections (its
+  outputs are normed before the residual adds);
 and `tests/data/tiny-llama-lora-a/reference.json`: for the base (`tiny-llama`), each tiny-llama
 adapter and the Phi-3 one, greedy continuations of a few prompts in float32 with the top-5
 logprobs and the top-2 margin of every step.
@@ -48,12 +50,19 @@ ADAPTERS = {
         target_modules=["q_proj", "k_proj", "o_proj", "gate_proj", "up_proj"])),
     "tiny-phi3-lora": ("tiny-phi3", dict(
         r=8, lora_alpha=8, target_modules=["qkv_proj", "o_proj", "gate_up_proj", "down_proj"])),
+    # Gemma 2 norms the attention's and the MLP's outputs before the residual add: the o and
+    # down deltas must join before those norms.
+    "tiny-gemma2-lora": ("tiny-gemma2", dict(
+        r=8, lora_alpha=16, target_modules=["q_proj", "o_proj", "gate_proj", "down_proj"])),
 }
 
 
 def base(name):
     path = os.path.join(DATA, name)
-    return transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    # Gemma 2's soft-capped scores need the eager attention (as scripts/make_tiny_families.py).
+    extra = {"attn_implementation": "eager"} if "gemma" in name else {}
+    return transformers.AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, **extra).eval()
 
 
 def greedy(model, prompt):

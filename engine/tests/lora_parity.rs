@@ -1,8 +1,9 @@
 //! LoRA adapters against transformers + peft (`scripts/make_tiny_lora.py`): the base and two
 //! adapters on tiny-llama served together, so their sequences share steps, each within the
 //! decoder parity tolerance (top-5 logprobs within 1e-3, greedy tokens equal); the same on
-//! tiny-phi3 with an adapter on its fused `qkv_proj` / `gate_up_proj`, and on tiny-llama as
-//! llama.cpp converts it (Q/K rows permuted). A request's logprobs are
+//! tiny-phi3 with an adapter on its fused `qkv_proj` / `gate_up_proj`, on tiny-gemma2 (outputs
+//! normed before the residual adds), and on tiny-llama as llama.cpp converts it (Q/K rows
+//! permuted). A request's logprobs are
 //! bit-identical alone and in a batch mixing adapters; prefix-cache blocks carry the adapter;
 //! unloading an adapter lets its running request finish.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -236,6 +237,16 @@ async fn on_a_gguf_llama_base_adapters_land_on_the_permuted_qk_rows() {
 async fn an_adapter_on_phi3s_fused_projections_matches_peft() {
     let engine = engine("tiny-phi3", &["tiny-phi3-lora"], 1);
     let worst = parity(&engine, &["tiny-phi3", "tiny-phi3-lora"]).await;
+    eprintln!("largest top-5 logprob differences: {worst:?}");
+    for (name, w) in worst {
+        assert!(w < TOLERANCE, "{name}: {w}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adapter_on_gemma2_joins_before_the_sandwich_norms() {
+    let engine = engine("tiny-gemma2", &["tiny-gemma2-lora"], 1);
+    let worst = parity(&engine, &["tiny-gemma2", "tiny-gemma2-lora"]).await;
     eprintln!("largest top-5 logprob differences: {worst:?}");
     for (name, w) in worst {
         assert!(w < TOLERANCE, "{name}: {w}");
