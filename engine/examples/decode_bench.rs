@@ -131,6 +131,7 @@ fn prefill_tok_s(model: &mut dyn CausalLm, len: usize) -> Result<f64, String> {
         let t0 = Instant::now();
         model
             .forward(&[SeqChunk {
+                lora: None,
                 tokens: &p,
                 start_pos: 0,
                 block_table: &table,
@@ -171,6 +172,7 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
         .collect();
     let chunks: Vec<SeqChunk<'_>> = (0..batch)
         .map(|s| SeqChunk {
+            lora: None,
             tokens: &prompts[s],
             start_pos: 0,
             block_table: &tables[s],
@@ -187,6 +189,7 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
     for step in 0..steps {
         let chunks: Vec<SeqChunk<'_>> = (0..batch)
             .map(|s| SeqChunk {
+                lora: None,
                 tokens: &next[s],
                 start_pos: prompt_len + step,
                 block_table: &tables[s],

@@ -30,6 +30,9 @@ pub enum EngineError {
     /// Chat template rendering failed (a template error or a `raise_exception` call).
     #[error("chat template error: {0}")]
     Template(String),
+    /// A LoRA adapter cannot be loaded, found or served.
+    #[error(transparent)]
+    Lora(#[from] LoraError),
     /// A bug: an invariant did not hold. Maps to 500.
     #[error("internal engine error: {0}")]
     Internal(String),
@@ -48,6 +51,35 @@ impl EngineError {
             reason: reason.into(),
         }
     }
+}
+
+/// Why an adapter cannot be loaded or found. Every message names the adapter.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum LoraError {
+    /// Its files do not make an adapter this base can run (missing file, bad config, an
+    /// unsupported PEFT type or DoRA, shapes or modules that do not fit, a rank over the
+    /// limit).
+    #[error("LoRA adapter '{name}' at {path}: {reason}")]
+    Invalid {
+        name: String,
+        path: String,
+        reason: String,
+    },
+    /// vLLM's answer to loading a name twice.
+    #[error("The lora adapter '{0}' has already been loaded.")]
+    Exists(String),
+    /// `--max-cpu-loras` adapters are loaded already.
+    #[error("cannot load LoRA adapter '{name}': {max} adapters are loaded, the most --max-cpu-loras allows; unload one first")]
+    Full { name: String, max: usize },
+    /// The name is a served model's.
+    #[error("cannot load LoRA adapter '{0}': a served model has that name")]
+    NameTaken(String),
+    /// vLLM's answer to unloading an unknown name.
+    #[error("The lora adapter '{0}' cannot be found.")]
+    NotFound(String),
+    /// The deployment does not serve adapters.
+    #[error("{0}")]
+    NotEnabled(String),
 }
 
 pub type Result<T, E = EngineError> = std::result::Result<T, E>;

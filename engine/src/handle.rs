@@ -28,6 +28,7 @@ mod embed;
 mod footprint;
 mod front_door;
 mod load;
+mod lora;
 mod media_worker;
 mod place;
 mod pool;
@@ -39,6 +40,7 @@ pub use front_door::{
     off_reactor, Choice, Prompt, PromptOptions, PromptSource, Started, SubmitOptions,
 };
 use load::load;
+pub use lora::AdapterCard;
 use media_worker::MediaWorker;
 pub use pool::{pair_indices, PoolInput, PoolOptions, PoolTask, Pooled};
 use start::{start_decoder, start_encoder};
@@ -81,6 +83,8 @@ pub struct EngineConfig {
     /// How each model is served (`--runner`, `--convert`): a decoder may be served as an
     /// embedding model.
     pub run_as: crate::load::RunAs,
+    /// `--enable-lora` (`None`: off) and its adapters.
+    pub lora: Option<crate::lora::LoraConfig>,
 }
 
 impl Default for EngineConfig {
@@ -104,6 +108,7 @@ impl Default for EngineConfig {
             seed: None,
             chat_template: None,
             run_as: crate::load::RunAs::default(),
+            lora: None,
         }
     }
 }
@@ -137,10 +142,11 @@ pub struct EngineHandle {
     inner: Arc<Vec<ModelHandle>>,
 }
 
-/// One served model.
+/// One served model, or a decoder seen through one of its LoRA adapters.
 #[derive(Clone)]
 pub struct ModelHandle {
     inner: Arc<ModelInner>,
+    lora: Option<Arc<lora::AdapterView>>,
 }
 
 struct ModelInner {
@@ -189,6 +195,8 @@ struct DecoderBackend {
     model_vocab: usize,
     /// The worker running the checkpoint's vision or audio encoders.
     media: Option<MediaWorker>,
+    /// The LoRA adapters it runs (`--enable-lora` on a model that can).
+    lora: Option<Arc<crate::lora::LoraRegistry>>,
 }
 
 struct EncoderBackend {
@@ -254,10 +262,21 @@ impl EngineHandle {
                 Ok(crate::load::CheckpointKind::Gguf | crate::load::CheckpointKind::Decoder)
             )
         });
-        let device = if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) {
-            crate::device::resolve_with(config.device, opener)?
-        } else {
-            Device::Cpu
+        let device = match (config.device, &config.lora) {
+            // The GPU decoder runs no adapters: LoRA deployments run on the CPU.
+            (DeviceRequest::Cuda(_), Some(_)) => {
+                return Err(EngineError::BackendUnavailable(
+                    "--enable-lora: the GPU decoder does not run LoRA adapters; serve with --device cpu (or auto, which places LoRA deployments on the CPU)".into(),
+                ))
+            }
+            (DeviceRequest::Auto, Some(_)) if has_decoder => {
+                tracing::info!("--device auto: --enable-lora serves the decoders on the CPU (the GPU decoder runs no adapters)");
+                Device::Cpu
+            }
+            _ if has_decoder || matches!(config.device, DeviceRequest::Cuda(_)) => {
+                crate::device::resolve_with(config.device, opener)?
+            }
+            _ => Device::Cpu,
         };
         if matches!(device, Device::Cpu) && config.dtype != DTypeRequest::Auto {
             return Err(EngineError::BackendUnavailable(format!(
@@ -365,9 +384,13 @@ impl EngineHandle {
             };
             handles.push(handle);
         }
-        Ok(EngineHandle {
+        let engine = EngineHandle {
             inner: Arc::new(handles),
-        })
+        };
+        if let Some(lora) = &config.lora {
+            engine.load_static_loras(lora)?;
+        }
+        Ok(engine)
     }
 
     pub fn models(&self) -> Vec<ModelCard> {
@@ -388,8 +411,9 @@ impl EngineHandle {
 }
 
 impl ModelHandle {
+    /// The model's card; through an adapter, the base's named after the adapter.
     pub fn card(&self) -> &ModelCard {
-        &self.inner.card
+        self.lora.as_ref().map_or(&self.inner.card, |v| &v.card)
     }
 
     pub fn kind(&self) -> ModelKind {
@@ -705,9 +729,10 @@ impl ModelHandle {
                     .as_ref()
                     .map(|m| m.items.clone())
                     .unwrap_or_default(),
-                ..Default::default()
+                lora: self.lora().map(|a| (a.name.clone(), a.path.clone())),
             },
             media: req.media,
+            lora: self.lora().cloned(),
             rules,
             events: tx,
             arrived: Instant::now(),

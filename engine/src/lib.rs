@@ -10,6 +10,7 @@
 //! - [`gguf`], [`hf`]: file readers (GGUF, HF folders: config, safetensors, tokenizer files).
 //! - [`families`]: the registry, one file per model family, by architecture name.
 //! - [`load`]: from a path (or the weight cache's maps) to a model, through the registry.
+//! - [`lora`]: LoRA adapters (PEFT folders), their registry and their deltas in a step.
 //! - [`tokenizer`]: GGUF vocab conversion into a `tokenizers` tokenizer.
 //! - [`detok`]: incremental detokenisation and stop strings.
 //! - [`device`]: `--device` / `--dtype`, resolved into the CPU or an opened CUDA device.
@@ -37,6 +38,7 @@ pub mod handle;
 pub mod hf;
 mod json_close;
 pub mod load;
+pub mod lora;
 pub mod metrics;
 pub mod model;
 pub mod models;

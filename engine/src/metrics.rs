@@ -33,6 +33,11 @@ pub const INTER_TOKEN_LATENCY: &str = "vllm:inter_token_latency_seconds";
 pub const E2E_REQUEST_LATENCY: &str = "vllm:e2e_request_latency_seconds";
 pub const REQUEST_QUEUE_TIME: &str = "vllm:request_queue_time_seconds";
 pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
+/// LoRA serving state, as vLLM exports it for routers: a gauge whose value is the time (Unix
+/// seconds) of its last update, labelled `max_lora` and the comma-joined names of the adapters
+/// of running and of waiting requests. A new label set is a new series; readers take the one
+/// with the latest value.
+pub const LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
 /// Structured replies closed early so that `max_tokens` would not cut them (ours: vLLM has none).
 pub const FORCED_CLOSINGS: &str = "gateway:structured_output_forced_closings_total";
 
@@ -141,6 +146,7 @@ pub fn describe() {
         Unit::Count,
         "Cumulative number of preemption from the engine."
     );
+    describe_gauge!(LORA_REQUESTS_INFO, "Running stats on lora requests.");
     describe_counter!(
         FORCED_CLOSINGS,
         Unit::Count,
@@ -187,6 +193,8 @@ pub struct ModelMetrics {
     queue_time: Histogram,
     preemptions: Counter,
     forced_closings: Counter,
+    /// The labels of the latest `vllm:lora_requests_info` update and when it was made.
+    lora_info: std::sync::Mutex<Option<([String; 3], std::time::Instant)>>,
 }
 
 impl ModelMetrics {
@@ -208,6 +216,7 @@ impl ModelMetrics {
             queue_time: metrics::histogram!(REQUEST_QUEUE_TIME, labels.clone()),
             preemptions: metrics::counter!(NUM_PREEMPTIONS, labels.clone()),
             forced_closings: metrics::counter!(FORCED_CLOSINGS, labels.clone()),
+            lora_info: std::sync::Mutex::new(None),
             model_name: name,
         }
     }
@@ -263,6 +272,31 @@ impl ModelMetrics {
         if let Some(g) = self.gpu_usage.get() {
             g.set(kv_usage);
         }
+    }
+
+    /// LoRA state after a step: `vllm:lora_requests_info` set to the current time, when the
+    /// adapters changed or a second has passed since the last update.
+    pub fn lora_requests(&self, max_lora: usize, running: String, waiting: String) {
+        let labels = [max_lora.to_string(), running, waiting];
+        let mut last = self.lora_info.lock().unwrap_or_else(|e| e.into_inner());
+        let fresh = last
+            .as_ref()
+            .is_some_and(|(l, at)| *l == labels && at.elapsed() < Duration::from_secs(1));
+        if fresh {
+            return;
+        }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0.0, |d| d.as_secs_f64());
+        let [max, running, waiting] = labels.clone();
+        metrics::gauge!(
+            LORA_REQUESTS_INFO,
+            "max_lora" => max,
+            "running_lora_adapters" => running,
+            "waiting_lora_adapters" => waiting
+        )
+        .set(now);
+        *last = Some((labels, std::time::Instant::now()));
     }
 
     pub fn prefix_cache(&self, queried_tokens: usize, hit_tokens: usize) {

@@ -255,6 +255,9 @@ pub struct SeqChunk<'a> {
     pub want_logits: bool,
     /// Media embeddings and M-RoPE positions of a multimodal prompt; `None` for text.
     pub media: Option<ChunkMedia<'a>>,
+    /// The LoRA adapter the sequence runs with; `None`: the base model alone. Only a model
+    /// whose [`CausalLm::lora_targets`] is `Some` is given one.
+    pub lora: Option<&'a crate::lora::LoraAdapter>,
 }
 
 pub use crate::api::ChunkMedia;
@@ -386,6 +389,12 @@ pub trait CausalLm: Send {
     /// it is placed on a device: a model whose numbers depend on it (LongRoPE's long or short
     /// factors, dynamic NTK's base) fixes them here, once, for every sequence.
     fn fit_context(&mut self, _max_len: usize) {}
+
+    /// The projections LoRA adapters fit when this model runs them (chunks may then carry an
+    /// adapter); `None`: it runs none, and a deployment with `--enable-lora` refuses it.
+    fn lora_targets(&self) -> Option<crate::lora::LoraTargets> {
+        None
+    }
 
     /// Run one step over a batch of sequence chunks. Writes K/V of the new tokens into the
     /// cache and returns, per chunk, the logits (length `vocab_size`) of its last token when

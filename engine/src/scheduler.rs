@@ -42,10 +42,12 @@ use crate::metrics::ModelMetrics;
 use crate::model::{CausalLm, SampleRequest, SeqChunk};
 use crate::sampling::SequenceSampler;
 
+mod loras;
 mod protocol;
 mod sequence;
 mod slots;
 
+use loras::LoraSet;
 pub use protocol::{Command, EngineStats, SchedulerConfig, SeqEvent, Shared, Submission};
 use sequence::Sequence;
 pub(crate) use sequence::PROMPT_LOGPROB_ROWS;
@@ -261,6 +263,7 @@ impl Engine {
             registered: 0,
             hash_ctx: sub.hash_ctx,
             media: sub.media,
+            lora: sub.lora,
             sampler,
             events: sub.events,
             admitted_once: false,
@@ -351,10 +354,18 @@ impl Engine {
             return plan;
         }
         let bs = self.cfg.block_size;
+        // `--max-loras`: a waiting sequence whose adapter would make one too many in the
+        // batch is held back (in order, ahead of the queue) while later ones may go.
+        let mut batch_loras = LoraSet::new(self.cfg.max_loras, &self.running);
+        let mut held_back: Vec<Sequence> = Vec::new();
         while budget > 0 && self.running.len() < self.cfg.max_num_active_seqs {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
+            if !batch_loras.admits(seq.lora_name()) {
+                held_back.push(seq);
+                continue;
+            }
             if self.blocks.caching_enabled() {
                 extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
             }
@@ -390,9 +401,13 @@ impl Engine {
                 self.metrics.prompt_tokens(seq.prompt_len);
                 self.metrics.queued(seq.arrived.elapsed());
             }
+            batch_loras.add(seq.lora_name());
             self.running.push(seq);
             plan.push((self.running.len() - 1, n));
             budget -= n;
+        }
+        for seq in held_back.into_iter().rev() {
+            self.waiting.push_front(seq);
         }
         plan
     }
@@ -444,6 +459,7 @@ impl Engine {
                     media,
                     prompt_len,
                     sampler,
+                    lora,
                     ..
                 } = seq;
                 let want = *computed + n == tokens.len();
@@ -455,6 +471,7 @@ impl Engine {
                     media: media
                         .as_deref()
                         .map(|m| m.chunk(*computed, n, *prompt_len, rows, pos)),
+                    lora: lora.as_deref(),
                 });
                 if want {
                     requests.push(SampleRequest { chunk: pi, sampler });
@@ -651,6 +668,13 @@ impl Engine {
             self.waiting.len() + self.parked.len(),
             self.blocks.usage(),
         );
+        if let Some(max) = self.cfg.max_loras {
+            self.metrics.lora_requests(
+                max,
+                loras::joined_names(self.running.iter()),
+                loras::joined_names(self.waiting.iter().chain(&self.parked)),
+            );
+        }
         match self.shared.stats.lock() {
             Ok(mut s) => *s = self.stats.clone(),
             Err(p) => *p.into_inner() = self.stats.clone(),

@@ -60,6 +60,7 @@ fn cpu_model(path: &std::path::Path) -> LoadedDecoder {
 
 fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> SeqChunk<'a> {
     SeqChunk {
+        lora: None,
         tokens,
         start_pos: start,
         block_table: table,

@@ -89,6 +89,7 @@ fn parity(gpu: &Gpu, dir: &Path, dtype: DTypeRequest, margin_floor: f64) -> Outc
         let table: Vec<u32> = (0..blocks as u32).rev().collect();
         let mut logits = model
             .forward(&[SeqChunk {
+                lora: None,
                 tokens: &case.prompt_ids,
                 start_pos: 0,
                 block_table: &table,
@@ -118,6 +119,7 @@ fn parity(gpu: &Gpu, dir: &Path, dtype: DTypeRequest, margin_floor: f64) -> Outc
             let tok = [step.token];
             logits = model
                 .forward(&[SeqChunk {
+                    lora: None,
                     tokens: &tok,
                     start_pos: case.prompt_ids.len() + si,
                     block_table: &table,

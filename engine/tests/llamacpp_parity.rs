@@ -93,6 +93,7 @@ fn teacher_forced(m: &mut LoadedDecoder, tokens: &[u32]) -> Vec<Vec<f64>> {
             let out = m
                 .model
                 .forward(&[SeqChunk {
+                    lora: None,
                     tokens: &[t],
                     start_pos: pos,
                     block_table: &table,

@@ -22,6 +22,7 @@ fn logprobs(m: &mut dyn CausalLm, prompt: &[u32]) -> Vec<Vec<f64>> {
         .unwrap();
     let table: Vec<u32> = (0..blocks as u32).collect();
     let chunk = |tokens, start_pos| SeqChunk {
+        lora: None,
         tokens,
         start_pos,
         block_table: &table,

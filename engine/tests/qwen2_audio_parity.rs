@@ -132,6 +132,7 @@ fn audio_through_features_tower_and_decoder_matches_the_reference() {
         let out = loaded
             .model
             .forward(&[SeqChunk {
+                lora: None,
                 tokens: ids,
                 start_pos: 0,
                 block_table: &table,

@@ -107,6 +107,7 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
     let out = loaded
         .model
         .forward(&[SeqChunk {
+            lora: None,
             tokens: &ids[..first],
             start_pos: 0,
             block_table: &table,
@@ -119,6 +120,7 @@ fn text_decoder_loads_from_the_folder_and_matches_the_reference() {
         let out = loaded
             .model
             .forward(&[SeqChunk {
+                lora: None,
                 tokens: &ids[pos..pos + 1],
                 start_pos: pos,
                 block_table: &table,
@@ -335,6 +337,7 @@ fn images_and_videos_through_processor_tower_and_decoder_match_the_reference() {
         let out = loaded
             .model
             .forward(&[SeqChunk {
+                lora: None,
                 tokens: ids,
                 start_pos: 0,
                 block_table: &table,

@@ -257,6 +257,7 @@ fn check_greedy_kv(mode: ActivationMode, kv: KvDtype, logprob_tol: f64, margin: 
         let out = step(
             &mut m,
             &[SeqChunk {
+                lora: None,
                 tokens: &prompt,
                 start_pos: 0,
                 block_table: &table,
@@ -270,6 +271,7 @@ fn check_greedy_kv(mode: ActivationMode, kv: KvDtype, logprob_tol: f64, margin: 
             let out = step(
                 &mut m,
                 &[SeqChunk {
+                    lora: None,
                     tokens: &tok,
                     start_pos: prompt.len() + s - 1,
                     block_table: &table,
@@ -379,6 +381,7 @@ fn chunked_prefill_matches_one_shot() {
     let one = step(
         &mut m,
         &[SeqChunk {
+            lora: None,
             tokens: &prompt,
             start_pos: 0,
             block_table: &ta,
@@ -396,6 +399,7 @@ fn chunked_prefill_matches_one_shot() {
         let out = step(
             &mut m,
             &[SeqChunk {
+                lora: None,
                 tokens: chunk,
                 start_pos: i * 7,
                 block_table: &tb,
@@ -416,6 +420,7 @@ fn chunked_prefill_matches_one_shot() {
     let da = step(
         &mut m,
         &[SeqChunk {
+            lora: None,
             tokens: &next,
             start_pos: prompt.len(),
             block_table: &ta,
@@ -426,6 +431,7 @@ fn chunked_prefill_matches_one_shot() {
     let db = step(
         &mut m,
         &[SeqChunk {
+            lora: None,
             tokens: &next,
             start_pos: prompt.len(),
             block_table: &tb,
@@ -457,6 +463,7 @@ fn mixed_batch_matches_each_alone() {
         let mut logits = vec![step(
             &mut m,
             &[SeqChunk {
+                lora: None,
                 tokens: p,
                 start_pos: 0,
                 block_table: &t,
@@ -473,6 +480,7 @@ fn mixed_batch_matches_each_alone() {
             let out = step(
                 &mut m,
                 &[SeqChunk {
+                    lora: None,
                     tokens: &tok,
                     start_pos: p.len() + s,
                     block_table: &t,
@@ -497,6 +505,7 @@ fn mixed_batch_matches_each_alone() {
         &mut m,
         &[
             SeqChunk {
+                lora: None,
                 tokens: pa,
                 start_pos: 0,
                 block_table: &t[0],
@@ -504,6 +513,7 @@ fn mixed_batch_matches_each_alone() {
                 media: None,
             },
             SeqChunk {
+                lora: None,
                 tokens: &pb[..half],
                 start_pos: 0,
                 block_table: &t[1],
@@ -519,6 +529,7 @@ fn mixed_batch_matches_each_alone() {
         &mut m,
         &[
             SeqChunk {
+                lora: None,
                 tokens: &a0,
                 start_pos: pa.len(),
                 block_table: &t[0],
@@ -526,6 +537,7 @@ fn mixed_batch_matches_each_alone() {
                 media: None,
             },
             SeqChunk {
+                lora: None,
                 tokens: &pb[half..],
                 start_pos: half,
                 block_table: &t[1],
@@ -533,6 +545,7 @@ fn mixed_batch_matches_each_alone() {
                 media: None,
             },
             SeqChunk {
+                lora: None,
                 tokens: pc,
                 start_pos: 0,
                 block_table: &t[2],
@@ -550,6 +563,7 @@ fn mixed_batch_matches_each_alone() {
         &mut m,
         &[
             SeqChunk {
+                lora: None,
                 tokens: &a1,
                 start_pos: pa.len() + 1,
                 block_table: &t[0],
@@ -557,6 +571,7 @@ fn mixed_batch_matches_each_alone() {
                 media: None,
             },
             SeqChunk {
+                lora: None,
                 tokens: &b0,
                 start_pos: pb.len(),
                 block_table: &t[1],
@@ -564,6 +579,7 @@ fn mixed_batch_matches_each_alone() {
                 media: None,
             },
             SeqChunk {
+                lora: None,
                 tokens: &c0,
                 start_pos: pc.len(),
                 block_table: &t[2],
@@ -601,6 +617,7 @@ fn q8_decode_batch_equals_alone_exactly() {
         let mut last = step(
             &mut m,
             &[SeqChunk {
+                lora: None,
                 tokens: p,
                 start_pos: 0,
                 block_table: &t,
@@ -617,6 +634,7 @@ fn q8_decode_batch_equals_alone_exactly() {
             last = step(
                 &mut m,
                 &[SeqChunk {
+                    lora: None,
                     tokens: &tok,
                     start_pos: p.len() + s,
                     block_table: &t,
@@ -638,6 +656,7 @@ fn q8_decode_batch_equals_alone_exactly() {
         step(
             &mut m,
             &[SeqChunk {
+                lora: None,
                 tokens: p,
                 start_pos: 0,
                 block_table: &t[i],
@@ -650,6 +669,7 @@ fn q8_decode_batch_equals_alone_exactly() {
         let toks: Vec<[u32; 1]> = fed.iter().map(|f| [f[s]]).collect();
         let chunks: Vec<SeqChunk<'_>> = (0..2)
             .map(|i| SeqChunk {
+                lora: None,
                 tokens: &toks[i],
                 start_pos: prompts[i].len() + s,
                 block_table: &t[i],
@@ -675,6 +695,7 @@ fn bad_inputs_are_typed_errors() {
     let t = c.tables[0].clone();
     // Token outside the vocabulary.
     let r = m.model.forward(&[SeqChunk {
+        lora: None,
         tokens: &[60_000],
         start_pos: 0,
         block_table: &t,
@@ -687,6 +708,7 @@ fn bad_inputs_are_typed_errors() {
     );
     // Block table too short for the positions.
     let r = m.model.forward(&[SeqChunk {
+        lora: None,
         tokens: &[1; 20],
         start_pos: 0,
         block_table: &t[..1],
@@ -696,6 +718,7 @@ fn bad_inputs_are_typed_errors() {
     assert!(r.is_err());
     // Block id outside the cache.
     let r = m.model.forward(&[SeqChunk {
+        lora: None,
         tokens: &[1],
         start_pos: 0,
         block_table: &[999],

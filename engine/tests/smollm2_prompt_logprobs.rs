@@ -45,6 +45,7 @@ fn reference(prompt: &[u32]) -> Vec<Vec<f64>> {
             let out = m
                 .model
                 .forward(&[SeqChunk {
+                    lora: None,
                     tokens: &prompt[p..p + 1],
                     start_pos: p,
                     block_table: &table,

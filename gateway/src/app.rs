@@ -133,7 +133,13 @@ pub fn app(state: Arc<AppState>, limits: HttpLimits) -> Front<Dispatch> {
             as crate::http::auth::KeyCheck
     });
     let auth = Arc::new(AuthConfig { keys, also_accept });
-    let router = with_post_routes(Router::new())
+    let mut router = with_post_routes(Router::new());
+    if state.runtime_lora_updating {
+        router = router
+            .route("/v1/load_lora_adapter", post(routes::lora::load))
+            .route("/v1/unload_lora_adapter", post(routes::lora::unload));
+    }
+    let router = router
         .route("/v1/models", get(routes::info::models))
         .route("/health", get(routes::info::health))
         .route(

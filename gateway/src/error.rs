@@ -283,9 +283,21 @@ impl From<EngineError> for ApiError {
             EngineError::Template(msg) => ApiError::bad_request(msg, None),
             EngineError::Overloaded(msg) => ApiError::Overloaded(msg),
             EngineError::Stopped => ApiError::Unavailable("The engine is not running.".into()),
+            EngineError::Lora(e) => e.into(),
             EngineError::Load { .. }
             | EngineError::BackendUnavailable(_)
             | EngineError::Internal(_) => ApiError::Internal(e.to_string()),
+        }
+    }
+}
+
+/// vLLM's answers on the adapter routes: an unknown adapter is its 404, every other refusal a
+/// 400 naming the adapter and the reason.
+impl From<engine::lora::LoraError> for ApiError {
+    fn from(e: engine::lora::LoraError) -> Self {
+        match e {
+            engine::lora::LoraError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            other => ApiError::bad_request(other.to_string(), None),
         }
     }
 }

@@ -5,6 +5,7 @@
 //! - [`served`]: the names models are served under (aliases) and what each was given as.
 //! - [`generation_config`]: each model's request defaults (`--generation-config`).
 //! - [`hub`]: hub ids: found in the local Hugging Face cache, or downloaded into it.
+//! - [`lora`]: the LoRA flags and the switch of the runtime adapter routes.
 //! - [`http`]: our JSON extractor, the tower stack (request id, trace, catch-panic, auth,
 //!   overload, body limit, timeout), SSE framing.
 //! - [`policy`]: the policy layers over the typed request (trust gate, merge, bounds, limits).
@@ -22,6 +23,7 @@ pub mod error;
 pub mod generation_config;
 pub mod http;
 pub mod hub;
+pub mod lora;
 pub mod memory;
 pub mod parsers;
 pub mod policy;

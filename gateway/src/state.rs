@@ -61,6 +61,8 @@ pub struct AppState {
     pub served: ServedNames,
     /// Each served model's request defaults (`--generation-config`), by served name.
     pub generation: std::collections::HashMap<String, GenerationDefaults>,
+    /// `VLLM_ALLOW_RUNTIME_LORA_UPDATING`: the adapter load and unload routes are served.
+    pub runtime_lora_updating: bool,
 }
 
 impl AppState {
@@ -121,6 +123,9 @@ impl AppState {
                 .map(|spec| spec.served_name.clone())
                 .zip(settings.generation)
                 .collect(),
+            runtime_lora_updating: crate::lora::runtime_updating(
+                std::env::var(crate::lora::RUNTIME_UPDATING).ok().as_deref(),
+            ),
         })
     }
 
@@ -339,7 +344,19 @@ impl Settings {
                 runner: args.runner.parse().map_err(fail)?,
                 convert: args.convert.parse().map_err(fail)?,
             },
+            lora: crate::lora::config(args).map_err(fail)?,
         };
+        if let Some(taken) = engine
+            .lora
+            .iter()
+            .flat_map(|l| &l.modules)
+            .find(|m| served.iter().any(|s| s.names.contains(&m.name)))
+        {
+            return Err(fail(format!(
+                "--lora-modules: the adapter name {} is a served model's name",
+                taken.name
+            )));
+        }
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,
             (None, true) => {

@@ -317,7 +317,11 @@ fn features_not_built_are_refused_by_name() {
         "--speculative-config",
         "speculative decoding is not built",
     );
-    refuses(&["--enable-lora"], "--enable-lora", "LoRA");
+    refuses(
+        &["--lora-target-modules", "q_proj"],
+        "--lora-target-modules",
+        "not built",
+    );
     refuses(
         &["--ssl-ciphers", "HIGH"],
         "--ssl-ciphers",

@@ -158,6 +158,7 @@ fn self_test(
 fn run(model: &mut dyn CausalLm, tokens: &[u32], table: &[u32]) -> crate::error::Result<Vec<f32>> {
     let (prefill, last) = tokens.split_at(tokens.len() - 1);
     let chunk = |tokens, start_pos, want_logits| SeqChunk {
+        lora: None,
         tokens,
         start_pos,
         block_table: table,

@@ -91,6 +91,12 @@ pub(super) fn start_decoder(
     );
     // Before the engine thread starts: a --chat-template that does not compile stops the start.
     let template = compile_template(spec, config, d.chat_template, &d.bos_token, &d.eos_token)?;
+    let lora = config.lora.as_ref().and_then(|l| {
+        let targets = d.model.lora_targets()?;
+        Some(Arc::new(crate::lora::LoraRegistry::new(
+            targets, l.settings,
+        )))
+    });
     let cfg = SchedulerConfig {
         max_num_seqs: config.max_num_seqs,
         max_num_active_seqs: active,
@@ -102,6 +108,7 @@ pub(super) fn start_decoder(
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,
         seed: config.seed,
+        max_loras: lora.as_ref().map(|l| l.settings().max_loras),
     };
     let weights = d.model.weight_summary();
     tracing::info!(
@@ -185,8 +192,10 @@ pub(super) fn start_decoder(
                 max_num_seqs: config.max_num_seqs,
                 model_vocab: info.vocab_size,
                 media,
+                lora,
             }),
         }),
+        lora: None,
     })
 }
 
@@ -263,6 +272,7 @@ pub(super) fn start_encoder(
                 normalize: info.normalize,
             }),
         }),
+        lora: None,
     })
 }
 

@@ -343,6 +343,21 @@ impl CausalLm for LlamaModel {
         );
     }
 
+    fn lora_targets(&self) -> Option<crate::lora::LoraTargets> {
+        let c = &self.cfg;
+        Some(crate::lora::LoraTargets {
+            n_layers: c.n_layers,
+            hidden: c.hidden,
+            n_heads: c.n_heads,
+            n_kv_heads: c.n_kv_heads,
+            head_dim: c.head_dim,
+            ffn: c.ffn,
+            // Checkpoints that rotate adjacent pairs are GGUF Llamas, whose Q/K rows the
+            // converter permuted.
+            qk_permuted: !c.rope_neox,
+        })
+    }
+
     fn to_gpu(&self, gpu: &Gpu, dtype: DTypeRequest) -> Result<Box<dyn CausalLm>> {
         let stored = self.stored_dtype();
         let mut m = GpuLlama::from_host(self, gpu.clone(), dtype.resolve(stored))?;

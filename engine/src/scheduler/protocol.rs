@@ -32,6 +32,8 @@ pub struct SchedulerConfig {
     pub threads: Option<usize>,
     /// Seed of the sampler of requests without their own (`None`: a fresh one).
     pub seed: Option<u64>,
+    /// `--max-loras`: the most LoRA adapters in one step (`None`: LoRA is off).
+    pub max_loras: Option<usize>,
 }
 
 /// What the engine sends back for one sequence.
@@ -64,6 +66,8 @@ pub struct Submission {
     pub params: SamplingParams,
     pub hash_ctx: HashContext,
     pub media: Option<std::sync::Arc<crate::api::PromptMedia>>,
+    /// The LoRA adapter the sequence runs with (held until it ends, even if unloaded).
+    pub lora: Option<Arc<crate::lora::LoraAdapter>>,
     /// The request's compiled token rules ([`crate::constraint::prepare`]).
     pub rules: Option<Box<crate::constraint::TokenRules>>,
     pub events: UnboundedSender<SeqEvent>,

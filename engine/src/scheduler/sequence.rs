@@ -27,6 +27,7 @@ pub(super) struct Sequence {
     pub(super) registered: usize,
     pub(super) hash_ctx: HashContext,
     pub(super) media: Option<std::sync::Arc<crate::api::PromptMedia>>,
+    pub(super) lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
     pub(super) sampler: SequenceSampler,
     pub(super) events: UnboundedSender<SeqEvent>,
     pub(super) admitted_once: bool,
@@ -43,6 +44,11 @@ pub(super) struct Sequence {
 pub(crate) const PROMPT_LOGPROB_ROWS: usize = 512;
 
 impl Sequence {
+    /// The name of the LoRA adapter the sequence runs with.
+    pub(super) fn lora_name(&self) -> Option<&str> {
+        self.lora.as_deref().map(|a| a.name.as_str())
+    }
+
     pub(super) fn generated(&self) -> usize {
         self.tokens.len() - self.prompt_len
     }

@@ -47,6 +47,7 @@ pub fn check_greedy(
         let tok = [want];
         let out = model
             .forward(&[engine::model::SeqChunk {
+                lora: None,
                 tokens: &tok,
                 start_pos: prompt_len + step,
                 block_table: table,

@@ -58,6 +58,7 @@ pub fn logits_by_chunks(m: &mut dyn CausalLm, prompt: &[u32], chunk: usize) -> V
         let out = m
             .forward_rows(
                 &[SeqChunk {
+                    lora: None,
                     tokens,
                     start_pos: i * chunk,
                     block_table: &table,

@@ -384,6 +384,23 @@ pub struct ServeArgs {
         default_value = "models-cache"
     )]
     pub models_cache: PathBuf,
+    /// Serve LoRA adapters (PEFT folders) on the decoder: requests name one as their `model`.
+    /// Decoders then run on the CPU (the GPU decoder runs no adapters).
+    #[arg(long = "enable-lora", num_args = 0..=1, require_equals = true, default_missing_value = "true", default_value = "false", value_name = "BOOL", action = ArgAction::Set)]
+    pub enable_lora: bool,
+    /// Adapters served from the start, with --enable-lora: `name=path`, or
+    /// '{"name": ..., "path": ..., "base_model_name": ...}' (several values, or repeated).
+    #[arg(long = "lora-modules", value_name = "NAME=PATH|JSON", num_args = 1..)]
+    pub lora_modules: Vec<String>,
+    /// The most adapters in one engine step; sequences of another adapter wait their turn.
+    #[arg(long = "max-loras", default_value_t = 1)]
+    pub max_loras: usize,
+    /// The largest adapter rank served (1, 8, 16, 32, 64, 128, 256, 320 or 512).
+    #[arg(long = "max-lora-rank", default_value_t = 16)]
+    pub max_lora_rank: usize,
+    /// The most adapters held loaded (default: --max-loras); a load beyond it is refused.
+    #[arg(long = "max-cpu-loras")]
+    pub max_cpu_loras: Option<usize>,
 }
 
 impl ServeArgs {

@@ -382,3 +382,46 @@ fn the_readme_table_is_the_flag_table() {
         "README.md's flag table is out of date: run GATEWAY_WRITE_README=1 cargo test -p gateway --lib the_readme_table"
     );
 }
+
+#[test]
+fn lora_flags_parse_as_vllm_spells_them() {
+    let (args, _) = serve(&[
+        "--enable-lora",
+        "--lora-modules",
+        "a=/x",
+        r#"{"name": "b", "path": "/y"}"#,
+        "--lora-modules",
+        "c=/z",
+        "--max-loras",
+        "2",
+        "--max-lora-rank=32",
+        "--max-cpu-loras",
+        "4",
+    ])
+    .expect("parses");
+    assert!(args.enable_lora);
+    assert_eq!(args.lora_modules.len(), 3, "{:?}", args.lora_modules);
+    assert_eq!((args.max_loras, args.max_lora_rank), (2, 32));
+    assert_eq!(args.max_cpu_loras, Some(4));
+    let (off, _) = serve(&["--no-enable-lora"]).expect("parses");
+    assert!(!off.enable_lora);
+    assert_eq!(
+        (off.max_loras, off.max_lora_rank, off.max_cpu_loras),
+        (1, 16, None)
+    );
+}
+
+#[test]
+fn lora_flags_come_from_a_config_file_too() {
+    let (dir, path) = config_file(
+        "enable_lora: true\nlora-modules: [a=/x, b=/y]\nmax_loras: 2\nmax-cpu-loras: 3\n",
+    );
+    let (args, _) = serve(&["--config", &path]).unwrap();
+    assert!(args.enable_lora);
+    assert_eq!(
+        args.lora_modules,
+        vec!["a=/x".to_string(), "b=/y".to_string()]
+    );
+    assert_eq!((args.max_loras, args.max_cpu_loras), (2, Some(3)));
+    let _ = std::fs::remove_dir_all(dir);
+}

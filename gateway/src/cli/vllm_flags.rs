@@ -119,8 +119,6 @@ const MAMBA: &str = "tunes Mamba / linear-attention models, which this server do
 const MOE: &str = "tunes mixture-of-experts serving, which this server does not build";
 const DATA_PARALLEL: &str =
     "tunes data-parallel engines; this server runs one engine per model (--data-parallel-size 1)";
-const LORA_ONLY: &str =
-    "only shapes LoRA serving (--enable-lora), which this server does not build";
 const OFFLOAD_ONLY: &str = "only shapes weight offloading (--cpu-offload-gb), which is not built";
 const NO_PYTHON: &str =
     "this server runs no Python code, so Python plugins and classes cannot load";
@@ -147,7 +145,7 @@ pub static FLAGS: &[Flag] = &[
     f("options", "--kda-prefill-backend", Value, NoEffect(MAMBA)),
     f("options", "--kda-decode-backend", Value, NoEffect(MAMBA)),
     f("options", "--enable-log-requests,--no-enable-log-requests", Bool, Honoured("one info line per generation request: id, route, model, prompt length and sampling fields")),
-    f("Frontend", "--lora-modules", Values, Refused("LoRA adapters are not built")),
+    f("Frontend", "--lora-modules", Values, Honoured("adapters served from the start, with --enable-lora: `name=path` or JSON `{\"name\", \"path\", \"base_model_name\"}`; each is listed in /v1/models with its base as `parent`")),
     f("Frontend", "--chat-template", Value, Honoured("a Jinja chat template (a file, or the template itself) for every generation model served")),
     f("Frontend", "--chat-template-content-format", Value, Only(&["auto"], "only `auto` is built: messages reach the template as the template reads them")),
     f("Frontend", "--trust-request-chat-template,--no-trust-request-chat-template", Bool, Honoured("accept a per-request `chat_template`")),
@@ -371,19 +369,19 @@ pub static FLAGS: &[Flag] = &[
     f("MultiModalConfig", "--mm-processor-device", Value, NoEffect("media is preprocessed on the CPU here")),
     f("MultiModalConfig", "--mm-ipc-gpu-memory-gb", Value, NoEffect("media tensors stay in one process here")),
     f("MultiModalConfig", "--mm-device-do-normalize,--no-mm-device-do-normalize", Bool, NoEffect("media is preprocessed on the CPU here")),
-    f("LoRAConfig", "--enable-lora,--no-enable-lora", Bool, Only(OFF, "LoRA adapters are not built")),
-    f("LoRAConfig", "--max-loras", Value, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--max-lora-rank", Value, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--lora-dtype", Value, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--enable-tower-connector-lora,--no-enable-tower-connector-lora", Bool, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--max-cpu-loras", Value, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--fully-sharded-loras,--no-fully-sharded-loras", Bool, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--lora-target-modules", Values, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--default-mm-loras", Value, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--specialize-active-lora,--no-specialize-active-lora", Bool, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--enable-mixed-moe-lora-format,--no-enable-mixed-moe-lora-format", Bool, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--enable-moe-shared-loras,--no-enable-moe-shared-loras", Bool, NoEffect(LORA_ONLY)),
-    f("LoRAConfig", "--max-lora-cls-labels", Value, NoEffect(LORA_ONLY)),
+    f("LoRAConfig", "--enable-lora,--no-enable-lora", Bool, Honoured("LoRA adapters (PEFT folders) on the q/k/v/o and gate/up/down projections of CPU decoders; sequences of different adapters and none share a batch")),
+    f("LoRAConfig", "--max-loras", Value, Honoured("the most adapters in one engine step (default 1); sequences of another adapter wait their turn")),
+    f("LoRAConfig", "--max-lora-rank", Value, Honoured("the largest adapter rank served (default 16); a larger one is refused naming both")),
+    f("LoRAConfig", "--lora-dtype", Value, Only(&["auto"], "adapters run in float32 on the CPU decoder")),
+    f("LoRAConfig", "--enable-tower-connector-lora,--no-enable-tower-connector-lora", Bool, Only(OFF, "adapters apply to the language model only, not to media encoders")),
+    f("LoRAConfig", "--max-cpu-loras", Value, Honoured("the most adapters held loaded (default --max-loras); a load beyond it is refused naming the limit")),
+    f("LoRAConfig", "--fully-sharded-loras,--no-fully-sharded-loras", Bool, NoEffect(ONE_DEVICE_TUNING)),
+    f("LoRAConfig", "--lora-target-modules", Values, Refused("restricting adapters to some modules is not built: an adapter applies to every module it targets")),
+    f("LoRAConfig", "--default-mm-loras", Value, Refused("adapters picked by a prompt's modality are not built: a request names its adapter as its `model`")),
+    f("LoRAConfig", "--specialize-active-lora,--no-specialize-active-lora", Bool, NoEffect(KERNELS)),
+    f("LoRAConfig", "--enable-mixed-moe-lora-format,--no-enable-mixed-moe-lora-format", Bool, NoEffect(MOE)),
+    f("LoRAConfig", "--enable-moe-shared-loras,--no-enable-moe-shared-loras", Bool, NoEffect(MOE)),
+    f("LoRAConfig", "--max-lora-cls-labels", Value, NoEffect("sizes classification-head adapters, which are not served here")),
     f("LoggingConfig", "--logging-config", Value, NoEffect("a Python logging configuration; here --log-level or RUST_LOG sets the log filter")),
     f("LoggingConfig", "--log-level", Value, Honoured("the log level (CRITICAL, ERROR, WARNING, INFO, DEBUG, NOTSET); RUST_LOG wins")),
     f("LoggingConfig", "--log-config-file", Value, Deprecated("deprecated in vLLM 0.31 (to be removed in 0.33): use --logging-config; a Python logging file has no effect here (--log-level or RUST_LOG sets the log filter)")),

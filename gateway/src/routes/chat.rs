@@ -283,7 +283,7 @@ pub async fn handler(
         .await?
     };
     // (6) structured outputs, checked before any work starts
-    let defaults = state.generation_defaults(&model.card().name);
+    let defaults = state.generation_defaults(model.base_name());
     let mut params = req.sampling.to_params(logprobs, defaults)?;
     params.prompt_logprobs = prompt_logprobs;
     generate::check_constraint(&model, &req.sampling).await?;

@@ -153,7 +153,7 @@ pub async fn handler(
         .into_iter()
         .map(|source| model.prompt(source, opts))
         .collect::<Result<Vec<_>, _>>()?;
-    let defaults = state.generation_defaults(&model.card().name);
+    let defaults = state.generation_defaults(model.base_name());
     let params = SamplingParams {
         prompt_logprobs,
         ..req.sampling.to_params(logprobs, defaults)?

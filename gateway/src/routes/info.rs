@@ -48,6 +48,19 @@ pub async fn models(State(state): AppStateRef) -> Json<Value> {
                 "embedding_size": state.engine.model(&card.name).and_then(|m| m.hidden_size()),
             })
         })
+        .chain(state.engine.adapter_cards().into_iter().map(|a| {
+            // As vLLM lists an adapter: its folder as `root`, its base as `parent`.
+            json!({
+                "id": a.name,
+                "object": "model",
+                "created": created,
+                "owned_by": "vllm",
+                "root": a.root,
+                "parent": a.parent,
+                "max_model_len": a.max_model_len,
+                "permission": [],
+            })
+        }))
         .collect();
     Json(json!({"object": "list", "data": data}))
 }

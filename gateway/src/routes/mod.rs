@@ -9,6 +9,7 @@ pub mod embeddings;
 pub mod generate;
 pub mod info;
 pub mod log;
+pub mod lora;
 pub mod messages;
 pub mod pooling;
 pub mod pooling_common;
@@ -61,13 +62,15 @@ impl<S: Send + Sync> FromRequestParts<S> for RequestId {
     }
 }
 
-/// The served model a request names, or the first model that can do `task` when it names none.
+/// The served model a request names (a LoRA adapter's name gives its base bound to it), or the
+/// first model that can do `task` when it names none.
 pub fn resolve_model(state: &AppState, name: Option<&str>, task: Task) -> ApiResult<ModelHandle> {
     match name {
         Some(name) => state
             .served
             .primary(name)
             .and_then(|primary| state.engine.model(primary))
+            .or_else(|| state.engine.adapter(name))
             .ok_or_else(|| ApiError::ModelNotFound(name.to_string())),
         None => state
             .engine

@@ -36,6 +36,7 @@ impl LlamaModel {
             .iter()
             .zip(&tables)
             .map(|(tokens, table)| SeqChunk {
+                lora: None,
                 tokens,
                 start_pos: 0,
                 block_table: table,

@@ -6,6 +6,7 @@ use kernels::{ops, Activation, MatmulJob};
 use super::attention::{self, AttnShape, ChunkSpan};
 use super::{LlamaConfig, LlamaModel, MlpActivation, Scratch};
 use crate::error::{EngineError, Result};
+use crate::lora::{Proj, StepLoras};
 use crate::model::{PagedKvCache, SeqChunk};
 
 impl LlamaModel {
@@ -129,6 +130,13 @@ impl LlamaModel {
             }
         }
 
+        // Each row's adapter, when any row has one: its deltas follow the base projections.
+        let loras = StepLoras::new(batch.iter().map(|c| (c.lora, c.tokens.len())));
+        let lora = |li: usize, proj: Proj, x: &[f32], y: &mut [f32]| {
+            if let Some(l) = &loras {
+                l.add(li, proj, x, y);
+            }
+        };
         let base_scale = cfg.traits.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
         // Rows of the attention's and the MLP's normed outputs (sandwich norms).
         let mut normed = vec![0f32; h];
@@ -178,6 +186,9 @@ impl LlamaModel {
                 ],
                 false,
             )?;
+            lora(li, Proj::Q, &s.h, &mut s.q);
+            lora(li, Proj::K, &s.h, &mut s.k);
+            lora(li, Proj::V, &s.h, &mut s.v);
             for t in 0..t_total {
                 let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
                 let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
@@ -213,10 +224,16 @@ impl LlamaModel {
                 }
             }
             attention::attend(&shape, &spans, &s.q, &kv.k[slot], &kv.v[slot], &mut s.attn);
+            // The adapter's delta joins the projection's output before any norm of it (a
+            // residual add is linear, so it may also go straight into the stream).
             match &layer.post_attn_norm {
-                None => self.matmul(&s.attn, t_total, &layer.wo, &mut s.x, true)?,
+                None => {
+                    self.matmul(&s.attn, t_total, &layer.wo, &mut s.x, true)?;
+                    lora(li, Proj::O, &s.attn, &mut s.x);
+                }
                 Some(w) => {
                     self.matmul(&s.attn, t_total, &layer.wo, &mut s.h, false)?;
+                    lora(li, Proj::O, &s.attn, &mut s.h);
                     add_normed(&mut s.x, &s.h, w, cfg.eps, &mut normed);
                 }
             }
@@ -244,6 +261,8 @@ impl LlamaModel {
                 ],
                 false,
             )?;
+            lora(li, Proj::Gate, &s.h, &mut s.gate);
+            lora(li, Proj::Up, &s.h, &mut s.up);
             match cfg.traits.activation {
                 MlpActivation::Silu => ops::silu_mul(&mut s.gate, &s.up),
                 MlpActivation::GeluTanh => {
@@ -252,9 +271,13 @@ impl LlamaModel {
                 }
             }
             match &layer.post_ffn_norm {
-                None => self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?,
+                None => {
+                    self.matmul(&s.gate, t_total, &layer.w_down, &mut s.x, true)?;
+                    lora(li, Proj::Down, &s.gate, &mut s.x);
+                }
                 Some(w) => {
                     self.matmul(&s.gate, t_total, &layer.w_down, &mut s.h, false)?;
+                    lora(li, Proj::Down, &s.gate, &mut s.h);
                     add_normed(&mut s.x, &s.h, w, cfg.eps, &mut normed);
                 }
             }

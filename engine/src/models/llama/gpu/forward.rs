@@ -25,6 +25,13 @@ impl GpuLlama {
             }
         };
         validate_chunks(&self.cfg, batch, block_size, num_blocks)?;
+        // The GPU decoder reports no LoRA targets, so no adapter should reach it; one that did
+        // would be silently ignored.
+        if batch.iter().any(|c| c.lora.is_some()) {
+            return Err(EngineError::Internal(
+                "the GPU decoder does not run LoRA adapters".into(),
+            ));
+        }
         let pos_axes = if self.cfg.mrope_section.is_some() {
             3
         } else {

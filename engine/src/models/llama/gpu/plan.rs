@@ -181,6 +181,7 @@ mod tests {
 
     fn chunk<'a>(tokens: &'a [u32], start: usize, table: &'a [u32], want: bool) -> SeqChunk<'a> {
         SeqChunk {
+            lora: None,
             tokens,
             start_pos: start,
             block_table: table,

@@ -1,0 +1,99 @@
+//! LoRA adapters, as vLLM serves them: PEFT folders (`adapter_config.json`,
+//! `adapter_model.safetensors`) applied to a decoder's q/k/v/o and gate/up/down projections.
+//!
+//! An adapter adds `scale · B·A·x` to a projection's output `W·x`, with `A` of `r × in`, `B` of
+//! `out × r` and `scale = alpha / r` (`alpha / √r` with rsLoRA). The base weights are never
+//! touched: a step runs the base projections over every row as before, then adds each row's
+//! own adapter delta ([`delta`]), so sequences with different adapters and none share one
+//! batch. A row's delta is computed on its own, in a fixed order, so its numbers do not depend
+//! on what else is in the batch.
+//!
+//! Module map: [`config`] reads and checks `adapter_config.json`; [`adapter`] reads the
+//! factors and fits them to the base's projections ([`LoraTargets`]); [`registry`] holds the
+//! adapters a decoder serves (start-up and runtime loads); [`delta`] applies them in a step.
+
+pub mod adapter;
+pub mod config;
+pub mod delta;
+pub mod registry;
+
+pub use crate::error::LoraError;
+pub use adapter::{LoraAdapter, LoraPair};
+pub use config::AdapterConfig;
+pub use delta::StepLoras;
+pub use registry::{LoraRegistry, LoraSettings};
+
+/// `--enable-lora` and its adapters.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoraConfig {
+    pub settings: LoraSettings,
+    /// `--lora-modules`, served from the start.
+    pub modules: Vec<LoraModule>,
+}
+
+/// One `--lora-modules` entry: `name=path`, or its JSON form with `base_model_name`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraModule {
+    pub name: String,
+    pub path: String,
+    /// The served model it applies to (default: the first decoder served).
+    pub base_model_name: Option<String>,
+}
+
+/// The projections an adapter may target, in a layer's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Proj {
+    Q,
+    K,
+    V,
+    O,
+    Gate,
+    Up,
+    Down,
+}
+
+impl Proj {
+    pub const ALL: [Proj; 7] = [
+        Proj::Q,
+        Proj::K,
+        Proj::V,
+        Proj::O,
+        Proj::Gate,
+        Proj::Up,
+        Proj::Down,
+    ];
+
+    pub const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// What an adapter must fit: the base decoder's layer count and projection widths.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LoraTargets {
+    pub n_layers: usize,
+    pub hidden: usize,
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+    pub ffn: usize,
+    /// The base's Q and K rows are stored permuted as llama.cpp's converter permutes Llama
+    /// checkpoints (adjacent RoPE pairs); an adapter's `B` rows of q and k get the same
+    /// permutation so that its delta lands on the rows the base computes.
+    pub qk_permuted: bool,
+}
+
+impl LoraTargets {
+    /// `(in, out)` of a projection.
+    pub fn dims(&self, p: Proj) -> (usize, usize) {
+        let q = self.n_heads * self.head_dim;
+        let kv = self.n_kv_heads * self.head_dim;
+        match p {
+            Proj::Q => (self.hidden, q),
+            Proj::K | Proj::V => (self.hidden, kv),
+            Proj::O => (q, self.hidden),
+            Proj::Gate | Proj::Up => (self.hidden, self.ffn),
+            Proj::Down => (self.ffn, self.hidden),
+        }
+    }
+}
