@@ -346,17 +346,6 @@ impl Settings {
             },
             lora: crate::lora::config(args).map_err(fail)?,
         };
-        if let Some(taken) = engine
-            .lora
-            .iter()
-            .flat_map(|l| &l.modules)
-            .find(|m| served.iter().any(|s| s.names.contains(&m.name)))
-        {
-            return Err(fail(format!(
-                "--lora-modules: the adapter name {} is a served model's name",
-                taken.name
-            )));
-        }
         let tool_parser = match (&args.tool_call_parser, args.enable_auto_tool_choice) {
             (None, false) => None,
             (None, true) => {
@@ -400,6 +389,27 @@ impl Settings {
         let source = generation_config::Source::parse(&args.generation_config).map_err(fail)?;
         let overrides = generation_config::overrides(args.override_generation_config.as_deref())
             .map_err(fail)?;
+        // An adapter may not take a served model's name (checked before any download).
+        let model_names: Vec<String> = if given.is_empty() {
+            vec![DEFAULT_CHAT_MODEL.into(), DEFAULT_EMBED_MODEL.into()]
+        } else {
+            served::pair(&given, &args.served_model_name)
+                .map_err(fail)?
+                .into_iter()
+                .flat_map(|s| s.names)
+                .collect()
+        };
+        if let Some(taken) = engine
+            .lora
+            .iter()
+            .flat_map(|l| &l.modules)
+            .find(|m| model_names.contains(&m.name))
+        {
+            return Err(fail(format!(
+                "--lora-modules: the adapter name {} is a served model's name",
+                taken.name
+            )));
+        }
         // Last of the checks, as a hub id may mean a download: every flag is judged first.
         let (models, served) = if given.is_empty() {
             if !args.served_model_name.is_empty() {
