@@ -96,4 +96,40 @@ impl LoraTargets {
             Proj::Down => (self.ffn, self.hidden),
         }
     }
+
+    /// Bytes an adapter of rank `rank` holds at most: f32 `A` (`r x in`) and `Bᵀ` (`r x out`)
+    /// on every projection of every layer.
+    pub fn max_adapter_bytes(&self, rank: usize) -> u64 {
+        let per_layer: usize = Proj::ALL
+            .iter()
+            .map(|&p| {
+                let (i, o) = self.dims(p);
+                i + o
+            })
+            .sum();
+        (self.n_layers as u64)
+            .saturating_mul(per_layer as u64)
+            .saturating_mul(rank as u64)
+            .saturating_mul(4)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_adapter_at_most_covers_every_projection_of_every_layer() {
+        let t = LoraTargets {
+            n_layers: 2,
+            hidden: 8,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            ffn: 16,
+            qk_permuted: false,
+        };
+        // q 8+8, k 8+4, v 8+4, o 8+8, gate 8+16, up 8+16, down 16+8 = 128 per layer.
+        assert_eq!(t.max_adapter_bytes(3), 2 * 128 * 3 * 4);
+    }
 }

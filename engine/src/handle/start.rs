@@ -93,6 +93,11 @@ pub(super) fn start_decoder(
     let template = compile_template(spec, config, d.chat_template, &d.bos_token, &d.eos_token)?;
     let lora = config.lora.as_ref().and_then(|l| {
         let targets = d.model.lora_targets()?;
+        // The memory bound's weights hold --max-cpu-loras adapters at --max-lora-rank, and
+        // one more being read while they are held.
+        let adapters = (l.settings.max_cpu_loras as u64 + 1)
+            .saturating_mul(targets.max_adapter_bytes(l.settings.max_lora_rank));
+        memory.weights = memory.weights.saturating_add(adapters);
         Some(Arc::new(crate::lora::LoraRegistry::new(
             targets, l.settings,
         )))
