@@ -109,13 +109,24 @@ async fn health(State(daemon): State<Arc<Daemon>>) -> StatusCode {
 fn model_and_name(args: &PreloadArgs) -> Result<(PathBuf, String), StartupError> {
     match &args.model {
         Some(m) => {
-            if !Path::new(m).exists() {
+            // A hub id resolves as `serve` resolves it, so both find the same snapshot.
+            let path = if Path::new(m).exists() {
+                PathBuf::from(m)
+            } else if let Some(spec) = crate::hub::HubSpec::parse(m) {
+                crate::hub::resolve(
+                    &spec,
+                    args.hub.revision.as_deref(),
+                    args.hub.download_dir.as_deref(),
+                    &crate::hub::Hub::from_env(args.hub.hf_token.clone()),
+                )
+                .map_err(|e| StartupError(e.to_string()))?
+            } else {
                 return Err(StartupError(format!(
                     "--model {m}: no such file or directory"
                 )));
-            }
+            };
             Ok((
-                PathBuf::from(m),
+                path,
                 args.served_model_name.clone().unwrap_or_else(|| m.clone()),
             ))
         }

@@ -213,7 +213,7 @@ fn parse_json_object(flag: &str, text: &str) -> Result<Map<String, Value>, Start
 impl Settings {
     pub fn from_args(args: &ServeArgs) -> Result<Self, StartupError> {
         let given: Vec<String> = args.model_arg.iter().chain(&args.model).cloned().collect();
-        if let Some(rev) = &args.revision {
+        if let Some(rev) = &args.hub.revision {
             let hub_ids = given
                 .iter()
                 .any(|p| !Path::new(p).exists() && crate::hub::HubSpec::parse(p).is_some());
@@ -428,7 +428,7 @@ impl Settings {
             (models, served)
         } else {
             let served = served::pair(&given, &args.served_model_name).map_err(fail)?;
-            let hub = crate::hub::Hub::from_env(args.hf_token.clone());
+            let hub = crate::hub::Hub::from_env(args.hub.hf_token.clone());
             let models = given
                 .iter()
                 .zip(&served)
@@ -438,8 +438,8 @@ impl Settings {
                     } else if let Some(spec) = crate::hub::HubSpec::parse(path) {
                         crate::hub::resolve(
                             &spec,
-                            args.revision.as_deref(),
-                            args.download_dir.as_deref(),
+                            args.hub.revision.as_deref(),
+                            args.hub.download_dir.as_deref(),
                             &hub,
                         )
                         .map_err(|e| fail(e.to_string()))?
@@ -545,7 +545,7 @@ fn check_tokenizer(args: &ServeArgs, given: &[String]) -> Result<(), StartupErro
         }
     }
     if let Some(rev) = &args.tokenizer_revision {
-        let model_rev = args.revision.as_deref().unwrap_or("main");
+        let model_rev = args.hub.revision.as_deref().unwrap_or("main");
         if rev != model_rev {
             return Err(fail(format!(
                 "--tokenizer-revision {rev}: the tokenizer comes from the model's own revision ({model_rev}); another is not built yet"

@@ -345,3 +345,82 @@ async fn a_gated_repository_is_read_with_the_token_from_the_flag_the_variable_or
     must(from_file.write("token", "hf_secret\n").map(|_| ()));
     completes(&must(start_with_token(&hub, &from_file, &[], "").await)).await;
 }
+
+/// `gateway preload --model ID` resolves a hub id as `serve` does: downloaded into the cache
+/// from the hub when missing, found there offline, and refused in one line naming the id when
+/// it is neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn preload_takes_a_hub_id_as_serve_does() {
+    let hub = hub().await;
+    let cache = must(TempDir::new("hub-preload"));
+    let path = cache.path.display().to_string();
+    let sockets = must(TempDir::new("hub-preload-sockets"));
+    let log = cache.path.join("preload.log");
+    let mut child = std::process::Command::new(must(common::gateway_bin()))
+        .args(["preload", "--model", ID, "--weight-cache-socket-dir"])
+        .arg(&sockets.path)
+        .envs(env(&hub, &path, false))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(must(std::fs::File::create(&log).map_err(|e| e.to_string())))
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Waits for the daemon's own line (the deadline only ends a failing test).
+    let started = std::time::Instant::now();
+    let text = loop {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        if text.contains("weight cache listening") {
+            break text;
+        }
+        let exited = child.try_wait().ok().flatten();
+        assert!(
+            exited.is_none() && started.elapsed() < Duration::from_secs(120),
+            "{exited:?}: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        snapshot(&cache.path).join("model.safetensors").is_file(),
+        "{text}"
+    );
+    assert!(hub.requests().len() > 1, "it downloaded from the hub");
+
+    // Offline, an id the cache lacks is one line naming it, the revision and the folder.
+    let asked = hub.requests().len();
+    let mut absent = std::process::Command::new(must(common::gateway_bin()))
+        .args([
+            "preload",
+            "--model",
+            "org/absent",
+            "--weight-cache-socket-dir",
+        ])
+        .arg(&sockets.path)
+        .envs(env(&hub, &path, true))
+        .env_remove("RUST_LOG")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("{e}"));
+    let started = std::time::Instant::now();
+    let status = loop {
+        if let Some(status) = absent.try_wait().ok().flatten() {
+            break status;
+        }
+        if started.elapsed() > Duration::from_secs(60) {
+            let _ = absent.kill();
+            panic!("preload of an absent id offline did not stop");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let mut stderr = String::new();
+    if let Some(mut pipe) = absent.stderr.take() {
+        let _ = std::io::Read::read_to_string(&mut pipe, &mut stderr);
+    }
+    let line = error_line(Ok((status, stderr)));
+    for part in ["org/absent", "main", path.as_str()] {
+        assert!(line.contains(part), "{line}");
+    }
+    assert_eq!(hub.requests().len(), asked, "offline asks the hub nothing");
+}

@@ -40,9 +40,13 @@ pub enum Command {
 
 #[derive(Debug, Clone, Args)]
 pub struct PreloadArgs {
-    /// The checkpoint to hold (a GGUF file). Without it, the default chat model.
+    /// The checkpoint to hold: a GGUF file, an HF folder, or a hub id (found in the local
+    /// Hugging Face cache or downloaded into it, as `serve` does). Without it, the default
+    /// chat model.
     #[arg(long = "model", value_name = "PATH")]
     pub model: Option<String>,
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// The name `serve` gives the model (it finds this daemon by it); default: the path, or
     /// the default chat model's name.
     #[arg(long = "served-model-name", value_name = "NAME")]
@@ -81,6 +85,22 @@ pub struct PreloadArgs {
     pub models_cache: PathBuf,
 }
 
+/// Where hub ids come from, for `serve` and `preload` alike.
+#[derive(Debug, Clone, Default, Args)]
+pub struct HubArgs {
+    /// The revision (branch, tag or commit) of hub ids (default main).
+    #[arg(long = "revision", value_name = "REV")]
+    pub revision: Option<String>,
+    /// The Hugging Face cache folder hub ids are looked up in and downloaded into (default:
+    /// $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
+    #[arg(long = "download-dir", value_name = "DIR")]
+    pub download_dir: Option<PathBuf>,
+    /// The token hub downloads send (default: $HF_TOKEN, else the token file
+    /// `huggingface-cli login` writes); bare, the token file.
+    #[arg(long = "hf-token", value_name = "TOKEN", num_args = 0..=1, default_missing_value = "")]
+    pub hf_token: Option<String>,
+}
+
 /// The flags of `gateway serve` that this server declares itself: those of `vllm serve` it
 /// honours (each a row of [`vllm_flags::FLAGS`] answered `Honoured`) and its own. A `--x` /
 /// `--no-x` flag of vLLM's is declared as `--x[=BOOL]`: the parser writes `--no-x` as
@@ -96,17 +116,8 @@ pub struct ServeArgs {
     /// models cache.
     #[arg(long = "model", value_name = "PATH")]
     pub model: Vec<String>,
-    /// The revision (branch, tag or commit) of hub ids (default main).
-    #[arg(long = "revision", value_name = "REV")]
-    pub revision: Option<String>,
-    /// The Hugging Face cache folder hub ids are looked up in and downloaded into (default:
-    /// $HF_HUB_CACHE, else $HF_HOME/hub, else ~/.cache/huggingface/hub).
-    #[arg(long = "download-dir", value_name = "DIR")]
-    pub download_dir: Option<PathBuf>,
-    /// The token hub downloads send (default: $HF_TOKEN, else the token file
-    /// `huggingface-cli login` writes); bare, the token file.
-    #[arg(long = "hf-token", value_name = "TOKEN", num_args = 0..=1, default_missing_value = "")]
-    pub hf_token: Option<String>,
+    #[command(flatten)]
+    pub hub: HubArgs,
     /// The tokenizer: accepted when it names the model itself (its path or hub id); a
     /// tokenizer apart from the model's is not built yet.
     #[arg(long = "tokenizer", value_name = "NAME")]
