@@ -362,11 +362,9 @@ impl ModernBertEncoder {
                 self.vocab
             )));
         }
-        if input.type_ids.is_some_and(|t| t.iter().any(|&t| t != 0)) {
-            return Err(invalid(format!(
-                "input {index} has token type ids, which ModernBERT does not take"
-            )));
-        }
+        // Token type ids are not read: ModernBERT has no segment embedding, and transformers
+        // does not pass the ones a pair template may write (its tokenizer's inputs leave them
+        // out).
         Ok(())
     }
 
