@@ -2,7 +2,7 @@
 //! that both see the same machine load. Prints the best and mean time of each.
 //!
 //! ```text
-//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [TYPE] [M] [THREADS]
+//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [TYPE] [M] [THREADS] [q8]
 //! ```
 //! TYPE is any quantised type by name (`q4_1`, `q4_k`, `iq4_xs`, ...). Defaults: 1536 x 576
 //! (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread. The K-quants need COLS a
@@ -34,6 +34,8 @@ fn run() -> Result<(), String> {
     };
     let m: usize = arg(&args, 5, 1)?;
     let threads: usize = arg(&args, 6, 1)?;
+    // `q8` as the seventh argument times the integer path alone (for `perf stat`).
+    let q8_only = args.get(7).is_some_and(|a| a == "q8");
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)
         .build()
@@ -58,6 +60,9 @@ fn run() -> Result<(), String> {
     pool.install(|| -> Result<(), String> {
         for _ in 0..reps {
             for (i, best_i) in best.iter_mut().enumerate() {
+                if q8_only && i == 0 {
+                    continue;
+                }
                 let t = Instant::now();
                 if i == 0 {
                     matmul(&x, m, &w, &mut out, false)

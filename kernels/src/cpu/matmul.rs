@@ -15,12 +15,15 @@ use super::kquant::MAX_XK;
 use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
-use crate::{DType, KernelError, QMatrix};
+use crate::{KernelError, QMatrix};
 
 /// Weight rows per task (at least).
 const FUSED_CHUNK_MIN: usize = 16;
 /// Weight rows per integer-kernel call (its outputs go through a stack buffer).
 const Q8_SUB_ROWS: usize = 64;
+/// Weight rows the integer kernels take per pass (at most); task sizes are multiples of it.
+const ROW_PASS: usize = 8;
+const _: () = assert!(Q8_SUB_ROWS.is_multiple_of(ROW_PASS) && ROW_PASS.is_multiple_of(MAX_W));
 // The stack buffer holds `MAX_X` activation rows, enough for either kernel family.
 const _: () = assert!(MAX_XK <= MAX_X);
 /// Weight rows the f32 path walks before moving to the next group of activation rows.
@@ -271,10 +274,11 @@ fn fused_q8(
     }
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    // About four tasks per thread over all jobs, in whole kernel calls.
+    // About four tasks per thread over all jobs, in whole passes of the kernels (eight rows:
+    // a task's last pass then takes a full vector wherever the matrix allows).
     let target = (total_rows / (threads * 4))
         .max(FUSED_CHUNK_MIN)
-        .next_multiple_of(MAX_W);
+        .next_multiple_of(ROW_PASS);
     let tasks = split_rows(jobs, |_| target);
     let ws: Vec<(QMatrix<'_>, usize, OutPtr)> = jobs
         .iter_mut()
@@ -287,9 +291,9 @@ fn fused_q8(
         let row_bytes = dtype.row_bytes(k);
         let super_block = is_super_block(dtype);
         let x_max = if super_block { MAX_XK } else { MAX_X };
-        // Two weight rows per pass share the activation loads; Q8_0 rows (34-byte blocks)
-        // stream from memory faster one at a time (measured on AVX-512 hardware).
-        let w_step = if dtype == DType::Q8_0 { 1 } else { MAX_W };
+        // The AVX-512 Q4 kernels take two weight rows per pass (the others eight, whatever
+        // this says).
+        let w_step = MAX_W;
         let mut vals = [0f32; Q8_SUB_ROWS * MAX_X];
         let mut row = r0;
         while row < r1 {

@@ -6,14 +6,17 @@
 //! block is then one integer dot product and two multiplies:
 //!
 //! - Q4_1 (`w = d_w·q_w + m_w`, `q_w` in 0..16): `d_w·d_x·Σ q_w·q_x + m_w·s_x`;
-//! - Q4_0 (`w = d_w·(q_w − 8)`): the same with `m_w = −8·d_w`;
-//! - Q5_1 and Q5_0 as Q4_1 and Q4_0, with `q_w` in 0..32 and `m_w = −16·d_w` for Q5_0;
+//! - Q4_0 (`w = d_w·(q_w − 8)`): the same with `m_w = −8·d_w` (the portable path), or
+//!   `d_w·d_x·Σ (q_w − 8)·q_x` with the offset taken off in the bytes (the SIMD paths);
+//! - Q5_1 and Q5_0 as Q4_1 and Q4_0, with `q_w` in 0..32 and an offset of 16 for Q5_0;
 //! - Q8_0 (`w = d_w·q_w`, `q_w` signed): `d_w·d_x·Σ q_w·q_x`;
 //! - IQ4_NL as Q8_0, `q_w` its table's level.
 //!
 //! The integer sums are exact on every SIMD level (the products fit: `31·127·2` and
 //! `128·127·2` stay inside the `i16` pair sums of `maddubs`); only the order of the final f32
-//! accumulation differs between levels. The 256-weight types pair with 256-value activation
+//! accumulation differs between levels. The AVX2 kernels put eight weight rows in the eight
+//! lanes of a vector: each block's whole integer sum, then one multiply-add per block into the
+//! row's lane, so decode and prefill run the same operations per output. The 256-weight types pair with 256-value activation
 //! blocks instead (`super::kquant`).
 //!
 //! Rounding is half-to-even through the `1.5·2^23` trick, which is plain f32 arithmetic and so
@@ -102,7 +105,7 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
 /// Most weight rows one kernel call handles.
 pub(crate) const MAX_W: usize = 2;
 /// Most activation rows one kernel call handles.
-pub(crate) const MAX_X: usize = 4;
+pub(crate) const MAX_X: usize = 8;
 
 /// Inputs of one kernel call: `w_rows` consecutive weight rows against `x_rows` consecutive
 /// quantised activation rows.

@@ -160,43 +160,63 @@ pub(super) unsafe fn dispatch(
     x_rows: usize,
     out: &mut [f32],
 ) {
-    macro_rules! by_shape {
+    macro_rules! by_rows {
         ($m:ident) => {
             // SAFETY: forwarded from the caller.
             unsafe {
-                match (w_step, x_rows) {
-                    (1, 1) => $m::rows::<1, 1>(a, w_rows, out),
-                    (1, 2) => $m::rows::<1, 2>(a, w_rows, out),
-                    (1, 3) => $m::rows::<1, 3>(a, w_rows, out),
-                    (1, _) => $m::rows::<1, 4>(a, w_rows, out),
-                    (_, 1) => $m::rows::<2, 1>(a, w_rows, out),
-                    (_, 2) => $m::rows::<2, 2>(a, w_rows, out),
-                    (_, 3) => $m::rows::<2, 3>(a, w_rows, out),
-                    (_, _) => $m::rows::<2, 4>(a, w_rows, out),
+                match x_rows {
+                    1 => $m::rows::<1>(a, w_rows, out),
+                    2 => $m::rows::<2>(a, w_rows, out),
+                    3 => $m::rows::<3>(a, w_rows, out),
+                    4 => $m::rows::<4>(a, w_rows, out),
+                    5 => $m::rows::<5>(a, w_rows, out),
+                    6 => $m::rows::<6>(a, w_rows, out),
+                    7 => $m::rows::<7>(a, w_rows, out),
+                    _ => $m::rows::<8>(a, w_rows, out),
                 }
             }
         };
     }
+    // SAFETY (whole match): forwarded from the caller.
     match level {
         // The AVX-VNNI and AVX-512 builds of Q5_0, Q5_1 and IQ4_NL have not run on hardware
         // that has them: those types take the AVX2 kernels, which every such CPU runs.
-        _ if matches!(a.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL) => by_shape!(avx2),
-        CpuLevel::Avx512Vnni if matches!(a.dtype, DType::Q4_0 | DType::Q4_1) => {
-            by_shape!(zmm_q4)
-        }
-        CpuLevel::Avx512Vnni => by_shape!(avx512vnni),
-        CpuLevel::AvxVnni => by_shape!(avxvnni),
-        _ => by_shape!(avx2),
+        _ if matches!(a.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL) => by_rows!(avx2),
+        CpuLevel::Avx512Vnni if matches!(a.dtype, DType::Q4_0 | DType::Q4_1) => unsafe {
+            match (w_step, x_rows) {
+                (1, 1) => zmm_q4::rows::<1, 1>(a, w_rows, out),
+                (1, 2) => zmm_q4::rows::<1, 2>(a, w_rows, out),
+                (1, 3) => zmm_q4::rows::<1, 3>(a, w_rows, out),
+                (1, 4) => zmm_q4::rows::<1, 4>(a, w_rows, out),
+                (1, 5) => zmm_q4::rows::<1, 5>(a, w_rows, out),
+                (1, 6) => zmm_q4::rows::<1, 6>(a, w_rows, out),
+                (1, 7) => zmm_q4::rows::<1, 7>(a, w_rows, out),
+                (1, _) => zmm_q4::rows::<1, 8>(a, w_rows, out),
+                (_, 1) => zmm_q4::rows::<2, 1>(a, w_rows, out),
+                (_, 2) => zmm_q4::rows::<2, 2>(a, w_rows, out),
+                (_, 3) => zmm_q4::rows::<2, 3>(a, w_rows, out),
+                (_, 4) => zmm_q4::rows::<2, 4>(a, w_rows, out),
+                (_, 5) => zmm_q4::rows::<2, 5>(a, w_rows, out),
+                (_, 6) => zmm_q4::rows::<2, 6>(a, w_rows, out),
+                (_, 7) => zmm_q4::rows::<2, 7>(a, w_rows, out),
+                (_, _) => zmm_q4::rows::<2, 8>(a, w_rows, out),
+            }
+        },
+        CpuLevel::Avx512Vnni => by_rows!(avx512vnni),
+        CpuLevel::AvxVnni => by_rows!(avxvnni),
+        _ => by_rows!(avx2),
     }
 }
+
+/// Weight rows per pass of the `u8 × i8` kernels: one per f32 lane.
+pub(super) const LANES: usize = 8;
 
 /// One kernel set per instruction choice for the `u8 × i8 → i32x8` dot product (lane `l`
 /// holds the sum of the products of bytes `4l..4l + 4`).
 macro_rules! int_kernels {
     ($name:ident, $features:literal, |$a:ident, $b:ident| $dot:expr) => {
         pub(super) mod $name {
-            use super::{DType, Q8Args};
-            use crate::cpu::x86::hsum;
+            use super::{DType, Q8Args, LANES};
             use std::arch::x86_64::*;
 
             #[target_feature(enable = $features)]
@@ -247,8 +267,8 @@ macro_rules! int_kernels {
                 _mm256_set_m128i(_mm_shuffle_epi8(table, hi), _mm_shuffle_epi8(table, lo))
             }
 
-            /// `out[i * X + j] = w_i · x_j` for `rows` weight rows, `W` per pass, and `X`
-            /// activation rows.
+            /// `out[i * X + j] = w_i · x_j` for `rows` weight rows, [`LANES`] per pass, and
+            /// `X` activation rows.
             ///
             /// # Safety
             /// The features of this module must be available; `a` must hold `rows`
@@ -256,182 +276,235 @@ macro_rules! int_kernels {
             /// floats, and `a.dtype` must be a 32-weight block type (all checked by
             /// `dot_q8`).
             #[target_feature(enable = $features)]
-            pub(super) unsafe fn rows<const W: usize, const X: usize>(
+            pub(super) unsafe fn rows<const X: usize>(
                 a: &Q8Args<'_>,
                 rows: usize,
                 out: &mut [f32],
             ) {
                 let mut r = 0;
-                // SAFETY: each call covers rows `r..r + W` (or `r..r + 1`) below `rows`.
+                // The type and a full pass are compile-time constants, so that each block's
+                // unpacking stays in registers.
+                macro_rules! by_type {
+                    ($full:expr, $n:expr) => {{
+                        let o = &mut out[r * X..(r + $n) * X];
+                        match a.dtype {
+                            DType::Q4_0 => dot::<X, 0, $full>(a, r, $n, o),
+                            DType::Q4_1 => dot::<X, 1, $full>(a, r, $n, o),
+                            DType::Q5_0 => dot::<X, 2, $full>(a, r, $n, o),
+                            DType::Q5_1 => dot::<X, 3, $full>(a, r, $n, o),
+                            DType::Q8_0 => dot::<X, 4, $full>(a, r, $n, o),
+                            _ => dot::<X, 5, $full>(a, r, $n, o),
+                        }
+                    }};
+                }
+                // SAFETY: each call covers rows `r..r + n` below `rows`.
                 unsafe {
-                    while r + W <= rows {
-                        dot::<W, X>(a, r, &mut out[r * X..(r + W) * X]);
-                        r += W;
+                    while r + LANES <= rows {
+                        by_type!(true, LANES);
+                        r += LANES;
                     }
-                    while r < rows {
-                        dot::<1, X>(a, r, &mut out[r * X..(r + 1) * X]);
-                        r += 1;
+                    if r < rows {
+                        by_type!(false, rows - r);
                     }
                 }
             }
 
-            /// `out[i * X + j] = w_{r0 + i} · x_j` for `W` weight rows from `r0` and `X`
-            /// activation rows.
+            /// Type `T` of the lane kernels: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0,
+            /// 5 IQ4_NL. Q8_0 and IQ4_NL are "wide": their byte products fill the `i16` pair
+            /// sums. Q4_1 and Q5_1 have a minimum term.
+            const fn wide(t: u8) -> bool {
+                t >= 4
+            }
+            const fn has_min(t: u8) -> bool {
+                t == 1 || t == 3
+            }
+            const fn block_bytes(t: u8) -> usize {
+                match t {
+                    0 | 5 => 18,
+                    1 => 20,
+                    2 => 22,
+                    3 => 24,
+                    _ => 34,
+                }
+            }
+
+            /// One weight block of type `T`, unpacked: the bytes to multiply (unsigned), the
+            /// signs to move onto the activations (signed types), the scale and the minimum.
             ///
             /// # Safety
-            /// As for [`rows`], with `r0 + W` at most its `rows`.
+            /// `blk` must point to one block of type `T`.
             #[target_feature(enable = $features)]
             #[inline]
-            unsafe fn dot<const W: usize, const X: usize>(
+            unsafe fn unpack<const T: u8>(blk: *const u8) -> (__m256i, __m256i, f32, f32) {
+                let five = T == 2 || T == 3;
+                // The nibbles follow the scale (and minimum) and, in Q5, the fifth bits.
+                let qoff = 2 + 2 * usize::from(has_min(T)) + 4 * usize::from(five);
+                // SAFETY: every read is inside the block, as the caller vouches.
+                unsafe {
+                    let q = if T == 4 {
+                        _mm256_loadu_si256(blk.add(2) as *const __m256i)
+                    } else if T == 5 {
+                        iq4nl_levels(blk.add(2))
+                    } else {
+                        let mask = _mm_set1_epi8(0x0F);
+                        let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
+                        let lo = _mm_and_si128(raw, mask);
+                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
+                        let q = _mm256_set_m128i(hi, lo);
+                        if five {
+                            let qh = (blk.add(qoff - 4) as *const u32).read_unaligned();
+                            _mm256_or_si256(q, fifth_bits(qh))
+                        } else {
+                            q
+                        }
+                    };
+                    let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(if has_min(T) {
+                        (blk as *const i32).read_unaligned()
+                    } else {
+                        i32::from((blk as *const u16).read_unaligned())
+                    }));
+                    let d = _mm_cvtss_f32(dm);
+                    if has_min(T) {
+                        (q, q, d, _mm_cvtss_f32(_mm_movehdup_ps(dm)))
+                    } else {
+                        // Q4_0 and Q5_0 store `q + 8` / `q + 16`: the offset comes off in
+                        // the bytes, so the integer sum is exact with no minimum term.
+                        let q = match T {
+                            0 => _mm256_sub_epi8(q, _mm256_set1_epi8(8)),
+                            2 => _mm256_sub_epi8(q, _mm256_set1_epi8(16)),
+                            _ => q,
+                        };
+                        // |w| as unsigned bytes (−128 becomes 128).
+                        (_mm256_sign_epi8(q, q), q, d, 0.0)
+                    }
+                }
+            }
+
+            /// One weight block times one activation block, partly summed: `i16` pair sums
+            /// for the narrow types, `i32` for the wide.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn part<const T: u8>(wu: __m256i, ws: __m256i, xq: __m256i) -> __m256i {
+                let xs = if has_min(T) {
+                    xq
+                } else {
+                    _mm256_sign_epi8(xq, ws)
+                };
+                if wide(T) {
+                    dot_u8i8(wu, xs)
+                } else {
+                    _mm256_maddubs_epi16(wu, xs)
+                }
+            }
+
+            /// The eight rows' whole integer sums from their [`part`]s, lane `i` row `i`.
+            /// Narrow parts are summed across lanes twice more in `i16` (eight products: at
+            /// most `8·31·127 < 2^15`), then widened: one `madd` per four rows.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn reduce<const T: u8>(p: &[__m256i; LANES]) -> __m256i {
+                let (h0123, h4567) = if wide(T) {
+                    let h01 = _mm256_hadd_epi32(p[0], p[1]);
+                    let h23 = _mm256_hadd_epi32(p[2], p[3]);
+                    let h45 = _mm256_hadd_epi32(p[4], p[5]);
+                    let h67 = _mm256_hadd_epi32(p[6], p[7]);
+                    (_mm256_hadd_epi32(h01, h23), _mm256_hadd_epi32(h45, h67))
+                } else {
+                    let ones = _mm256_set1_epi16(1);
+                    let h01 = _mm256_hadd_epi16(p[0], p[1]);
+                    let h23 = _mm256_hadd_epi16(p[2], p[3]);
+                    let h45 = _mm256_hadd_epi16(p[4], p[5]);
+                    let h67 = _mm256_hadd_epi16(p[6], p[7]);
+                    (
+                        _mm256_madd_epi16(_mm256_hadd_epi16(h01, h23), ones),
+                        _mm256_madd_epi16(_mm256_hadd_epi16(h45, h67), ones),
+                    )
+                };
+                // Lanes 0-3 of each half hold rows 0-3 (4-7): add the halves.
+                _mm256_add_epi32(
+                    _mm256_permute2x128_si256::<0x20>(h0123, h4567),
+                    _mm256_permute2x128_si256::<0x31>(h0123, h4567),
+                )
+            }
+
+            /// `out[i * X + j] = w_{r0 + i} · x_j` for `n` (at most [`LANES`]) weight rows
+            /// from `r0` and `X` activation rows; `FULL`: `n` is `LANES`.
+            ///
+            /// Lane `i` of a float vector belongs to weight row `r0 + i`. Per block, each
+            /// row's integer sum is exact (and exact in f32: at most `32·128·127`), and the
+            /// row's accumulator takes one fused multiply-add by `d_w·d_x`, in block order;
+            /// the minimum term, where the type has one, goes into its own accumulator the
+            /// same way. So an output's value comes from the same operations whatever `X`,
+            /// `n` and the row's lane are: a row gives the same result in any batch. Each
+            /// block of the eight weight rows is unpacked once for all the activation rows.
+            ///
+            /// # Safety
+            /// As for [`rows`], with `r0 + n` at most its `rows`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn dot<const X: usize, const T: u8, const FULL: bool>(
                 a: &Q8Args<'_>,
                 r0: usize,
+                n: usize,
                 out: &mut [f32],
             ) {
-                let mut acc = [[_mm256_setzero_ps(); X]; W];
-                let mut offs = [[0f32; X]; W];
+                let n = if FULL { LANES } else { n };
+                let mut acc = [_mm256_setzero_ps(); X];
+                let mut offs = [_mm256_setzero_ps(); X];
                 // SAFETY: row `r0` is inside the checked rows.
                 let w = unsafe { a.w.as_ptr().add(r0 * a.w_stride) };
                 let x = a.x.as_ptr();
                 let nb = a.nb;
+                let bb = block_bytes(T);
                 // SAFETY (whole block): block `b` of weight row `i` is the bytes
-                // `i * w_stride + b * block_bytes..+ block_bytes`, and activation block
-                // `j * nb + b`, both inside what `dot_q8` asserted for `b < nb`,
-                // `i < W`, `j < X`.
-                // Blocks go in pairs: `t = p0·s0 + p1·s1`, then `acc += t`, so the
-                // loop-carried chain is one add per two blocks, and the rounding is the
-                // same whatever `W` and `X` are (a row gives the same result in any
-                // batch).
-                let mut t = [[_mm256_setzero_ps(); X]; W];
+                // `i * w_stride + b * bb..+ bb`, and activation block `j * nb + b`, both
+                // inside what `dot_q8` asserted for `b < nb`, `i < n`, `j < X`. Rows past `n`
+                // keep zero parts and zero scales.
                 unsafe {
-                    match a.dtype {
-                        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 => {
-                            let has_min = matches!(a.dtype, DType::Q4_1 | DType::Q5_1);
-                            let five = matches!(a.dtype, DType::Q5_0 | DType::Q5_1);
-                            let bb = a.dtype.block_bytes();
-                            // The nibbles follow the scales and, in Q5, the fifth bits.
-                            let qoff = 2 + 2 * usize::from(has_min) + 4 * usize::from(five);
-                            // The minimum of the types without one: the quant offset.
-                            let offset = if five { -16.0 } else { -8.0 };
-                            let mask = _mm_set1_epi8(0x0F);
-                            macro_rules! q4_block {
-                                ($bi:expr, $first:expr) => {{
-                                    let b = $bi;
-                                    let mut wq = [_mm256_setzero_si256(); W];
-                                    let mut dw = [0f32; W];
-                                    let mut mw = [0f32; W];
-                                    for i in 0..W {
-                                        let blk = w.add(i * a.w_stride + b * bb);
-                                        let raw = _mm_loadu_si128(blk.add(qoff) as *const __m128i);
-                                        let lo = _mm_and_si128(raw, mask);
-                                        let hi = _mm_and_si128(_mm_srli_epi16::<4>(raw), mask);
-                                        wq[i] = _mm256_set_m128i(hi, lo);
-                                        if five {
-                                            let qh =
-                                                (blk.add(qoff - 4) as *const u32).read_unaligned();
-                                            wq[i] = _mm256_or_si256(wq[i], fifth_bits(qh));
-                                        }
-                                        let dm = _mm_cvtph_ps(_mm_cvtsi32_si128(
-                                            (blk as *const i32).read_unaligned(),
-                                        ));
-                                        dw[i] = _mm_cvtss_f32(dm);
-                                        mw[i] = if has_min {
-                                            _mm_cvtss_f32(_mm_movehdup_ps(dm))
-                                        } else {
-                                            offset * dw[i]
-                                        };
-                                    }
-                                    for j in 0..X {
-                                        let xb = &*x.add(j * nb + b);
-                                        let xq =
-                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                                        for i in 0..W {
-                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wq[i], xq));
-                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
-                                            t[i][j] = if $first {
-                                                _mm256_mul_ps(p, sc)
-                                            } else {
-                                                _mm256_fmadd_ps(p, sc, t[i][j])
-                                            };
-                                            offs[i][j] += mw[i] * xb.s;
-                                        }
-                                    }
-                                }};
-                            }
-                            let mut b = 0;
-                            while b < nb {
-                                q4_block!(b, true);
-                                if b + 1 < nb {
-                                    q4_block!(b + 1, false);
-                                }
-                                for i in 0..W {
-                                    for j in 0..X {
-                                        acc[i][j] = _mm256_add_ps(acc[i][j], t[i][j]);
-                                    }
-                                }
-                                b += 2;
+                    let mut wu = [_mm256_setzero_si256(); LANES];
+                    let mut ws = [_mm256_setzero_si256(); LANES];
+                    let mut dw = [0f32; LANES];
+                    let mut mw = [0f32; LANES];
+                    for b in 0..nb {
+                        // With one or two activation rows (decode, where the weights
+                        // come from memory) the eight interleaved row streams defeat the
+                        // hardware prefetcher: fetch the pass after next, block by block.
+                        // A prefetch past the matrix is harmless (the address is only
+                        // computed, never dereferenced).
+                        if X <= 2 {
+                            for i in 0..LANES {
+                                let ahead = w.wrapping_add((2 * LANES + i) * a.w_stride + b * bb);
+                                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
                             }
                         }
-                        _ => {
-                            // Q8_0, or IQ4_NL's levels looked up into the same signed bytes.
-                            let nl = a.dtype == DType::IQ4_NL;
-                            let bb = a.dtype.block_bytes();
-                            macro_rules! q8_block {
-                                ($bi:expr, $first:expr) => {{
-                                    let b = $bi;
-                                    let mut wa = [_mm256_setzero_si256(); W];
-                                    let mut ws = [_mm256_setzero_si256(); W];
-                                    let mut dw = [0f32; W];
-                                    for i in 0..W {
-                                        let blk = w.add(i * a.w_stride + b * bb);
-                                        let q = if nl {
-                                            iq4nl_levels(blk.add(2))
-                                        } else {
-                                            _mm256_loadu_si256(blk.add(2) as *const __m256i)
-                                        };
-                                        // |w| as unsigned bytes (−128 becomes 128); the
-                                        // sign moves onto the activations below.
-                                        wa[i] = _mm256_sign_epi8(q, q);
-                                        ws[i] = q;
-                                        dw[i] = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(
-                                            i32::from((blk as *const u16).read_unaligned()),
-                                        )));
-                                    }
-                                    for j in 0..X {
-                                        let xb = &*x.add(j * nb + b);
-                                        let xq =
-                                            _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                                        for i in 0..W {
-                                            let sx = _mm256_sign_epi8(xq, ws[i]);
-                                            let p = _mm256_cvtepi32_ps(dot_u8i8(wa[i], sx));
-                                            let sc = _mm256_set1_ps(dw[i] * xb.d);
-                                            t[i][j] = if $first {
-                                                _mm256_mul_ps(p, sc)
-                                            } else {
-                                                _mm256_fmadd_ps(p, sc, t[i][j])
-                                            };
-                                        }
-                                    }
-                                }};
-                            }
-                            let mut b = 0;
-                            while b < nb {
-                                q8_block!(b, true);
-                                if b + 1 < nb {
-                                    q8_block!(b + 1, false);
-                                }
-                                for i in 0..W {
-                                    for j in 0..X {
-                                        acc[i][j] = _mm256_add_ps(acc[i][j], t[i][j]);
-                                    }
-                                }
-                                b += 2;
+                        for i in 0..n {
+                            (wu[i], ws[i], dw[i], mw[i]) =
+                                unpack::<T>(w.add(i * a.w_stride + b * bb));
+                        }
+                        let dwv = _mm256_loadu_ps(dw.as_ptr());
+                        let mwv = _mm256_loadu_ps(mw.as_ptr());
+                        for j in 0..X {
+                            let xb = &*x.add(j * nb + b);
+                            let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                            let p = std::array::from_fn(|i| part::<T>(wu[i], ws[i], xq));
+                            let sums = reduce::<T>(&p);
+                            let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
+                            if has_min(T) {
+                                offs[j] = _mm256_fmadd_ps(mwv, _mm256_set1_ps(xb.s), offs[j]);
                             }
                         }
                     }
                 }
-                for i in 0..W {
-                    for j in 0..X {
-                        out[i * X + j] = hsum(acc[i][j]) + offs[i][j];
+                let mut lanes = [[0f32; LANES]; 2];
+                for j in 0..X {
+                    // SAFETY: two arrays of 8 floats.
+                    unsafe {
+                        _mm256_storeu_ps(lanes[0].as_mut_ptr(), acc[j]);
+                        _mm256_storeu_ps(lanes[1].as_mut_ptr(), offs[j]);
+                    }
+                    for i in 0..n {
+                        out[i * X + j] = lanes[0][i] + lanes[1][i];
                     }
                 }
             }

@@ -107,9 +107,10 @@ fn q8_kernels_exact(isa: Isa) {
     // An odd block count exercises the kernels' lone last block.
     for (dtype, nb) in q8_types().flat_map(|d| [(d, 7usize), (d, 8)]) {
         let rb = dtype.row_bytes(nb * 32);
-        let (w, x) = exact_inputs(&mut rng, dtype, 5, nb);
-        // 1..=5 weight rows in passes of 1 or 2 (with a one-row tail), 1..=4 activation rows.
-        for w_rows in 1..=5 {
+        let (w, x) = exact_inputs(&mut rng, dtype, 17, nb);
+        // Up to 17 weight rows: whole passes of eight and every tail (and passes of 1 or 2 for
+        // the kernels that take `w_step`), against 1..=MAX_X activation rows.
+        for w_rows in [1, 2, 3, 5, 7, 8, 9, 15, 16, 17] {
             for x_rows in 1..=MAX_XR {
                 let want: Vec<f64> = (0..w_rows * x_rows)
                     .map(|o| {
