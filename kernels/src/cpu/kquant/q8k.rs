@@ -69,7 +69,7 @@ pub(crate) struct Q8KArgs<'a> {
 }
 
 /// Most activation rows one kernel call handles.
-pub(crate) const MAX_XK: usize = 4;
+pub(crate) const MAX_XK: usize = 8;
 
 /// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows`, `j < x_rows` (at most [`MAX_XK`]).
 ///

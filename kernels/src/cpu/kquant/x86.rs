@@ -28,7 +28,11 @@ pub(super) unsafe fn dispatch(a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out
             1 => rows::<1>(a, w_rows, out),
             2 => rows::<2>(a, w_rows, out),
             3 => rows::<3>(a, w_rows, out),
-            _ => rows::<4>(a, w_rows, out),
+            4 => rows::<4>(a, w_rows, out),
+            5 => rows::<5>(a, w_rows, out),
+            6 => rows::<6>(a, w_rows, out),
+            7 => rows::<7>(a, w_rows, out),
+            _ => rows::<8>(a, w_rows, out),
         }
     }
 }
