@@ -175,6 +175,45 @@ pub(crate) fn dot_at(isa: Isa, a: &[f32], b: &[f32]) -> f32 {
     }
 }
 
+/// `out[r] = q · row_r` for `out.len()` rows, row `r` at `rows[r * stride..][..q.len()]`.
+///
+/// Each row's value comes from the same operations whatever the other rows of the call are
+/// (one chain of multiply-adds over 8-float chunks, a fixed pairwise sum of the lanes, then the
+/// leftover elements), so attention scores computed eight keys at a time equal those computed
+/// one at a time. Not bit-equal to [`dot`].
+///
+/// # Panics
+/// If `rows` is shorter than the rows claim.
+pub fn dots(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    dots_at(cpu_isa(), q, rows, stride, out);
+}
+
+/// [`dots`] on `isa`'s kernel.
+pub(crate) fn dots_at(isa: Isa, q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    let n = out.len();
+    if n == 0 {
+        return;
+    }
+    assert!(
+        rows.len() >= (n - 1) * stride + q.len(),
+        "dots: rows too short"
+    );
+    match isa.level() {
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: every level above Scalar has the features, and `isa` runs here; the bounds
+        // were checked above.
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
+            x86::dots(q, rows, stride, out)
+        },
+        _ => {
+            for (r, o) in out.iter_mut().enumerate() {
+                let row = &rows[r * stride..r * stride + q.len()];
+                *o = q.iter().zip(row).map(|(a, b)| a * b).sum();
+            }
+        }
+    }
+}
+
 /// `y += alpha * x`.
 ///
 /// # Panics
@@ -322,6 +361,66 @@ mod x86 {
             s += *v;
         }
         s
+    }
+
+    /// # Safety
+    /// `rows` holds `out.len()` rows of `q.len()` floats, `stride` apart (checked by the
+    /// caller).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub(super) unsafe fn dots(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let d = q.len();
+        let full = d / 8 * 8;
+        let n = out.len();
+        let mut r = 0;
+        while r < n {
+            let g = (n - r).min(8);
+            let base = rows.as_ptr().wrapping_add(r * stride);
+            let mut acc = [_mm256_setzero_ps(); 8];
+            // SAFETY (both loops): row `r + i` for `i < g` has `d` floats from
+            // `base + i * stride`, inside `rows` as the caller checked.
+            unsafe {
+                if g == 8 {
+                    for c in (0..full).step_by(8) {
+                        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                        for (i, a) in acc.iter_mut().enumerate() {
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(base.add(i * stride + c)), *a);
+                        }
+                    }
+                } else {
+                    // The missing rows keep zero sums: their lanes are ignored.
+                    for c in (0..full).step_by(8) {
+                        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
+                        for (i, a) in acc.iter_mut().enumerate().take(g) {
+                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(base.add(i * stride + c)), *a);
+                        }
+                    }
+                }
+            }
+            // Lane sums as ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), row `i` in lane
+            // `i`.
+            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
+            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
+            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
+            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
+            let h0123 = _mm256_hadd_ps(h01, h23);
+            let h4567 = _mm256_hadd_ps(h45, h67);
+            let sums = _mm256_add_ps(
+                _mm256_permute2f128_ps::<0x20>(h0123, h4567),
+                _mm256_permute2f128_ps::<0x31>(h0123, h4567),
+            );
+            let mut lanes = [0f32; 8];
+            // SAFETY: eight floats.
+            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
+            for (i, &l) in lanes.iter().enumerate().take(g) {
+                let row = &rows[(r + i) * stride..(r + i) * stride + d];
+                let mut s = l;
+                for e in full..d {
+                    s += q[e] * row[e];
+                }
+                out[r + i] = s;
+            }
+            r += g;
+        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

@@ -22,6 +22,21 @@ trait KvElem: Copy + Send + Sync {
     /// `src` as f32: the slice itself for f32, else converted into `scratch`.
     fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
 
+    /// `out[j] = q · row_j`, row `j` at `src[j * stride..][..q.len()]`, through
+    /// [`ops::dots`] (each score the same whichever rows share the call).
+    fn dots(q: &[f32], src: &[Self], stride: usize, out: &mut [f32], scratch: &mut [f32]) {
+        let hd = q.len();
+        let n = out.len();
+        for j in 0..n {
+            // Converts into the scratch (f32 overrides this method).
+            Self::row(
+                &src[j * stride..j * stride + hd],
+                &mut scratch[j * hd..(j + 1) * hd],
+            );
+        }
+        ops::dots(q, &scratch[..n * hd], hd, out);
+    }
+
     /// `acc += Σ_j weights[j] · row_j`, row `j` at `src[j * stride..][..acc.len()]`, as
     /// `axpy` once per row in order (so every path gives the same bits).
     fn axpy_rows(
@@ -45,6 +60,10 @@ trait KvElem: Copy + Send + Sync {
 impl KvElem for f32 {
     fn row<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
         src
+    }
+
+    fn dots(q: &[f32], src: &[f32], stride: usize, out: &mut [f32], _: &mut [f32]) {
+        ops::dots(q, src, stride, out);
     }
 
     fn axpy_rows(weights: &[f32], src: &[f32], stride: usize, acc: &mut [f32], _: &mut [f32]) {
@@ -129,6 +148,8 @@ struct TaskScratch {
     acc: Vec<f32>,
     /// One cached row converted to f32 (16- and 8-bit caches).
     row: Vec<f32>,
+    /// A KV block's keys converted to f32 (16- and 8-bit caches).
+    keys: Vec<f32>,
 }
 
 thread_local! {
@@ -232,10 +253,16 @@ fn direct_task<T: KvElem>(
     let kv_stride = shape.n_kv_heads * hd;
     let group = shape.n_heads / shape.n_kv_heads;
     let TaskScratch {
-        scores, acc, row, ..
+        scores,
+        acc,
+        row,
+        keys,
+        ..
     } = s;
     acc.resize(hd, 0.0);
     row.resize(hd, 0.0);
+    // A KV block's keys as f32 (16-bit caches only).
+    keys.resize(shape.block_size * hd, 0.0);
     for i in i0..i1 {
         let ctx = ch.start_pos + i + 1;
         let lo = shape.first_visible(ctx - 1);
@@ -253,10 +280,12 @@ fn direct_task<T: KvElem>(
                 lo,
                 ctx,
                 |p0, off, n| {
-                    for j in 0..n {
-                        let o = off + j * kv_stride + kvh * hd;
-                        sc[p0 - lo + j] =
-                            ops::dot(qv, T::row(&k_cache[o..o + hd], row)) * shape.scale;
+                    let o = off + kvh * hd;
+                    let span = (n - 1) * kv_stride + hd;
+                    let dst = &mut sc[p0 - lo..p0 - lo + n];
+                    T::dots(qv, &k_cache[o..o + span], kv_stride, dst, keys);
+                    for v in dst.iter_mut() {
+                        *v *= shape.scale;
                     }
                 },
             );

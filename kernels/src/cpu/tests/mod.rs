@@ -375,3 +375,47 @@ mod axpy_rows_is_repeated_axpy {
 mod invariance;
 mod q8;
 mod reference;
+
+/// `dots`: each row's value is the same whether the row is alone or anywhere in a call of any
+/// size (tails of the width and of the row count included), and close to the exact dot product.
+fn dots_are_invariant(isa: Isa) {
+    let mut rng = Rng(91);
+    for &(width, rows, stride) in &[(64usize, 19usize, 64usize), (72, 9, 80), (13, 3, 16)] {
+        let q: Vec<f32> = (0..width).map(|_| rng.f32()).collect();
+        let x: Vec<f32> = (0..rows * stride).map(|_| rng.f32()).collect();
+        let alone: Vec<f32> = (0..rows)
+            .map(|r| {
+                let mut o = [0f32];
+                super::ops::dots_at(isa, &q, &x[r * stride..], stride, &mut o);
+                o[0]
+            })
+            .collect();
+        for (r, &a) in alone.iter().enumerate() {
+            let exact: f64 = (0..width)
+                .map(|e| f64::from(q[e]) * f64::from(x[r * stride + e]))
+                .sum();
+            assert!(
+                (f64::from(a) - exact).abs() < 1e-4,
+                "{isa:?} width {width} row {r}: {a} vs {exact}"
+            );
+        }
+        for start in 0..rows {
+            for n in 1..=rows - start {
+                let mut got = vec![f32::NAN; n];
+                super::ops::dots_at(isa, &q, &x[start * stride..], stride, &mut got);
+                for (i, g) in got.iter().enumerate() {
+                    assert_eq!(
+                        g.to_bits(),
+                        alone[start + i].to_bits(),
+                        "{isa:?} width {width}: row {} at {i} of {n}",
+                        start + i
+                    );
+                }
+            }
+        }
+    }
+}
+
+mod dots_are_invariant {
+    level_tests!(super::dots_are_invariant => Scalar, Avx2);
+}
