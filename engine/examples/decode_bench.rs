@@ -21,6 +21,11 @@
 //! - decode: batch 1, 4 and 16 sequences (each prefilled with 32 tokens), then
 //!   `--decode-tokens` greedy steps with the whole batch in each step; tok/s counts every
 //!   sequence's tokens.
+//! - for a GGUF file on the CPU, the bandwidth floor of a batch-1 decode step: the weight bytes
+//!   one token reads (every tensor but a token-embedding table that a separate output matrix
+//!   replaces, which is read one row a token) over the read bandwidth this benchmark measures
+//!   (`read_gbs`: the best of 5 sums of a 1 GiB buffer on the same threads), and the step's
+//!   fraction of it (`decode_b1_floor_fraction`, 1.0 at the floor).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -257,14 +262,63 @@ fn measure(args: &Args) -> Result<(), String> {
             line[format!("prefill_{len}_tok_s")] = prefill_tok_s(model, len)?.round().into();
         }
     }
+    let floor = (model.device() == "cpu")
+        .then(|| weight_bytes_per_token(&args.model))
+        .flatten()
+        .map(|bytes| (bytes, read_bandwidth()));
+    if let Some((bytes, bw)) = floor {
+        line["weights_read_mb"] = ((bytes as f64 / 1e6 * 10.0).round() / 10.0).into();
+        line["read_gbs"] = ((bw / 1e9 * 100.0).round() / 100.0).into();
+        line["floor_ms"] = ((bytes as f64 / bw * 1e3 * 1000.0).round() / 1000.0).into();
+    }
     for &b in &args.batches {
         let tok_s = decode_tok_s(model, b, args.decode_tokens)?;
         line[format!("decode_b{b}_tok_s")] = tok_s.round().into();
-        line[format!("decode_b{b}_step_ms")] =
-            ((b as f64 / tok_s * 1e3 * 1000.0).round() / 1000.0).into();
+        let step_ms = b as f64 / tok_s * 1e3;
+        line[format!("decode_b{b}_step_ms")] = ((step_ms * 1000.0).round() / 1000.0).into();
+        if let (1, Some((bytes, bw))) = (b, floor) {
+            let fraction = bytes as f64 / bw * 1e3 / step_ms;
+            line["decode_b1_floor_fraction"] = ((fraction * 1000.0).round() / 1000.0).into();
+        }
     }
     println!("{line}");
     Ok(())
+}
+
+/// The weight bytes a batch-1 decode step reads from a GGUF file: every tensor, except a
+/// token-embedding table when a separate `output.weight` is the LM head (then one row a token).
+fn weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
+    if path.is_dir() {
+        return None;
+    }
+    let file = engine::gguf::GgufFile::open(path).ok()?;
+    let untied = file.tensor("output.weight").is_some();
+    Some(
+        file.tensors()
+            .iter()
+            .filter(|t| !(untied && t.name == "token_embd.weight"))
+            .map(|t| t.len as u64)
+            .sum(),
+    )
+}
+
+/// Read bandwidth in bytes/s: the best of 5 parallel sums of a 1 GiB buffer on the current
+/// pool's threads.
+fn read_bandwidth() -> f64 {
+    use rayon::prelude::*;
+    let words = (1usize << 30) / 8;
+    let buf: Vec<u64> = (0..words as u64).collect();
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        let t = Instant::now();
+        let s: u64 = buf
+            .par_chunks(1 << 16)
+            .map(|c| c.iter().fold(0u64, |a, &v| a.wrapping_add(v)))
+            .reduce(|| 0, u64::wrapping_add);
+        std::hint::black_box(s);
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    (words * 8) as f64 / best
 }
 
 fn main() {
