@@ -9,16 +9,19 @@
 //! on what else is in the batch.
 //!
 //! Module map: [`config`] reads and checks `adapter_config.json`; [`adapter`] reads the
-//! factors and fits them to the base's projections ([`LoraTargets`]); [`registry`] holds the
+//! factors and fits them to the base's projections ([`LoraTargets`]); [`base`] picks the
+//! served model an adapter attaches to when its load names none; [`registry`] holds the
 //! adapters a decoder serves (start-up and runtime loads); [`delta`] applies them in a step.
 
 pub mod adapter;
+pub mod base;
 pub mod config;
 pub mod delta;
 pub mod registry;
 
 pub use crate::error::LoraError;
 pub use adapter::{LoraAdapter, LoraPair};
+pub use base::BaseCandidate;
 pub use config::AdapterConfig;
 pub use delta::StepLoras;
 pub use registry::{LoraRegistry, LoraSettings};
@@ -36,7 +39,8 @@ pub struct LoraConfig {
 pub struct LoraModule {
     pub name: String,
     pub path: String,
-    /// The served model it applies to (default: the first decoder served).
+    /// The served model it applies to (default: the decoder its recorded
+    /// `base_model_name_or_path` names, see [`base`]).
     pub base_model_name: Option<String>,
 }
 
