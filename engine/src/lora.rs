@@ -24,7 +24,7 @@ pub use adapter::{LoraAdapter, LoraPair};
 pub use base::BaseCandidate;
 pub use config::AdapterConfig;
 pub use delta::StepLoras;
-pub use registry::{LoraRegistry, LoraSettings};
+pub use registry::{Acquired, LoraCounts, LoraRef, LoraRegistry, LoraSettings};
 
 /// `--enable-lora` and its adapters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -119,8 +119,21 @@ impl LoraTargets {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The projections of `tests/data/tiny-llama`, which the test adapters fit.
+    pub(crate) fn tiny_llama_targets() -> LoraTargets {
+        LoraTargets {
+            n_layers: 2,
+            hidden: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            ffn: 160,
+            qk_permuted: false,
+        }
+    }
 
     #[test]
     fn an_adapter_at_most_covers_every_projection_of_every_layer() {

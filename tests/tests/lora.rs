@@ -269,15 +269,36 @@ async fn runtime_routes_load_refuse_and_unload_as_vllm_does() {
         "{text}"
     );
 
-    // --max-cpu-loras 2: a third adapter is refused naming the limit.
+    // --max-cpu-loras 2: a third adapter is served too; the least recently used one's
+    // factors make room, and a request for it reads them again, with the same numbers.
     assert_eq!(load("x", ADAPTER_A).await.0, 200);
+    // (--max-lora-rank 8 here: adapter B's rank 16 is refused, so all three are A.)
     assert_eq!(load("y", ADAPTER_A).await.0, 200);
     let (status, text) = load("z", ADAPTER_A).await;
-    assert_eq!(status, 400, "{text}");
-    assert!(
-        text.contains("--max-cpu-loras") && text.contains("'z'"),
-        "{text}"
+    assert_eq!(status, 200, "{text}");
+    assert_close(
+        &greedy_logprobs(&client, base, "x").await,
+        &reference_logprobs("tiny-llama-lora-a"),
+        "x, evicted by z's load, read again",
     );
+    assert_close(
+        &greedy_logprobs(&client, base, "y").await,
+        &reference_logprobs("tiny-llama-lora-a"),
+        "y, evicted by x's return",
+    );
+    let metrics = common::get_text(&client, &format!("{base}/metrics")).await;
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(r#"model_name="tiny""#))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    // z's load evicted x, x's return y, y's return z.
+    assert_eq!(counter("gateway:lora_adapter_evictions_total"), 3.0);
+    // a, x, y, z at their loads, then x and y again.
+    assert_eq!(counter("gateway:lora_adapter_loads_total"), 6.0);
 }
 
 /// A copy of the adapter folder `from` whose config records `base` as its base model.

@@ -9,11 +9,11 @@ use super::{Backend, EngineHandle, ModelHandle};
 use crate::api::ModelCard;
 use crate::error::{EngineError, Result};
 use crate::lora::base::{self, Choice};
-use crate::lora::{BaseCandidate, LoraAdapter, LoraConfig, LoraError, LoraRegistry};
+use crate::lora::{BaseCandidate, LoraConfig, LoraCounts, LoraError, LoraRef, LoraRegistry};
 
 /// A base model seen through one of its adapters.
 pub(super) struct AdapterView {
-    pub(super) adapter: Arc<LoraAdapter>,
+    pub(super) adapter: Arc<LoraRef>,
     /// The base's card, named after the adapter, rooted at its folder.
     pub(super) card: ModelCard,
 }
@@ -44,11 +44,22 @@ impl ModelHandle {
     }
 
     /// The adapter requests through this handle run with.
-    pub fn lora(&self) -> Option<&Arc<LoraAdapter>> {
+    pub fn lora(&self) -> Option<&Arc<LoraRef>> {
         self.lora.as_ref().map(|v| &v.adapter)
     }
 
-    fn with_adapter(&self, adapter: Arc<LoraAdapter>) -> ModelHandle {
+    /// How often this decoder read adapters' factors and evicted them (`None`: it runs no
+    /// adapters).
+    pub fn lora_counts(&self) -> Option<LoraCounts> {
+        self.registry().map(|r| r.counts())
+    }
+
+    /// The adapters whose factors this decoder holds, least recently used first.
+    pub fn lora_held(&self) -> Vec<String> {
+        self.registry().map(|r| r.held()).unwrap_or_default()
+    }
+
+    fn with_adapter(&self, adapter: Arc<LoraRef>) -> ModelHandle {
         let mut card = self.inner.card.clone();
         card.name = adapter.name.clone();
         card.root = adapter.path.clone();
@@ -141,8 +152,9 @@ impl EngineHandle {
 
     /// Loads the PEFT folder `path` as adapter `name` on `base`, or, when `None`, on the
     /// decoder its recorded base names (the only one that runs adapters when it names none).
-    /// Refused: a name taken by a served model or an adapter, an ambiguous base, the
-    /// `--max-cpu-loras` limit, files that do not fit. Returns the base's served name.
+    /// Refused: a name taken by a served model or an adapter, an ambiguous base, files that
+    /// do not fit. Past `--max-cpu-loras` the least recently used idle adapter's factors make
+    /// room (it stays served). Returns the base's served name.
     pub fn load_lora(
         &self,
         name: &str,

@@ -99,7 +99,9 @@ pub(super) fn start_decoder(
             .saturating_mul(targets.max_adapter_bytes(l.settings.max_lora_rank));
         memory.weights = memory.weights.saturating_add(adapters);
         Some(Arc::new(crate::lora::LoraRegistry::new(
-            targets, l.settings,
+            targets,
+            l.settings,
+            &spec.served_name,
         )))
     });
     let cfg = SchedulerConfig {
@@ -113,7 +115,7 @@ pub(super) fn start_decoder(
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,
         seed: config.seed,
-        max_loras: lora.as_ref().map(|l| l.settings().max_loras),
+        lora: lora.clone(),
     };
     let weights = d.model.weight_summary();
     tracing::info!(
