@@ -252,6 +252,7 @@ pub(super) fn start_encoder(
             EngineError::Internal(format!("cannot start the embedding thread: {err}"))
         })?;
     let template = compile_template(spec, config, chat_template, &None, &None)?;
+    let pad_id = crate::hf::pad_token_id(std::path::Path::new(&spec.path), &e.tokenizer);
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
@@ -277,6 +278,7 @@ pub(super) fn start_encoder(
                 hidden_size: info.hidden_size,
                 head: info.head.clone(),
                 normalize: info.normalize,
+                pad_id,
             }),
         }),
         lora: None,
