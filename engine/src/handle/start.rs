@@ -186,6 +186,7 @@ pub(super) fn start_decoder(
                     .map(str::to_string)
                     .collect(),
                 memory,
+                weight_types: stored_types(spec),
             },
             tokenizer: Arc::new(d.tokenizer),
             template,
@@ -265,6 +266,7 @@ pub(super) fn start_encoder(
                 tasks: encoder_tasks(&info.head),
                 input_modalities: vec!["text".into()],
                 memory,
+                weight_types: stored_types(spec),
             },
             tokenizer: Arc::new(e.tokenizer),
             template,
@@ -303,4 +305,14 @@ fn max_token_bytes(tokenizer: &tokenizers::Tokenizer) -> usize {
         .map(String::len)
         .max()
         .unwrap_or(1)
+}
+
+/// The bytes per stored tensor type of `spec`'s checkpoint, for its card. A model loaded from
+/// elsewhere (tests) may have no files at its path: its card then lists none.
+fn stored_types(spec: &ModelSpec) -> crate::model::WeightSummary {
+    crate::weight_cache::stored_types::of_checkpoint(std::path::Path::new(&spec.path))
+        .unwrap_or_else(|e| {
+            tracing::warn!(model = %spec.served_name, error = %e, "cannot read the checkpoint's tensor types");
+            Default::default()
+        })
 }
