@@ -28,6 +28,9 @@ pub struct ModelCard {
     pub input_modalities: Vec<String>,
     /// Host memory the model holds and may use.
     pub memory: ModelMemory,
+    /// The weights' bytes per tensor type, as the checkpoint stores them (read from its
+    /// headers at load; the CPU holds them at that size).
+    pub weight_types: crate::model::WeightSummary,
 }
 
 /// A served model's host memory, as the deployment's memory bound counts it (bytes).

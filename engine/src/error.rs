@@ -68,9 +68,15 @@ pub enum LoraError {
     /// vLLM's answer to loading a name twice.
     #[error("The lora adapter '{0}' has already been loaded.")]
     Exists(String),
-    /// `--max-cpu-loras` adapters are loaded already.
-    #[error("cannot load LoRA adapter '{name}': {max} adapters are loaded, the most --max-cpu-loras allows; unload one first")]
-    Full { name: String, max: usize },
+    /// Several served models could take the adapter, and the base its config records names
+    /// none of them (or several). Names `lora_path`: the adapter's files decide.
+    #[error("cannot choose the base model of LoRA adapter '{name}' at {path}: {why} ({candidates}); set base_model_name_or_path in its adapter_config.json to one of these served names")]
+    NoBase {
+        name: String,
+        path: String,
+        why: String,
+        candidates: String,
+    },
     /// The name is a served model's.
     #[error("cannot load LoRA adapter '{0}': a served model has that name")]
     NameTaken(String),

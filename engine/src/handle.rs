@@ -30,6 +30,7 @@ mod front_door;
 mod load;
 mod lora;
 mod media_worker;
+mod pad;
 mod place;
 mod pool;
 mod start;
@@ -207,6 +208,8 @@ struct EncoderBackend {
     head: crate::model::EncoderHead,
     /// Sentence vectors are normalised unless a request says otherwise.
     normalize: bool,
+    /// The tokenizer's pad token (`padding: "max_length"`), if it names one.
+    pad_id: Option<u32>,
 }
 
 impl Drop for DecoderBackend {

@@ -99,6 +99,16 @@ pub fn read_special_tokens(dir: &Path) -> (Option<String>, Option<String>) {
     (bos, eos)
 }
 
+/// The id of the pad token `tokenizer_config.json` (else `special_tokens_map.json`) names, as
+/// Transformers' tokenizer has it; `None` when neither names one the vocabulary holds.
+pub fn pad_token_id(dir: &Path, tokenizer: &tokenizers::Tokenizer) -> Option<u32> {
+    ["tokenizer_config.json", "special_tokens_map.json"]
+        .iter()
+        .filter_map(|file| read_json_value(&dir.join(file)))
+        .find_map(|v| token_string(v.get("pad_token")))
+        .and_then(|token| tokenizer.token_to_id(&token))
+}
+
 fn token_string(value: Option<&serde_json::Value>) -> Option<String> {
     match value? {
         serde_json::Value::String(s) => Some(s.clone()),

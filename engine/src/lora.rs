@@ -9,19 +9,22 @@
 //! on what else is in the batch.
 //!
 //! Module map: [`config`] reads and checks `adapter_config.json`; [`adapter`] reads the
-//! factors and fits them to the base's projections ([`LoraTargets`]); [`registry`] holds the
+//! factors and fits them to the base's projections ([`LoraTargets`]); [`base`] picks the
+//! served model an adapter attaches to when its load names none; [`registry`] holds the
 //! adapters a decoder serves (start-up and runtime loads); [`delta`] applies them in a step.
 
 pub mod adapter;
+pub mod base;
 pub mod config;
 pub mod delta;
 pub mod registry;
 
 pub use crate::error::LoraError;
 pub use adapter::{LoraAdapter, LoraPair};
+pub use base::BaseCandidate;
 pub use config::AdapterConfig;
 pub use delta::StepLoras;
-pub use registry::{LoraRegistry, LoraSettings};
+pub use registry::{Acquired, LoraCounts, LoraRef, LoraRegistry, LoraSettings};
 
 /// `--enable-lora` and its adapters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -36,7 +39,8 @@ pub struct LoraConfig {
 pub struct LoraModule {
     pub name: String,
     pub path: String,
-    /// The served model it applies to (default: the first decoder served).
+    /// The served model it applies to (default: the decoder its recorded
+    /// `base_model_name_or_path` names, see [`base`]).
     pub base_model_name: Option<String>,
 }
 
@@ -115,8 +119,21 @@ impl LoraTargets {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
+
+    /// The projections of `tests/data/tiny-llama`, which the test adapters fit.
+    pub(crate) fn tiny_llama_targets() -> LoraTargets {
+        LoraTargets {
+            n_layers: 2,
+            hidden: 64,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            ffn: 160,
+            qk_permuted: false,
+        }
+    }
 
     #[test]
     fn an_adapter_at_most_covers_every_projection_of_every_layer() {

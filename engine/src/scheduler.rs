@@ -80,6 +80,8 @@ pub struct Engine {
     eos: Vec<u32>,
     stats: EngineStats,
     pool: Option<rayon::ThreadPool>,
+    /// This step held a sequence back because its adapter's factors could not be had yet.
+    lora_busy: bool,
 }
 
 /// Why a sequence leaves the engine.
@@ -153,6 +155,7 @@ impl Engine {
             eos: info.eos_token_ids,
             stats: EngineStats::default(),
             pool,
+            lora_busy: false,
         };
         Ok((engine, num_blocks))
     }
@@ -264,6 +267,7 @@ impl Engine {
             hash_ctx: sub.hash_ctx,
             media: sub.media,
             lora: sub.lora,
+            weights: None,
             sampler,
             events: sub.events,
             admitted_once: false,
@@ -355,16 +359,32 @@ impl Engine {
         }
         let bs = self.cfg.block_size;
         // `--max-loras`: a waiting sequence whose adapter would make one too many in the
-        // batch is held back (in order, ahead of the queue) while later ones may go.
-        let mut batch_loras = LoraSet::new(self.cfg.max_loras, &self.running);
+        // batch is held back (in order, ahead of the queue) while later ones may go; so is one
+        // whose adapter's factors cannot be had this step (`--max-cpu-loras`, see
+        // `lora::registry`).
+        let max_loras = self.cfg.lora.as_ref().map(|l| l.settings().max_loras);
+        let mut batch_loras = LoraSet::new(max_loras, &self.running);
         let mut held_back: Vec<Sequence> = Vec::new();
+        self.lora_busy = false;
         while budget > 0 && self.running.len() < self.cfg.max_num_active_seqs {
             let Some(mut seq) = self.waiting.pop_front() else {
                 break;
             };
-            if !batch_loras.admits(seq.lora_name()) {
+            if !batch_loras.admits(seq.lora_id()) {
                 held_back.push(seq);
                 continue;
+            }
+            match self.take_lora_weights(&mut seq) {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.lora_busy = true;
+                    held_back.push(seq);
+                    continue;
+                }
+                Err(e) => {
+                    self.exit(seq, Exit::Failed(e));
+                    continue;
+                }
             }
             if self.blocks.caching_enabled() {
                 extend_block_hashes(&mut seq.hashes, &seq.tokens, bs, &seq.hash_ctx);
@@ -387,6 +407,7 @@ impl Engine {
             if !Self::grow(&mut self.blocks, &mut seq, hit + n) {
                 self.blocks.free_table(&seq.table);
                 seq.table.clear();
+                seq.weights = None;
                 self.waiting.push_front(seq);
                 break;
             }
@@ -401,7 +422,7 @@ impl Engine {
                 self.metrics.prompt_tokens(seq.prompt_len);
                 self.metrics.queued(seq.arrived.elapsed());
             }
-            batch_loras.add(seq.lora_name());
+            batch_loras.add(seq.lora_id());
             self.running.push(seq);
             plan.push((self.running.len() - 1, n));
             budget -= n;
@@ -419,6 +440,12 @@ impl Engine {
         self.rebalance();
         let plan = self.schedule();
         if plan.is_empty() {
+            if self.lora_busy {
+                // An adapter's files are being read for a runtime load: the next step
+                // admits the sequence.
+                std::thread::sleep(std::time::Duration::from_millis(1));
+                return;
+            }
             if !self.waiting.is_empty() && self.running.is_empty() {
                 // Cannot happen with a cache that holds one max_model_len sequence; fail the
                 // head rather than spin.
@@ -459,7 +486,7 @@ impl Engine {
                     media,
                     prompt_len,
                     sampler,
-                    lora,
+                    weights,
                     ..
                 } = seq;
                 let want = *computed + n == tokens.len();
@@ -471,7 +498,7 @@ impl Engine {
                     media: media
                         .as_deref()
                         .map(|m| m.chunk(*computed, n, *prompt_len, rows, pos)),
-                    lora: lora.as_deref(),
+                    lora: weights.as_deref(),
                 });
                 if want {
                     requests.push(SampleRequest { chunk: pi, sampler });
@@ -668,9 +695,9 @@ impl Engine {
             self.waiting.len() + self.parked.len(),
             self.blocks.usage(),
         );
-        if let Some(max) = self.cfg.max_loras {
+        if let Some(lora) = &self.cfg.lora {
             self.metrics.lora_requests(
-                max,
+                lora.settings().max_loras,
                 loras::joined_names(self.running.iter()),
                 loras::joined_names(self.waiting.iter().chain(&self.parked)),
             );

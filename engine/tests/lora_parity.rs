@@ -5,7 +5,8 @@
 //! normed before the residual adds), and on tiny-llama as llama.cpp converts it (Q/K rows
 //! permuted). A request's logprobs are
 //! bit-identical alone and in a batch mixing adapters; prefix-cache blocks carry the adapter;
-//! unloading an adapter lets its running request finish.
+//! unloading an adapter lets its running request finish; past `--max-cpu-loras` adapters are
+//! evicted and read again on demand with the same numbers.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::path::PathBuf;
@@ -425,6 +426,92 @@ fn loads_that_do_not_fit_are_refused_naming_the_adapter_and_reason() {
     engine
         .load_lora("again", &data("tiny-phi3-lora"), None)
         .unwrap();
-    let e = refuse("third", data("tiny-llama-lora-a"));
-    assert!(e.contains("--max-cpu-loras"), "{e}");
+    // Past --max-cpu-loras (2) a load is not refused: the least recently used idle
+    // adapter's factors make room, and it stays served.
+    engine
+        .load_lora("third", &data("tiny-llama-lora-a"), None)
+        .unwrap();
+    let base = engine.model("tiny-llama").unwrap();
+    assert_eq!(base.lora_held(), ["again", "third"]);
+    assert!(engine.adapter("a").is_some(), "evicted, still served");
+    assert_eq!(base.lora_counts().unwrap().evictions, 1);
+}
+
+/// Greedy runs of `jobs` (adapter or model name, prompt), one request after another.
+async fn one_by_one(engine: &EngineHandle, jobs: &[(&str, Vec<u32>)]) -> Vec<Run> {
+    let mut runs = Vec::new();
+    for (name, prompt) in jobs {
+        let mut out = run_all(engine, &[(name, prompt.clone(), 8)]).await;
+        runs.push(out.remove(0).0);
+    }
+    runs
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn past_max_cpu_loras_adapters_are_evicted_and_read_again_with_the_same_outputs() {
+    let adapters = ["tiny-llama-lora-a", "tiny-llama-lora-b"];
+    let one = LoraSettings {
+        max_loras: 1,
+        max_lora_rank: 16,
+        max_cpu_loras: 1,
+    };
+    let small = engine_with("tiny-llama", &adapters, one).unwrap();
+    let roomy = engine("tiny-llama", &adapters, 1);
+    let base = small.model("tiny-llama").unwrap();
+    // At start the second module's load evicted the first.
+    assert_eq!(base.lora_held(), ["tiny-llama-lora-b"]);
+    let start = base.lora_counts().unwrap();
+    assert_eq!((start.loads, start.evictions), (2, 1));
+
+    let prompt = prompts(&reference())[0].clone();
+    let alternating: Vec<(&str, Vec<u32>)> = [adapters, adapters]
+        .concat()
+        .into_iter()
+        .map(|a| (a, prompt.clone()))
+        .collect();
+    let held = one_by_one(&roomy, &alternating).await;
+    let evicting = one_by_one(&small, &alternating).await;
+    assert_ne!(held[0], held[1], "the two adapters differ");
+    assert_eq!(
+        evicting, held,
+        "read again, an adapter gives the same numbers"
+    );
+    let counts = base.lora_counts().unwrap();
+    assert_eq!(
+        (
+            counts.loads - start.loads,
+            counts.evictions - start.evictions
+        ),
+        (4, 4),
+        "each turn evicted the other adapter and read its own again"
+    );
+    assert_eq!(
+        roomy
+            .model("tiny-llama")
+            .unwrap()
+            .lora_counts()
+            .unwrap()
+            .evictions,
+        0
+    );
+    assert_eq!(
+        base.lora_held().len(),
+        1,
+        "never more than --max-cpu-loras held"
+    );
+
+    // All at once: each adapter's sequences wait for the other's to leave the batch and its
+    // factors to be read; the numbers do not change.
+    let jobs: Vec<(&str, Vec<u32>, usize)> = alternating
+        .iter()
+        .map(|(a, p)| (*a, p.clone(), 8))
+        .collect();
+    let together: Vec<Run> = run_all(&small, &jobs)
+        .await
+        .into_iter()
+        .map(|r| r.0)
+        .collect();
+    assert_eq!(together, held);
+    assert_eq!(base.lora_held().len(), 1);
+    assert!(base.lora_counts().unwrap().evictions > counts.evictions);
 }

@@ -72,6 +72,15 @@ async fn smollm2_serves_reference_prompts() {
     let card = &engine.models()[0];
     assert_eq!(card.tasks, vec![Task::Generate]);
     assert_eq!(card.max_model_len, 1024);
+    // Issue 26: the card's tensor types and bytes, as gguf-py's GGUFReader counts this file
+    // (the sum of each type's tensors' n_bytes).
+    let types = &card.weight_types;
+    assert_eq!(
+        types.by_size(),
+        [("Q4_1", 66_355_200), ("Q8_0", 30_081_024), ("F32", 140_544)],
+        "{types}"
+    );
+    assert!(card.memory.weights >= types.total());
     let m = engine.model("smollm2").unwrap();
     let r = reference();
 

@@ -297,6 +297,9 @@ impl From<engine::lora::LoraError> for ApiError {
     fn from(e: engine::lora::LoraError) -> Self {
         match e {
             engine::lora::LoraError::NotFound(_) => ApiError::NotFound(e.to_string()),
+            engine::lora::LoraError::NoBase { .. } => {
+                ApiError::bad_request(e.to_string(), Some("lora_path"))
+            }
             other => ApiError::bad_request(other.to_string(), None),
         }
     }

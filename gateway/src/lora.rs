@@ -28,6 +28,9 @@ struct ModuleJson {
     path: String,
     #[serde(default)]
     base_model_name: Option<String>,
+    /// vLLM's flag for MoE adapters with fused 3-D expert tensors: no model here has experts.
+    #[serde(default)]
+    is_3d_lora_weight: bool,
 }
 
 /// One `--lora-modules` value: `name=path`, or the JSON object (vLLM's `LoRAParserAction`:
@@ -48,6 +51,11 @@ fn module(value: &str) -> Result<LoraModule, String> {
     let m: ModuleJson = serde_json::from_str(value).map_err(|e| {
         format!("--lora-modules {value}: not name=path, nor a JSON object with name, path and base_model_name ({e})")
     })?;
+    if m.is_3d_lora_weight {
+        return Err(format!(
+            "--lora-modules {value}: is_3d_lora_weight: no served model has MoE experts, so no adapter here has fused 3-D expert weights"
+        ));
+    }
     Ok(LoraModule {
         name: m.name,
         path: m.path,
@@ -120,6 +128,9 @@ mod tests {
         assert!(module("=x").is_err());
         assert!(module(r#"{"name": "a"}"#).is_err());
         assert!(module(r#"{"name": "a", "path": "p", "rank": 3}"#).is_err());
+        assert!(module(r#"{"name": "a", "path": "p", "is_3d_lora_weight": false}"#).is_ok());
+        let e = module(r#"{"name": "a", "path": "p", "is_3d_lora_weight": true}"#).err();
+        assert!(e.unwrap_or_default().contains("is_3d_lora_weight"));
     }
 
     #[test]

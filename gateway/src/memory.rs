@@ -246,6 +246,7 @@ mod tests {
             tasks: vec![task],
             input_modalities: vec!["text".into()],
             memory,
+            weight_types: Default::default(),
         }
     }
 

@@ -35,6 +35,7 @@ pub async fn run(args: ServeArgs) -> Result<(), StartupError> {
             root = %card.root,
             max_model_len = card.max_model_len,
             tasks = ?card.tasks,
+            weights = ?weights_field(&card),
             "serving model"
         );
     }
@@ -248,4 +249,47 @@ async fn shutdown_signal() {
     #[cfg(not(unix))]
     let term = std::future::pending::<()>();
     tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// Issue 26: per model, the stored tensor types with their bytes and share, then the weights
+/// term of the memory bound (`Q4_1 60.1 MiB (86%), F32 9.8 MiB (14%), resident 98.0 MiB`).
+fn weights_field(card: &engine::api::ModelCard) -> String {
+    let resident = format!(
+        "resident {}",
+        engine::model::human_bytes(card.memory.weights)
+    );
+    if card.weight_types.total() == 0 {
+        return resident;
+    }
+    format!("{}, {resident}", card.weight_types)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use engine::api::{ModelCard, ModelMemory, Task};
+
+    #[test]
+    fn the_weights_field_lists_types_then_what_is_resident() {
+        let mut card = ModelCard {
+            name: "m".into(),
+            root: "m.gguf".into(),
+            max_model_len: 8,
+            device: "cpu".into(),
+            tasks: vec![Task::Generate],
+            input_modalities: vec!["text".into()],
+            memory: ModelMemory {
+                weights: 98_362_432,
+                ..Default::default()
+            },
+            weight_types: Default::default(),
+        };
+        assert_eq!(weights_field(&card), "resident 93.8 MiB");
+        card.weight_types.add("Q8_0", 30_081_024);
+        card.weight_types.add("Q4_1", 66_355_200);
+        assert_eq!(
+            weights_field(&card),
+            "Q4_1 63.3 MiB (69%), Q8_0 28.7 MiB (31%), resident 93.8 MiB"
+        );
+    }
 }

@@ -2,8 +2,8 @@
 //! `/v1/rerank`, `/v2/rerank`, `/classify`, `/pooling`), driven with `oneshot` requests over a
 //! real engine serving the tiny committed sequence classifiers (`tests/data/tiny-cross-encoder`,
 //! `tiny-reranker`, `tiny-classifier`) and the default MiniLM bi-encoder: vLLM's shapes, the
-//! numbers of the references the engine's parity test checks, `top_n` ordering, and the
-//! refusals.
+//! numbers of the references the engine's parity test checks, `top_n` ordering, `padding`,
+//! and the refusals.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod common;
@@ -431,4 +431,95 @@ async fn a_bi_encoder_keeps_scoring_by_cosine() {
     let (status, body) = post(&app, "/score", json!({"text_1": "a", "text_2": "b"})).await;
     assert_eq!(status, 200, "{body}");
     assert_eq!(body["model"], "tiny-cross-encoder");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn padding_max_length_fills_the_input_with_the_pad_token_as_vllm_does() {
+    let app = server();
+    let embed = |body: Value| post(&app, "/v1/embeddings", body);
+    let vector = |body: &Value| -> Vec<f64> {
+        body["data"][0]["embedding"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(f)
+            .collect()
+    };
+    let (_, models) = call(&app, "GET", "/v1/models", None).await;
+    let max_len_of = |id: &str| {
+        models["data"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["id"] == id)
+            .and_then(|m| m["max_model_len"].as_u64())
+            .unwrap()
+    };
+    let max_len = max_len_of("minilm") as usize;
+    let (status, tokens) = post(
+        &app,
+        "/tokenize",
+        json!({"model": "minilm", "prompt": "a cat sleeps"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{tokens}");
+    let mut ids: Vec<u64> = tokens["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_u64().unwrap())
+        .collect();
+
+    let (status, plain) = embed(json!({"model": "minilm", "input": "a cat sleeps"})).await;
+    assert_eq!(status, 200, "{plain}");
+    let (status, kept) =
+        embed(json!({"model": "minilm", "input": "a cat sleeps", "padding": "do_not_pad"})).await;
+    assert_eq!(status, 200, "{kept}");
+    assert_eq!(
+        vector(&kept),
+        vector(&plain),
+        "do_not_pad leaves the input as is"
+    );
+
+    let (status, padded) =
+        embed(json!({"model": "minilm", "input": "a cat sleeps", "padding": "max_length"})).await;
+    assert_eq!(status, 200, "{padded}");
+    assert_eq!(padded["usage"]["prompt_tokens"], max_len, "{padded}");
+    // The same as sending the ids followed by MiniLM's [PAD] (id 0) up to the model's length.
+    ids.resize(max_len, 0);
+    let (status, by_hand) = embed(json!({"model": "minilm", "input": ids})).await;
+    assert_eq!(status, 200, "{by_hand}");
+    assert_eq!(vector(&padded), vector(&by_hand));
+    let moved = vector(&padded)
+        .iter()
+        .zip(vector(&plain))
+        .map(|(a, b)| (a - b).abs())
+        .fold(0f64, f64::max);
+    assert!(moved > 1e-3, "mean pooling counts the pads: {moved}");
+
+    // Padding after truncation, on the other pooling routes too.
+    let (status, body) = post(
+        &app,
+        "/pooling",
+        json!({"model": "minilm", "input": "a cat sleeps in the sun", "padding": "max_length",
+               "truncate_prompt_tokens": 4}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["usage"]["prompt_tokens"], max_len, "{body}");
+    let (status, body) = post(
+        &app,
+        "/score",
+        json!({"model": "tiny-cross-encoder", "text_1": "a", "text_2": ["b", "c"],
+               "padding": "max_length"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let cross_len = max_len_of("tiny-cross-encoder");
+    assert_eq!(body["usage"]["prompt_tokens"], 2 * cross_len, "{body}");
+
+    for bad in [json!("longest"), json!(true), json!(12)] {
+        let (status, body) = embed(json!({"model": "minilm", "input": "a", "padding": bad})).await;
+        assert_refused(status, &body, "padding must be one of", Some("padding"));
+    }
 }

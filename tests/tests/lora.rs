@@ -3,7 +3,8 @@
 //! adapter's name (transformers+peft's numbers, `scripts/make_tiny_lora.py`), vLLM's 404 for
 //! an unknown name, `vllm:lora_requests_info`, the runtime load and unload routes only with
 //! `VLLM_ALLOW_RUNTIME_LORA_UPDATING`, their refusals naming the adapter and the reason, an
-//! unload that lets a running request finish, and start-up refusals (exit 2, one line).
+//! unload that lets a running request finish, a runtime load attached to the served model its
+//! config records as its base, and start-up refusals (exit 2, one line).
 
 mod common;
 
@@ -268,15 +269,155 @@ async fn runtime_routes_load_refuse_and_unload_as_vllm_does() {
         "{text}"
     );
 
-    // --max-cpu-loras 2: a third adapter is refused naming the limit.
+    // --max-cpu-loras 2: a third adapter is served too; the least recently used one's
+    // factors make room, and a request for it reads them again, with the same numbers.
     assert_eq!(load("x", ADAPTER_A).await.0, 200);
+    // (--max-lora-rank 8 here: adapter B's rank 16 is refused, so all three are A.)
     assert_eq!(load("y", ADAPTER_A).await.0, 200);
     let (status, text) = load("z", ADAPTER_A).await;
-    assert_eq!(status, 400, "{text}");
-    assert!(
-        text.contains("--max-cpu-loras") && text.contains("'z'"),
-        "{text}"
+    assert_eq!(status, 200, "{text}");
+    assert_close(
+        &greedy_logprobs(&client, base, "x").await,
+        &reference_logprobs("tiny-llama-lora-a"),
+        "x, evicted by z's load, read again",
     );
+    assert_close(
+        &greedy_logprobs(&client, base, "y").await,
+        &reference_logprobs("tiny-llama-lora-a"),
+        "y, evicted by x's return",
+    );
+    let metrics = common::get_text(&client, &format!("{base}/metrics")).await;
+    let counter = |name: &str| -> f64 {
+        metrics
+            .lines()
+            .find(|l| l.starts_with(name) && l.contains(r#"model_name="tiny""#))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in:\n{metrics}"))
+    };
+    // z's load evicted x, x's return y, y's return z.
+    assert_eq!(counter("gateway:lora_adapter_evictions_total"), 3.0);
+    // a, x, y, z at their loads, then x and y again.
+    assert_eq!(counter("gateway:lora_adapter_loads_total"), 6.0);
+}
+
+/// A copy of the adapter folder `from` whose config records `base` as its base model.
+fn rebased(dir: &common::TempDir, from: &str, base: &str) -> String {
+    let to = dir.path.join(format!("rebased-{}", base.replace('/', "-")));
+    must(std::fs::create_dir_all(&to).map_err(|e| e.to_string()));
+    let from = common::workspace_root().join(from);
+    let mut config =
+        parse(&std::fs::read_to_string(from.join("adapter_config.json")).unwrap_or_default());
+    config["base_model_name_or_path"] = json!(base);
+    must(
+        std::fs::write(to.join("adapter_config.json"), config.to_string())
+            .map_err(|e| e.to_string()),
+    );
+    must(
+        std::fs::copy(
+            from.join("adapter_model.safetensors"),
+            to.join("adapter_model.safetensors"),
+        )
+        .map(drop)
+        .map_err(|e| e.to_string()),
+    );
+    to.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_two_decoders_a_runtime_load_attaches_to_the_base_it_records() {
+    let dir = must(common::TempDir::new("lora-bases"));
+    let args = [
+        "--model",
+        "tests/data/tiny-llama",
+        "--model",
+        "tests/data/tiny-phi3",
+        "--served-model-name",
+        "tiny",
+        "phi3",
+        "--max-model-len",
+        "256",
+        "--device",
+        "cpu",
+        "--activation-precision",
+        "f32",
+        "--enable-lora",
+        "--max-cpu-loras",
+        "4",
+    ];
+    let gateway =
+        must(Gateway::start_with_env(&args, &[("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "1")]).await);
+    let base = &gateway.base_url;
+    let client = common::client();
+    let load = |body: Value| post(&client, format!("{base}/v1/load_lora_adapter"), body);
+
+    // Phi-3's adapter records tests/data/tiny-phi3: it goes to the second model, not the first.
+    let phi3_lora = "tests/data/tiny-phi3-lora";
+    let (status, text) = load(json!({"lora_name": "p", "lora_path": phi3_lora})).await;
+    assert_eq!(status, 200, "{text}");
+    let (status, text) = load(json!({"lora_name": "a", "lora_path": ADAPTER_A})).await;
+    assert_eq!(status, 200, "{text}");
+    // Recording a served name works as well as recording the checkpoint.
+    let by_name = rebased(&dir, ADAPTER_B, "tiny");
+    let (status, text) = load(json!({"lora_name": "b", "lora_path": by_name})).await;
+    assert_eq!(status, 200, "{text}");
+    let models = parse(&common::get_text(&client, &format!("{base}/v1/models")).await);
+    let parent = |id: &str| {
+        models["data"]
+            .as_array()
+            .and_then(|cards| cards.iter().find(|c| c["id"] == id))
+            .map(|c| c["parent"].clone())
+            .unwrap_or_default()
+    };
+    assert_eq!(parent("p"), "phi3", "{models}");
+    assert_eq!(parent("a"), "tiny", "{models}");
+    assert_eq!(parent("b"), "tiny", "{models}");
+    assert_close(
+        &greedy_logprobs(&client, base, "p").await,
+        &reference_logprobs("tiny-phi3-lora"),
+        "phi3's adapter on phi3",
+    );
+    assert_close(
+        &greedy_logprobs(&client, base, "a").await,
+        &reference_logprobs("tiny-llama-lora-a"),
+        "llama's adapter on tiny",
+    );
+
+    // A base that names neither model: both could take it, so the load names lora_path and
+    // lists them.
+    let elsewhere = rebased(&dir, ADAPTER_A, "org/elsewhere");
+    let (status, text) = load(json!({"lora_name": "e", "lora_path": elsewhere})).await;
+    assert_eq!(status, 400, "{text}");
+    let error = &parse(&text)["error"];
+    assert_eq!(error["param"], "lora_path", "{text}");
+    assert_eq!(error["type"], "BadRequestError");
+    let message = error["message"].as_str().unwrap_or_default();
+    for want in ["'e'", "\"org/elsewhere\"", "tiny, phi3"] {
+        assert!(message.contains(want), "{want}: {message}");
+    }
+
+    // vLLM's other load fields: refused by name where this server cannot do what they ask.
+    for (field, why) in [
+        ("is_3d_lora_weight", "MoE experts"),
+        ("load_inplace", "load_inplace is not supported"),
+    ] {
+        let mut body = json!({"lora_name": "c", "lora_path": ADAPTER_A});
+        body[field] = json!(true);
+        let (status, text) = load(body).await;
+        assert_eq!(status, 400, "{field}: {text}");
+        let error = &parse(&text)["error"];
+        assert_eq!(error["param"], field, "{text}");
+        assert!(
+            error["message"].as_str().unwrap_or_default().contains(why),
+            "{text}"
+        );
+    }
+    let (status, text) = load(
+        json!({"lora_name": "c", "lora_path": ADAPTER_A, "is_3d_lora_weight": false,
+                    "load_inplace": false}),
+    )
+    .await;
+    assert_eq!(status, 200, "their defaults load: {text}");
 }
 
 #[test]

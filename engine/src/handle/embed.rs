@@ -13,6 +13,7 @@ use crate::metrics::ModelMetrics;
 use crate::model::{EmbeddingModel, EncoderInput};
 
 /// One tokenised input: ids and, for a pair, each token's segment.
+#[derive(Debug, Clone, PartialEq)]
 pub(super) struct EncodedInput {
     pub(super) ids: Vec<u32>,
     pub(super) type_ids: Option<Vec<u32>>,

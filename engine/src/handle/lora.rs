@@ -8,11 +8,12 @@ use std::sync::Arc;
 use super::{Backend, EngineHandle, ModelHandle};
 use crate::api::ModelCard;
 use crate::error::{EngineError, Result};
-use crate::lora::{LoraAdapter, LoraConfig, LoraError, LoraRegistry};
+use crate::lora::base::{self, Choice};
+use crate::lora::{BaseCandidate, LoraConfig, LoraCounts, LoraError, LoraRef, LoraRegistry};
 
 /// A base model seen through one of its adapters.
 pub(super) struct AdapterView {
-    pub(super) adapter: Arc<LoraAdapter>,
+    pub(super) adapter: Arc<LoraRef>,
     /// The base's card, named after the adapter, rooted at its folder.
     pub(super) card: ModelCard,
 }
@@ -43,11 +44,22 @@ impl ModelHandle {
     }
 
     /// The adapter requests through this handle run with.
-    pub fn lora(&self) -> Option<&Arc<LoraAdapter>> {
+    pub fn lora(&self) -> Option<&Arc<LoraRef>> {
         self.lora.as_ref().map(|v| &v.adapter)
     }
 
-    fn with_adapter(&self, adapter: Arc<LoraAdapter>) -> ModelHandle {
+    /// How often this decoder read adapters' factors and evicted them (`None`: it runs no
+    /// adapters).
+    pub fn lora_counts(&self) -> Option<LoraCounts> {
+        self.registry().map(|r| r.counts())
+    }
+
+    /// The adapters whose factors this decoder holds, least recently used first.
+    pub fn lora_held(&self) -> Vec<String> {
+        self.registry().map(|r| r.held()).unwrap_or_default()
+    }
+
+    fn with_adapter(&self, adapter: Arc<LoraRef>) -> ModelHandle {
         let mut card = self.inner.card.clone();
         card.name = adapter.name.clone();
         card.root = adapter.path.clone();
@@ -88,46 +100,99 @@ impl EngineHandle {
         self.inner.iter().any(|m| m.registry().is_some())
     }
 
-    /// The decoder adapters attach to: the one served as `base`, else the first that runs
-    /// adapters.
-    fn lora_base(&self, base: Option<&str>) -> std::result::Result<&ModelHandle, LoraError> {
-        match base {
-            Some(b) => {
-                let m = self
-                    .inner
-                    .iter()
-                    .find(|m| m.inner.card.name == b)
-                    .ok_or_else(|| {
-                        LoraError::NotEnabled(format!("base_model_name {b} is not a served model"))
-                    })?;
-                m.registry().map(|_| m).ok_or_else(|| not_runnable(m))
-            }
-            None => self
+    /// The decoder adapter `name` (folder `path`) attaches to: the one served as `base` when
+    /// the load names it (`--lora-modules`' `base_model_name`), else the one the adapter's
+    /// recorded `base_model_name_or_path` names ([`base::choose`]); `other_names` gives each
+    /// served model's names besides its served name and checkpoint (aliases, the hub id it
+    /// was given as).
+    fn lora_base(
+        &self,
+        name: &str,
+        path: &Path,
+        base: Option<&str>,
+        other_names: &dyn Fn(&str) -> Vec<String>,
+    ) -> std::result::Result<&ModelHandle, LoraError> {
+        if let Some(b) = base {
+            let m = self
                 .inner
                 .iter()
-                .find(|m| m.registry().is_some())
-                .ok_or_else(not_enabled),
+                .find(|m| m.inner.card.name == b)
+                .ok_or_else(|| {
+                    LoraError::NotEnabled(format!("base_model_name {b} is not a served model"))
+                })?;
+            return m.registry().map(|_| m).ok_or_else(|| not_runnable(m));
+        }
+        let candidates: Vec<BaseCandidate> = self
+            .inner
+            .iter()
+            .map(|m| {
+                let card = &m.inner.card;
+                let mut names = vec![card.name.clone(), card.root.clone()];
+                names.extend(other_names(&card.name));
+                BaseCandidate {
+                    served: card.name.clone(),
+                    names,
+                    runs_adapters: m.registry().is_some(),
+                }
+            })
+            .collect();
+        let recorded = base::recorded_base(path);
+        match base::choose(
+            name,
+            &path.display().to_string(),
+            recorded.as_deref(),
+            &candidates,
+        ) {
+            Ok(i) => Ok(&self.inner[i]),
+            Err(Choice::CannotRun(i)) => Err(not_runnable(&self.inner[i])),
+            Err(Choice::NoneRun) => Err(not_enabled()),
+            Err(Choice::Refused(e)) => Err(e),
         }
     }
 
-    /// Loads the PEFT folder `path` as adapter `name` on `base` (default: the first decoder
-    /// that runs adapters). Refused: a name taken by a served model or an adapter, the
-    /// `--max-cpu-loras` limit, files that do not fit.
+    /// Loads the PEFT folder `path` as adapter `name` on `base`, or, when `None`, on the
+    /// decoder its recorded base names (the only one that runs adapters when it names none).
+    /// Refused: a name taken by a served model or an adapter, an ambiguous base, files that
+    /// do not fit. Past `--max-cpu-loras` the least recently used idle adapter's factors make
+    /// room (it stays served). Returns the base's served name.
     pub fn load_lora(
         &self,
         name: &str,
         path: &Path,
         base: Option<&str>,
-    ) -> std::result::Result<(), LoraError> {
-        let target = self.lora_base(base)?;
+    ) -> std::result::Result<String, LoraError> {
+        self.load_lora_on(name, path, base, &|_| Vec::new())
+    }
+
+    /// [`Self::load_lora`] with no base named, where `other_names(served name)` lists a
+    /// model's further names (the gateway's aliases and the id each model was given as), so
+    /// that an adapter recording a hub id finds the model served from it.
+    pub fn load_lora_matching(
+        &self,
+        name: &str,
+        path: &Path,
+        other_names: &dyn Fn(&str) -> Vec<String>,
+    ) -> std::result::Result<String, LoraError> {
+        self.load_lora_on(name, path, None, other_names)
+    }
+
+    fn load_lora_on(
+        &self,
+        name: &str,
+        path: &Path,
+        base: Option<&str>,
+        other_names: &dyn Fn(&str) -> Vec<String>,
+    ) -> std::result::Result<String, LoraError> {
         if self.inner.iter().any(|m| m.inner.card.name == name) {
             return Err(LoraError::NameTaken(name.to_string()));
         }
         if self.adapter(name).is_some() {
             return Err(LoraError::Exists(name.to_string()));
         }
+        let target = self.lora_base(name, path, base, other_names)?;
         let registry = target.registry().ok_or_else(|| not_runnable(target))?;
-        registry.load(name, path).map(drop)
+        registry.load(name, path)?;
+        Ok(target.inner.card.name.clone())
     }
 
     /// Stops serving adapter `name`; its requests in flight finish.

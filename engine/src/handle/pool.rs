@@ -3,7 +3,7 @@
 //! [`ModelHandle::pool`] takes what the client sent (texts, token ids, a chat, or the two
 //! sides of a score request) and answers one row per input: tokenisation (pairs encoded as the
 //! model's tokenizer encodes them, with token type ids), fitting to the context and
-//! `truncate_prompt_tokens`, batching on the model's worker, the head, and what the request's
+//! `truncate_prompt_tokens` (then `padding`), batching on the model's worker, the head, and what the request's
 //! `use_activation` asks for on top of it. The gateway maps HTTP to this call and back.
 //!
 //! Scores come from the model's own head on a cross-encoder (one label: the pair's logit
@@ -20,6 +20,7 @@ use tokenizers::utils::truncation::{
 use tokio::sync::oneshot;
 
 use super::embed::{EmbedJob, EncodedInput};
+use super::pad::pad;
 use super::{Backend, EncoderBackend, ModelHandle};
 use crate::api::ChatTemplateOptions;
 use crate::error::{EngineError, Result};
@@ -74,6 +75,9 @@ pub struct PoolOptions {
     pub truncate_prompt_tokens: Option<i64>,
     /// `None`: the task's default (the model's normalisation, the classifier's activation).
     pub use_activation: Option<bool>,
+    /// vLLM's `padding: "max_length"`: each input filled to the model's length with the pad
+    /// token (see `handle/pad.rs`).
+    pub pad_to_max_length: bool,
     /// The request field that carried the input, named in errors.
     pub field: &'static str,
 }
@@ -87,6 +91,7 @@ impl PoolOptions {
             add_special_tokens: true,
             truncate_prompt_tokens: None,
             use_activation: None,
+            pad_to_max_length: false,
             field,
         }
     }
@@ -142,7 +147,9 @@ impl ModelHandle {
                 ))
             }
             (PoolTask::Embed, EncoderHead::Embed, input) => {
-                let inputs = self.single_inputs(input, limit, opts)?;
+                let padding = self.padding(e, opts)?;
+                let mut inputs = self.single_inputs(input, limit, opts)?;
+                pad(&mut inputs, padding);
                 let (mut rows, prompt_tokens) = self.run(e, inputs).await?;
                 if opts.use_activation.unwrap_or(e.normalize) {
                     rows.iter_mut().for_each(|v| l2_normalize(v));
@@ -153,7 +160,9 @@ impl ModelHandle {
                 })
             }
             (PoolTask::Classify, EncoderHead::Classify(c), input) => {
-                let inputs = self.single_inputs(input, limit, opts)?;
+                let padding = self.padding(e, opts)?;
+                let mut inputs = self.single_inputs(input, limit, opts)?;
+                pad(&mut inputs, padding);
                 let (mut rows, prompt_tokens) = self.run(e, inputs).await?;
                 let act = activation(opts.use_activation, c.classify);
                 rows.iter_mut().for_each(|v| act.apply(v));
@@ -375,12 +384,14 @@ impl ModelHandle {
             .iter()
             .map(|&(q, d)| queries[q].len() + documents[d].len())
             .sum();
-        let inputs = super::off_reactor(bytes, || {
+        let padding = self.padding(e, opts)?;
+        let mut inputs = super::off_reactor(bytes, || {
             pairs
                 .iter()
                 .map(|&(q, d)| self.encode_pair(&queries[q], &documents[d], limit, opts))
                 .collect::<Result<Vec<_>>>()
         })?;
+        pad(&mut inputs, padding);
         let (logits, prompt_tokens) = self.run(e, inputs).await?;
         let act = activation(opts.use_activation, classifier.score);
         let rows = logits
@@ -411,7 +422,9 @@ impl ModelHandle {
         let n_left = queries.len();
         let mut texts = queries;
         texts.extend(documents);
-        let inputs = self.single_inputs(PoolInput::Texts(texts), limit, opts)?;
+        let padding = self.padding(e, opts)?;
+        let mut inputs = self.single_inputs(PoolInput::Texts(texts), limit, opts)?;
+        pad(&mut inputs, padding);
         let (vectors, prompt_tokens) = self.run(e, inputs).await?;
         let rows = pairs
             .iter()

@@ -99,7 +99,9 @@ pub(super) fn start_decoder(
             .saturating_mul(targets.max_adapter_bytes(l.settings.max_lora_rank));
         memory.weights = memory.weights.saturating_add(adapters);
         Some(Arc::new(crate::lora::LoraRegistry::new(
-            targets, l.settings,
+            targets,
+            l.settings,
+            &spec.served_name,
         )))
     });
     let cfg = SchedulerConfig {
@@ -113,7 +115,7 @@ pub(super) fn start_decoder(
         enable_prefix_caching: config.enable_prefix_caching,
         threads: config.threads,
         seed: config.seed,
-        max_loras: lora.as_ref().map(|l| l.settings().max_loras),
+        lora: lora.clone(),
     };
     let weights = d.model.weight_summary();
     tracing::info!(
@@ -184,6 +186,7 @@ pub(super) fn start_decoder(
                     .map(str::to_string)
                     .collect(),
                 memory,
+                weight_types: stored_types(spec),
             },
             tokenizer: Arc::new(d.tokenizer),
             template,
@@ -250,6 +253,7 @@ pub(super) fn start_encoder(
             EngineError::Internal(format!("cannot start the embedding thread: {err}"))
         })?;
     let template = compile_template(spec, config, chat_template, &None, &None)?;
+    let pad_id = crate::hf::pad_token_id(std::path::Path::new(&spec.path), &e.tokenizer);
     tracing::info!(model = %spec.served_name, architecture = %e.architecture, max_model_len, "encoder ready");
     Ok(ModelHandle {
         inner: Arc::new(ModelInner {
@@ -262,6 +266,7 @@ pub(super) fn start_encoder(
                 tasks: encoder_tasks(&info.head),
                 input_modalities: vec!["text".into()],
                 memory,
+                weight_types: stored_types(spec),
             },
             tokenizer: Arc::new(e.tokenizer),
             template,
@@ -275,6 +280,7 @@ pub(super) fn start_encoder(
                 hidden_size: info.hidden_size,
                 head: info.head.clone(),
                 normalize: info.normalize,
+                pad_id,
             }),
         }),
         lora: None,
@@ -299,4 +305,14 @@ fn max_token_bytes(tokenizer: &tokenizers::Tokenizer) -> usize {
         .map(String::len)
         .max()
         .unwrap_or(1)
+}
+
+/// The bytes per stored tensor type of `spec`'s checkpoint, for its card. A model loaded from
+/// elsewhere (tests) may have no files at its path: its card then lists none.
+fn stored_types(spec: &ModelSpec) -> crate::model::WeightSummary {
+    crate::weight_cache::stored_types::of_checkpoint(std::path::Path::new(&spec.path))
+        .unwrap_or_else(|e| {
+            tracing::warn!(model = %spec.served_name, error = %e, "cannot read the checkpoint's tensor types");
+            Default::default()
+        })
 }

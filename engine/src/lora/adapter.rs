@@ -264,15 +264,7 @@ mod tests {
     use super::*;
 
     fn targets() -> LoraTargets {
-        LoraTargets {
-            n_layers: 2,
-            hidden: 64,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            ffn: 160,
-            qk_permuted: false,
-        }
+        crate::lora::tests::tiny_llama_targets()
     }
 
     #[test]

@@ -32,8 +32,9 @@ pub struct SchedulerConfig {
     pub threads: Option<usize>,
     /// Seed of the sampler of requests without their own (`None`: a fresh one).
     pub seed: Option<u64>,
-    /// `--max-loras`: the most LoRA adapters in one step (`None`: LoRA is off).
-    pub max_loras: Option<usize>,
+    /// The decoder's LoRA adapters (`None`: LoRA is off): `--max-loras` per step, and the
+    /// factors a sequence gets as it is admitted.
+    pub lora: Option<Arc<crate::lora::LoraRegistry>>,
 }
 
 /// What the engine sends back for one sequence.
@@ -66,8 +67,9 @@ pub struct Submission {
     pub params: SamplingParams,
     pub hash_ctx: HashContext,
     pub media: Option<std::sync::Arc<crate::api::PromptMedia>>,
-    /// The LoRA adapter the sequence runs with (held until it ends, even if unloaded).
-    pub lora: Option<Arc<crate::lora::LoraAdapter>>,
+    /// The LoRA adapter the sequence runs with (its factors are taken when it is admitted,
+    /// and held while it runs, even if the adapter is unloaded).
+    pub lora: Option<Arc<crate::lora::LoraRef>>,
     /// The request's compiled token rules ([`crate::constraint::prepare`]).
     pub rules: Option<Box<crate::constraint::TokenRules>>,
     pub events: UnboundedSender<SeqEvent>,

@@ -27,7 +27,10 @@ pub(super) struct Sequence {
     pub(super) registered: usize,
     pub(super) hash_ctx: HashContext,
     pub(super) media: Option<std::sync::Arc<crate::api::PromptMedia>>,
-    pub(super) lora: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
+    /// The adapter the sequence runs with, and its factors while it is in the running batch
+    /// (given back when it leaves, so that only running sequences pin an adapter in memory).
+    pub(super) lora: Option<std::sync::Arc<crate::lora::LoraRef>>,
+    pub(super) weights: Option<std::sync::Arc<crate::lora::LoraAdapter>>,
     pub(super) sampler: SequenceSampler,
     pub(super) events: UnboundedSender<SeqEvent>,
     pub(super) admitted_once: bool,
@@ -47,6 +50,12 @@ impl Sequence {
     /// The name of the LoRA adapter the sequence runs with.
     pub(super) fn lora_name(&self) -> Option<&str> {
         self.lora.as_deref().map(|a| a.name.as_str())
+    }
+
+    /// The registration the sequence runs with (`--max-loras` counts registrations: a name
+    /// loaded again is another adapter).
+    pub(super) fn lora_id(&self) -> Option<u64> {
+        self.lora.as_deref().map(|a| a.id)
     }
 
     pub(super) fn generated(&self) -> usize {

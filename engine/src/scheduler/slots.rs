@@ -48,6 +48,7 @@ impl Engine {
         seq.table.clear();
         seq.computed = 0;
         seq.registered = 0;
+        seq.weights = None;
         self.stats.preemptions += 1;
         self.metrics.preempted();
         seq

@@ -1,7 +1,6 @@
 //! What a cached copy of weights is: the identity the daemon and the engine compare before any
 //! memory changes hands. Two identities that differ in any field are never a warm cache.
 
-use std::collections::BTreeMap;
 use std::fmt;
 use std::io::Read;
 use std::path::Path;
@@ -9,6 +8,7 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use super::stored_types::{self, TypeTally};
 use crate::device::DTypeRequest;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
@@ -233,10 +233,7 @@ impl CacheIdentity {
         h.update(b"gguf\0");
         h.update((map.len() as u64).to_le_bytes());
         h.update(&map[..header_end]);
-        let mut types: BTreeMap<String, usize> = BTreeMap::new();
-        for t in g.tensors() {
-            *types.entry(t.ggml_type.name()).or_default() += 1;
-        }
+        let types = stored_types::of_gguf(g);
         Ok(Self::new(h, architecture, dtype, &types, device, role))
     }
 
@@ -255,7 +252,7 @@ impl CacheIdentity {
         };
         let mut h = Sha256::new();
         h.update(b"safetensors\0");
-        let mut types: BTreeMap<String, usize> = BTreeMap::new();
+        let mut types = TypeTally::new();
         for name in SafetensorsWeights::file_names(dir)? {
             let path = dir.join(&name);
             let (size, header) = safetensors_header(&path)?;
@@ -264,20 +261,10 @@ impl CacheIdentity {
             h.update(size.to_le_bytes());
             h.update((header.len() as u64).to_le_bytes());
             h.update(&header);
-            let table: BTreeMap<String, serde_json::Value> = serde_json::from_slice(&header)
-                .map_err(|e| {
-                    EngineError::load(
-                        path.display().to_string(),
-                        format!("corrupt safetensors header: {e}"),
-                    )
-                })?;
-            for (tensor, entry) in table {
-                if tensor == "__metadata__" {
-                    continue;
-                }
-                let t = entry.get("dtype").and_then(|d| d.as_str()).unwrap_or("?");
-                *types.entry(t.to_string()).or_default() += 1;
-            }
+            stored_types::add_safetensors_header(
+                &mut types,
+                &stored_types::parse_header(&path, &header)?,
+            );
         }
         Ok(Self::new(h, architecture, dtype, &types, device, role))
     }
@@ -286,7 +273,7 @@ impl CacheIdentity {
         digest: Sha256,
         architecture: String,
         dtype: DTypeRequest,
-        types: &BTreeMap<String, usize>,
+        types: &TypeTally,
         device: &str,
         role: Role,
     ) -> Self {
@@ -296,7 +283,7 @@ impl CacheIdentity {
             dtype: dtype.to_string(),
             quantization: types
                 .iter()
-                .map(|(t, n)| format!("{t}:{n}"))
+                .map(|(t, (n, _))| format!("{t}:{n}"))
                 .collect::<Vec<_>>()
                 .join(","),
             device: device.to_string(),
@@ -368,7 +355,7 @@ impl fmt::Display for CacheIdentity {
 const MAX_SAFETENSORS_HEADER: u64 = 100_000_000;
 
 /// A safetensors file's size and JSON header (the bytes after the 8-byte length).
-fn safetensors_header(path: &Path) -> Result<(u64, Vec<u8>)> {
+pub(super) fn safetensors_header(path: &Path) -> Result<(u64, Vec<u8>)> {
     let name = path.display().to_string();
     let fail = |what: String| EngineError::load(&name, what);
     let mut file = std::fs::File::open(path).map_err(|e| fail(format!("cannot open: {e}")))?;

@@ -14,6 +14,7 @@ pub mod device;
 pub mod hold;
 pub mod identity;
 pub mod protocol;
+pub mod stored_types;
 
 use std::path::Path;
 

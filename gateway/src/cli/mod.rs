@@ -409,7 +409,8 @@ pub struct ServeArgs {
     /// The largest adapter rank served (1, 8, 16, 32, 64, 128, 256, 320 or 512).
     #[arg(long = "max-lora-rank", default_value_t = 16)]
     pub max_lora_rank: usize,
-    /// The most adapters held loaded (default: --max-loras); a load beyond it is refused.
+    /// The most adapters whose factors are held in memory (default: --max-loras); past it the
+    /// least recently used idle adapter is evicted and read again when a request names it.
     #[arg(long = "max-cpu-loras")]
     pub max_cpu_loras: Option<usize>,
 }

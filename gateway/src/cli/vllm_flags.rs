@@ -374,7 +374,7 @@ pub static FLAGS: &[Flag] = &[
     f("LoRAConfig", "--max-lora-rank", Value, Honoured("the largest adapter rank served (default 16); a larger one is refused naming both")),
     f("LoRAConfig", "--lora-dtype", Value, Only(&["auto"], "adapters run in float32 on the CPU decoder")),
     f("LoRAConfig", "--enable-tower-connector-lora,--no-enable-tower-connector-lora", Bool, Only(OFF, "adapters apply to the language model only, not to media encoders")),
-    f("LoRAConfig", "--max-cpu-loras", Value, Honoured("the most adapters held loaded (default --max-loras); a load beyond it is refused naming the limit")),
+    f("LoRAConfig", "--max-cpu-loras", Value, Honoured("the most adapters whose factors are held in memory (default --max-loras); past it the least recently used adapter no running request holds is evicted, stays served, and is read again from its folder when a request names it")),
     f("LoRAConfig", "--fully-sharded-loras,--no-fully-sharded-loras", Bool, NoEffect(ONE_DEVICE_TUNING)),
     f("LoRAConfig", "--lora-target-modules", Values, Refused("restricting adapters to some modules is not built: an adapter applies to every module it targets")),
     f("LoRAConfig", "--default-mm-loras", Value, Refused("adapters picked by a prompt's modality are not built: a request names its adapter as its `model`")),

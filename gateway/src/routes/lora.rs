@@ -1,7 +1,8 @@
 //! `POST /v1/load_lora_adapter` and `POST /v1/unload_lora_adapter`, served only when
 //! `VLLM_ALLOW_RUNTIME_LORA_UPDATING` is true (otherwise they are unknown routes, as in vLLM).
 //! Answers are vLLM's: a plain-text success line, a 400 naming the adapter and the reason, a
-//! 404 for unloading an unknown name.
+//! 404 for unloading an unknown name. With several models served, a loaded adapter attaches
+//! to the one its `adapter_config.json` records as its base (`engine::lora::base`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -23,6 +24,10 @@ pub struct LoadRequest {
     /// weights under requests that picked it.
     #[serde(default)]
     load_inplace: bool,
+    /// vLLM's flag for MoE adapters saved with fused 3-D expert tensors. The decoders here
+    /// have no experts, so `false` is what every adapter they run is; `true` is refused.
+    #[serde(default)]
+    is_3d_lora_weight: bool,
 }
 
 #[derive(Debug, Deserialize)]
@@ -47,17 +52,35 @@ pub async fn load(
             Some("load_inplace"),
         ));
     }
+    if req.is_3d_lora_weight {
+        return Err(ApiError::bad_request(
+            "is_3d_lora_weight: no served model has MoE experts, so no adapter here has fused 3-D expert weights",
+            Some("is_3d_lora_weight"),
+        ));
+    }
     if state.served.primary(&req.lora_name).is_some() {
         return Err(engine::lora::LoraError::NameTaken(req.lora_name).into());
     }
-    let engine = state.engine.clone();
+    let shared = state.clone();
     let name = req.lora_name.clone();
-    // Reading the factors is file work: off the async workers.
-    tokio::task::spawn_blocking(move || {
-        engine.load_lora(&name, &PathBuf::from(&req.lora_path), None)
+    // Reading the factors is file work: off the async workers. The base is the served model
+    // the adapter's recorded base names, by any of its names (aliases, the id it was given
+    // as), not just the engine's.
+    let base = tokio::task::spawn_blocking(move || {
+        let other_names = |served: &str| {
+            shared
+                .served
+                .model(served)
+                .map(|m| m.names.iter().chain([&m.given]).cloned().collect())
+                .unwrap_or_default()
+        };
+        shared
+            .engine
+            .load_lora_matching(&name, &PathBuf::from(&req.lora_path), &other_names)
     })
     .await
     .map_err(|e| ApiError::Internal(format!("the adapter load did not finish: {e}")))??;
+    tracing::info!(lora = %req.lora_name, base = %base, "LoRA adapter attached");
     Ok(format!(
         "Success: LoRA adapter '{}' added successfully.",
         req.lora_name

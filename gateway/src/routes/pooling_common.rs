@@ -124,6 +124,17 @@ impl PoolingFields {
                 ));
             }
         }
+        // vLLM's Transformers names: pad to the model's length, or leave the input as is.
+        match &self.padding {
+            None | Some(Value::Null) => {}
+            Some(Value::String(s)) if s == "max_length" || s == "do_not_pad" => {}
+            Some(other) => {
+                return Err(ApiError::bad_request(
+                    format!("padding must be one of 'max_length', 'do_not_pad', got {other}."),
+                    Some("padding"),
+                ))
+            }
+        }
         Ok(OutputFormat {
             encoding,
             dtype,
@@ -195,6 +206,7 @@ impl PoolingFields {
             add_special_tokens: self.add_special_tokens.unwrap_or(true),
             truncate_prompt_tokens: self.truncate_prompt_tokens,
             use_activation: self.use_activation,
+            pad_to_max_length: self.padding.as_ref().and_then(Value::as_str) == Some("max_length"),
             field,
         }
     }
