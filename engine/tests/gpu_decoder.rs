@@ -19,6 +19,7 @@ use engine::model::{CausalLm, ChunkMedia, KvBudget, SeqChunk};
 use kernels::gpu::Gpu;
 use serde_json::Value;
 
+mod invariance;
 mod reference;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -419,6 +420,62 @@ fn tiny_families_reference(gpu: &Gpu) {
     }
 }
 
+/// Batch invariance (`invariance/mod.rs`): a sequence's logits are the same bits alone, among
+/// others, prefilled whole or in chunks, and after a prefix-cache hit. The tiny Qwen2-VL in
+/// float32 (M-RoPE, biases; in bfloat16 below), the sliding-window Mistral and Gemma 2
+/// (windows of 12 straddling the schedules' tiles and blocks; soft-capped scores and logits)
+/// in bfloat16. Not `tiny_*`: the dry run's decoder section runs those within a minute; the
+/// invariance section runs this one.
+fn batch_invariance_tiny(gpu: &Gpu) {
+    let runs = [
+        ("tiny-qwen2-vl", DTypeRequest::Float32),
+        ("tiny-mistral-swa", DTypeRequest::BFloat16),
+        ("tiny-gemma2", DTypeRequest::BFloat16),
+    ];
+    for (name, dtype) in runs {
+        let cpu = cpu_model(&test_data().join(name));
+        let mut dev = cpu.model.to_gpu(gpu, dtype).unwrap();
+        let label = format!("{name} {dtype}");
+        let done = invariance::check(dev.as_mut(), &label);
+        eprintln!(
+            "{label}: {} logits rows bit-identical over {} steps",
+            done.rows, done.steps
+        );
+    }
+}
+
+/// The decoder issues every GEMM with the same rows (`GEMM_ROWS`) and one shape per weight,
+/// whatever the step: over the invariance schedules (steps of 1 to 75 rows) on the tiny
+/// Qwen2-VL in bfloat16, whose logits must be invariant too.
+#[test]
+fn gemm_shapes_do_not_depend_on_the_batch() {
+    let rec = invariance::Recording::over(Gpu::emulator());
+    let gpu = Gpu::from_backend(rec.clone());
+    let cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(&gpu, DTypeRequest::BFloat16).unwrap();
+    let done = invariance::check(dev.as_mut(), "recorded");
+    let mut by_weight = std::collections::BTreeMap::new();
+    for g in rec.gemms() {
+        assert_eq!(g.m, kernels::gpu::ops::GEMM_ROWS, "{g:?}");
+        let shape = invariance::gemm_shape(&g);
+        let (first, calls) = by_weight.entry(g.b.0).or_insert((shape, 0));
+        assert_eq!(*first, shape, "two shapes for the weight at {:#x}", g.b.0);
+        *calls += 1;
+    }
+    // Four projections per layer, each in every step and in more than one chunk in the steps
+    // of more than GEMM_ROWS rows; and the LM head, once a step (every step wants logits, of
+    // a few rows).
+    let info = cpu.model.info();
+    assert_eq!(by_weight.len(), 4 * info.n_layers + 1);
+    for ((_, n, ..), calls) in by_weight.values() {
+        if *n == info.vocab_size {
+            assert_eq!(*calls, done.steps);
+        } else {
+            assert!(*calls > done.steps, "{calls} calls in {} steps", done.steps);
+        }
+    }
+}
+
 macro_rules! on_devices {
     ($($name:ident),* $(,)?) => {
         mod emu {
@@ -452,5 +509,6 @@ on_devices!(
     smollm2_bf16,
     smollm2_kquants_bf16,
     tiny_families_ragged,
-    tiny_families_reference
+    tiny_families_reference,
+    batch_invariance_tiny
 );

@@ -5,7 +5,7 @@
 //!
 //! One step, for T tokens (`forward.rs`): embedding gather (media rows copied in) → per layer:
 //! fused residual add + RMSNorm → QKV GEMM → biases, Q/K norms and RoPE → K/V into the paged
-//! cache → paged attention (decode rows and prefill tiles) → output GEMM → residual add +
+//! cache → paged attention (every row in the tile kernel) → output GEMM → residual add +
 //! RMSNorm → gate/up GEMM → SwiGLU or GeGLU → down GEMM; then the last residual add and the
 //! final norm on the rows whose logits are wanted, the LM head GEMM, and sampling on the
 //! device. The families' differences ride on these steps: Gemma's embedding scale in the
@@ -24,7 +24,7 @@ mod weights;
 
 use rand::rngs::StdRng;
 
-use kernels::gpu::ops::rope_inv_freq;
+use kernels::gpu::ops::{padded_rows, rope_inv_freq};
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
 use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError, PackedWeights};
 
@@ -152,8 +152,10 @@ impl GpuLlama {
         self.dtype
     }
 
-    /// Make the scratch hold `rows` tokens and `logit_rows` logit rows.
+    /// Make the scratch hold `rows` tokens and `logit_rows` logit rows, each rounded up to
+    /// whole GEMM chunks (`ops::gemm`).
     fn ensure_scratch(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
+        let (rows, logit_rows) = (padded_rows(rows), padded_rows(logit_rows));
         let fits = self
             .scratch
             .as_ref()
