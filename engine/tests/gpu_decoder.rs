@@ -476,6 +476,77 @@ fn gemm_shapes_do_not_depend_on_the_batch() {
     }
 }
 
+/// A request is sampled on the device or on the host by what it asks, not by what else is in
+/// its step: a greedy and a seeded request (both with logprobs) get the same tokens and
+/// logprobs, bit for bit, alone and beside a request only the host can sample (more logprobs
+/// than the device sampler returns).
+fn sampling_does_not_depend_on_the_step(gpu: &Gpu) {
+    use engine::api::SamplingParams;
+    use engine::model::SampleRequest;
+    use engine::sampling::SequenceSampler;
+    use rand::SeedableRng;
+
+    let cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::BFloat16).unwrap();
+    let vocab = cpu.model.info().vocab_size as u32;
+    let prompt: Vec<u32> = (0..11u32).map(|i| (i * 131 + 7) % vocab).collect();
+    let params = |temperature: f32, seed: Option<u64>, logprobs: usize| SamplingParams {
+        temperature,
+        seed,
+        logprobs: Some(logprobs),
+        ..SamplingParams::default()
+    };
+    let kinds = [params(0.0, None, 5), params(0.8, Some(7), 3)];
+    let wide = params(0.0, None, kernels::gpu::ops::MAX_LOGPROBS + 1);
+    dev.allocate_kv(16, &KvBudget::tokens(6 * 16)).unwrap();
+    let tables: Vec<Vec<u32>> = (0..5u32).map(|b| vec![b]).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut run = |with_wide: bool| {
+        let base = if with_wide { 2 } else { 0 };
+        let mut samplers: Vec<SequenceSampler> = kinds
+            .iter()
+            .map(|p| SequenceSampler::new(p, &prompt))
+            .collect();
+        let mut batch: Vec<SeqChunk<'_>> = (0..2)
+            .map(|i| chunk(&prompt, 0, &tables[base + i], true))
+            .collect();
+        let mut wide_sampler = SequenceSampler::new(&wide, &prompt);
+        if with_wide {
+            batch.insert(0, chunk(&prompt[..5], 0, &tables[4], true));
+        }
+        let first = usize::from(with_wide);
+        let mut requests: Vec<SampleRequest<'_>> = samplers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, sampler)| SampleRequest {
+                chunk: first + i,
+                sampler,
+            })
+            .collect();
+        if with_wide {
+            requests.push(SampleRequest {
+                chunk: 0,
+                sampler: &mut wide_sampler,
+            });
+        }
+        let out = dev.step(&batch, &mut requests, &[], &mut rng).unwrap();
+        let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+        if with_wide {
+            let top = out[2].logprobs.as_ref().unwrap().top.len();
+            assert_eq!(
+                top,
+                kernels::gpu::ops::MAX_LOGPROBS + 1,
+                "sampled on the host"
+            );
+        }
+        out[..2].to_vec()
+    };
+    let alone = run(false);
+    let beside = run(true);
+    assert!(alone.iter().all(|s| s.logprobs.is_some()));
+    assert_eq!(alone, beside);
+}
+
 macro_rules! on_devices {
     ($($name:ident),* $(,)?) => {
         mod emu {
@@ -510,5 +581,6 @@ on_devices!(
     smollm2_kquants_bf16,
     tiny_families_ragged,
     tiny_families_reference,
-    batch_invariance_tiny
+    batch_invariance_tiny,
+    sampling_does_not_depend_on_the_step
 );
