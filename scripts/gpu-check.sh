@@ -44,7 +44,7 @@
 #            20  batch invariance on the device's cuBLAS and kernels: a sequence's logits bit for
 #                bit alone, among other sequences, prefilled in chunks and after a prefix-cache
 #                hit (engine/tests/invariance), on the tiny checkpoints in both types and on
-#                those two folders in bfloat16
+#                those two folders in bfloat16; and a request's sampling beside a host-only one
 #   http     35  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
 #                streams, metrics; its log must show every kernel taken from the cache
 #   warm     25  a warm restart through the GPU weight cache against a cold start: the time
@@ -372,7 +372,7 @@ invariance() {
     rc=${PIPESTATUS[0]}
   else
     run_tests "$BIN/gpu_decoder" --include-ignored --test-threads 1 --nocapture \
-      cuda::batch_invariance 2>&1 | tee "$out"
+      cuda::batch_invariance cuda::sampling_does_not_depend 2>&1 | tee "$out"
     rc=${PIPESTATUS[0]}
     if [ "$rc" -eq 0 ]; then
       GPU_PARITY_DIR=$(for s in $SHAPES; do printf '%s:' "${s#*=}"; done) \
