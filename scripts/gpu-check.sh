@@ -36,17 +36,22 @@
 #                (the backend's "CUDA kernels ready": from_cache == sources, nothing written)
 #   kernels  45  every kernel against its CPU reference (`cuda::` tests of the kernels crate)
 #   decoder  30  the GPU decoder against the CPU one on the committed tiny checkpoints
-#   models   80  random-init bf16 SmolLM2-135M- and Llama-1B-shaped checkpoints, initialised on
+#   models   75  random-init bf16 SmolLM2-135M- and Llama-1B-shaped checkpoints, initialised on
 #                the GPU, their float32 transformers references, and transformers' own
 #                bfloat16 spread against them (the bfloat16 tolerance)
-#   parity   45  greedy tokens and top-5 logprobs against those references, float32 and bfloat16
-#   http     40  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
+#   parity   40  greedy tokens and top-5 logprobs against those references, float32 and bfloat16
+#   invariance
+#            20  batch invariance on the device's cuBLAS and kernels: a sequence's logits bit for
+#                bit alone, among other sequences, prefilled in chunks and after a prefix-cache
+#                hit (engine/tests/invariance), on the tiny checkpoints in both types and on
+#                those two folders in bfloat16; and a request's sampling beside a host-only one
+#   http     35  the gateway serving the 1B folder: chat, streams, completions, 32 concurrent
 #                streams, metrics; its log must show every kernel taken from the cache
 #   warm     25  a warm restart through the GPU weight cache against a cold start: the time
 #                to /health of `serve` loading from disk, of `preload --device cuda`, and of
 #                `serve --load-format ipc_cache` mapping the daemon's device weights (its log
 #                must say so, and its greedy reply with logprobs must be the cold one's)
-#   bench    60  decode step at batch 1 and 32, prefill at 2048, transformers eager and the
+#   bench    55  decode step at batch 1 and 32, prefill at 2048, transformers eager and the
 #                copy bandwidth in the same run, against the memory-bandwidth floor
 #   sanitize     optional, last, with the time left: compute-sanitizer racecheck on the kernel
 #                tests and memcheck on a decoder test; SKIP where it cannot run on the machine
@@ -145,7 +150,8 @@ export TRANSFORMERS_VERBOSITY=error HF_HUB_DISABLE_PROGRESS_BARS=1 TQDM_DISABLE=
 if [ -n "$DRY" ]; then
   # Limits for the 2-core CI machine, where the emulator runs the kernels one thread at a time.
   DEADLINE=${GPU_CHECK_DEADLINE:-600}
-  LIMITS=(env=20 nvrtc=90 kernels=120 decoder=60 models=90 parity=60 http=60 warm=30 bench=60)
+  LIMITS=(env=20 nvrtc=80 kernels=110 decoder=60 models=80 parity=60 invariance=30 http=60 warm=30
+    bench=60)
   TESTS=emu:: SHAPES="tiny=$MODELS/tiny-llama" MAIN=$MODELS/tiny-llama DEVICE=cpu DTYPE=auto
   # The warm section's GPU is the emulator: the test build opens it for `--device cuda`.
   WARM_ENV=ENGINE_TEST_DEVICE=emu
@@ -161,7 +167,8 @@ if [ -n "$DRY" ]; then
   PY=${PYTHON:-$(scripts/fetch-torch.sh)} || exit 1
   KCACHE=$WORK/kernels
 else
-  LIMITS=(env=10 nvrtc=20 kernels=45 decoder=30 models=80 parity=45 http=40 warm=25 bench=60)
+  LIMITS=(env=10 nvrtc=20 kernels=45 decoder=30 models=75 parity=40 invariance=20 http=35 warm=25
+    bench=55)
   WARM_ENV=
   TESTS=cuda:: SHAPES="smol=$MODELS/smol 1b=$MODELS/1b" MAIN=$MODELS/1b DEVICE=cuda DTYPE=bfloat16
   NEW_TOKENS=16 BENCH="--prefill 2048 --decode-tokens 64" PEER="--steps 64 --copy-gib 4"
@@ -355,6 +362,29 @@ parity() {
   fi
 }
 
+# The invariance tests print one "bit-identical" line per model run; a figure counts them.
+invariance() {
+  local out=$WORK/invariance.out rc
+  if [ -n "$DRY" ]; then
+    # The emulator's check, on the folder the models section made (as the parity section).
+    GATEWAY_TEST_DATA=$MODELS run_tests "$BIN/gpu_parity" --nocapture \
+      batch_invariance_on_the_emulator 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+  else
+    run_tests "$BIN/gpu_decoder" --include-ignored --test-threads 1 --nocapture \
+      cuda::batch_invariance cuda::sampling_does_not_depend 2>&1 | tee "$out"
+    rc=${PIPESTATUS[0]}
+    if [ "$rc" -eq 0 ]; then
+      GPU_PARITY_DIR=$(for s in $SHAPES; do printf '%s:' "${s#*=}"; done) \
+        run_tests "$BIN/gpu_parity" --include-ignored --nocapture batch_invariance_on_the_gpu \
+        2>&1 | tee -a "$out"
+      rc=${PIPESTATUS[0]}
+    fi
+  fi
+  figure invariance "{\"bit_identical_runs\": $(grep -c 'bit-identical' "$out")}"
+  return "$rc"
+}
+
 bench() {
   set -e
   # shellcheck disable=SC2086
@@ -522,7 +552,7 @@ sanitize() {
 
 export WARM_ENV DRY PY TESTS SHAPES MAIN DEVICE DTYPE BENCH PEER NEW_TOKENS OUT WORK MODELS BIN KCACHE nv
 export -f figure last_json run_tests kernels_from_cache env_info kernel_cache kernel_tests decoder \
-  models parity bench http up_in greedy warm sanitize
+  models parity invariance bench http up_in greedy warm sanitize
 
 section env env_info
 section nvrtc kernel_cache
@@ -530,6 +560,7 @@ section kernels kernel_tests
 section decoder decoder
 section models models
 section parity parity
+section invariance invariance
 section http http
 section warm warm
 section bench bench

@@ -50,10 +50,10 @@ def save(out, s):
     lines = [f"gpu-check {s['mode']}: {s['verdict']} after {s.get('elapsed_s', 0)} s "
              f"(deadline {s['deadline_s']} s)"]
     for x in s["sections"]:
-        lines.append(f"{x['name']:9} {x['verdict']:48} {x['seconds']:4} s of {x['limit']}")
+        lines.append(f"{x['name']:10} {x['verdict']:48} {x['seconds']:4} s of {x['limit']}")
     if s.get("running"):
         r = s["running"]
-        lines.append(f"{r['name']:9} running since {r['started_s']} s, limit {r['limit']} s")
+        lines.append(f"{r['name']:10} running since {r['started_s']} s, limit {r['limit']} s")
     with open(os.path.join(out, "summary.txt"), "w") as f:
         f.write("\n".join(lines) + "\n")
 

@@ -19,6 +19,7 @@ use engine::model::{CausalLm, ChunkMedia, KvBudget, SeqChunk};
 use kernels::gpu::Gpu;
 use serde_json::Value;
 
+mod invariance;
 mod reference;
 
 fn max_diff(a: &[f32], b: &[f32]) -> f32 {
@@ -419,6 +420,133 @@ fn tiny_families_reference(gpu: &Gpu) {
     }
 }
 
+/// Batch invariance (`invariance/mod.rs`): a sequence's logits are the same bits alone, among
+/// others, prefilled whole or in chunks, and after a prefix-cache hit. The tiny Qwen2-VL in
+/// float32 (M-RoPE, biases; in bfloat16 below), the sliding-window Mistral and Gemma 2
+/// (windows of 12 straddling the schedules' tiles and blocks; soft-capped scores and logits)
+/// in bfloat16. Not `tiny_*`: the dry run's decoder section runs those within a minute; the
+/// invariance section runs this one.
+fn batch_invariance_tiny(gpu: &Gpu) {
+    let runs = [
+        ("tiny-qwen2-vl", DTypeRequest::Float32),
+        ("tiny-mistral-swa", DTypeRequest::BFloat16),
+        ("tiny-gemma2", DTypeRequest::BFloat16),
+    ];
+    for (name, dtype) in runs {
+        let cpu = cpu_model(&test_data().join(name));
+        let mut dev = cpu.model.to_gpu(gpu, dtype).unwrap();
+        let label = format!("{name} {dtype}");
+        let done = invariance::check(dev.as_mut(), &label);
+        eprintln!(
+            "{label}: {} logits rows bit-identical over {} steps",
+            done.rows, done.steps
+        );
+    }
+}
+
+/// The decoder issues every GEMM with the same rows (`GEMM_ROWS`) and one shape per weight,
+/// whatever the step: over the invariance schedules (steps of 1 to 75 rows) on the tiny
+/// Qwen2-VL in bfloat16, whose logits must be invariant too.
+#[test]
+fn gemm_shapes_do_not_depend_on_the_batch() {
+    let rec = invariance::Recording::over(Gpu::emulator());
+    let gpu = Gpu::from_backend(rec.clone());
+    let cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(&gpu, DTypeRequest::BFloat16).unwrap();
+    let done = invariance::check(dev.as_mut(), "recorded");
+    let mut by_weight = std::collections::BTreeMap::new();
+    for g in rec.gemms() {
+        assert_eq!(g.m, kernels::gpu::ops::GEMM_ROWS, "{g:?}");
+        let shape = invariance::gemm_shape(&g);
+        let (first, calls) = by_weight.entry(g.b.0).or_insert((shape, 0));
+        assert_eq!(*first, shape, "two shapes for the weight at {:#x}", g.b.0);
+        *calls += 1;
+    }
+    // Four projections per layer, each in every step and in more than one chunk in the steps
+    // of more than GEMM_ROWS rows; and the LM head, once a step (every step wants logits, of
+    // a few rows).
+    let info = cpu.model.info();
+    assert_eq!(by_weight.len(), 4 * info.n_layers + 1);
+    for ((_, n, ..), calls) in by_weight.values() {
+        if *n == info.vocab_size {
+            assert_eq!(*calls, done.steps);
+        } else {
+            assert!(*calls > done.steps, "{calls} calls in {} steps", done.steps);
+        }
+    }
+}
+
+/// A request is sampled on the device or on the host by what it asks, not by what else is in
+/// its step: a greedy and a seeded request (both with logprobs) get the same tokens and
+/// logprobs, bit for bit, alone and beside a request only the host can sample (more logprobs
+/// than the device sampler returns).
+fn sampling_does_not_depend_on_the_step(gpu: &Gpu) {
+    use engine::api::SamplingParams;
+    use engine::model::SampleRequest;
+    use engine::sampling::SequenceSampler;
+    use rand::SeedableRng;
+
+    let cpu = cpu_model(&tiny_vl());
+    let mut dev = cpu.model.to_gpu(gpu, DTypeRequest::BFloat16).unwrap();
+    let vocab = cpu.model.info().vocab_size as u32;
+    let prompt: Vec<u32> = (0..11u32).map(|i| (i * 131 + 7) % vocab).collect();
+    let params = |temperature: f32, seed: Option<u64>, logprobs: usize| SamplingParams {
+        temperature,
+        seed,
+        logprobs: Some(logprobs),
+        ..SamplingParams::default()
+    };
+    let kinds = [params(0.0, None, 5), params(0.8, Some(7), 3)];
+    let wide = params(0.0, None, kernels::gpu::ops::MAX_LOGPROBS + 1);
+    dev.allocate_kv(16, &KvBudget::tokens(6 * 16)).unwrap();
+    let tables: Vec<Vec<u32>> = (0..5u32).map(|b| vec![b]).collect();
+    let mut rng = rand::rngs::StdRng::seed_from_u64(1);
+    let mut run = |with_wide: bool| {
+        let base = if with_wide { 2 } else { 0 };
+        let mut samplers: Vec<SequenceSampler> = kinds
+            .iter()
+            .map(|p| SequenceSampler::new(p, &prompt))
+            .collect();
+        let mut batch: Vec<SeqChunk<'_>> = (0..2)
+            .map(|i| chunk(&prompt, 0, &tables[base + i], true))
+            .collect();
+        let mut wide_sampler = SequenceSampler::new(&wide, &prompt);
+        if with_wide {
+            batch.insert(0, chunk(&prompt[..5], 0, &tables[4], true));
+        }
+        let first = usize::from(with_wide);
+        let mut requests: Vec<SampleRequest<'_>> = samplers
+            .iter_mut()
+            .enumerate()
+            .map(|(i, sampler)| SampleRequest {
+                chunk: first + i,
+                sampler,
+            })
+            .collect();
+        if with_wide {
+            requests.push(SampleRequest {
+                chunk: 0,
+                sampler: &mut wide_sampler,
+            });
+        }
+        let out = dev.step(&batch, &mut requests, &[], &mut rng).unwrap();
+        let out: Vec<_> = out.into_iter().map(Result::unwrap).collect();
+        if with_wide {
+            let top = out[2].logprobs.as_ref().unwrap().top.len();
+            assert_eq!(
+                top,
+                kernels::gpu::ops::MAX_LOGPROBS + 1,
+                "sampled on the host"
+            );
+        }
+        out[..2].to_vec()
+    };
+    let alone = run(false);
+    let beside = run(true);
+    assert!(alone.iter().all(|s| s.logprobs.is_some()));
+    assert_eq!(alone, beside);
+}
+
 macro_rules! on_devices {
     ($($name:ident),* $(,)?) => {
         mod emu {
@@ -452,5 +580,7 @@ on_devices!(
     smollm2_bf16,
     smollm2_kquants_bf16,
     tiny_families_ragged,
-    tiny_families_reference
+    tiny_families_reference,
+    batch_invariance_tiny,
+    sampling_does_not_depend_on_the_step
 );

@@ -7,7 +7,13 @@
 //! On the emulator this runs the committed tiny checkpoint (`tests/data/tiny-llama`); on a GPU
 //! (`scripts/gpu-check.sh`) the full-size folders it makes, named by `GPU_PARITY_DIR` (each
 //! with `reference.json`, from `scripts/gpu_reference.py`).
+//!
+//! The same checkpoints also check batch invariance (`invariance/mod.rs`): on the emulator in
+//! `batch_invariance_on_the_emulator`, on a GPU in `batch_invariance_on_the_gpu`, which
+//! `scripts/gpu-check.sh` runs in its invariance section.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod invariance;
 
 use std::path::{Path, PathBuf};
 
@@ -210,5 +216,36 @@ fn transformers_parity_on_the_gpu() {
     for dir in dirs.split(':').filter(|d| !d.is_empty()) {
         assert_float32_parity(&gpu, Path::new(dir));
         assert_bfloat16_parity(&gpu, Path::new(dir));
+    }
+}
+
+/// Batch invariance of `dir`'s checkpoint in bfloat16: its logits bit-identical alone, among
+/// other sequences, prefilled in chunks and after a prefix-cache hit.
+fn assert_batch_invariant(gpu: &Gpu, dir: &Path) {
+    let loaded = engine::load::load_hf_decoder(dir).unwrap();
+    let mut model = loaded.model.to_gpu(gpu, DTypeRequest::BFloat16).unwrap();
+    let label = format!("{} on {}", dir.display(), gpu.info().label());
+    let done = invariance::check(model.as_mut(), &label);
+    eprintln!(
+        "{label}: {} logits rows bit-identical over {} steps",
+        done.rows, done.steps
+    );
+}
+
+/// Not `tiny_llama_*`: the dry run's parity section runs those, its invariance section this.
+#[test]
+fn batch_invariance_on_the_emulator() {
+    assert_batch_invariant(&Gpu::emulator(), &tiny());
+}
+
+/// Every folder named in `GPU_PARITY_DIR` (colon-separated), on the device's cuBLAS kernels.
+#[cfg(feature = "cuda")]
+#[test]
+#[ignore = "needs a CUDA device and GPU_PARITY_DIR: scripts/gpu-check.sh runs it"]
+fn batch_invariance_on_the_gpu() {
+    let dirs = std::env::var("GPU_PARITY_DIR").expect("GPU_PARITY_DIR");
+    let gpu = Gpu::cuda(0).expect("a CUDA device");
+    for dir in dirs.split(':').filter(|d| !d.is_empty()) {
+        assert_batch_invariant(&gpu, Path::new(dir));
     }
 }

@@ -25,6 +25,15 @@
 // - values: lanes span head_dim (NE = ceil(head_dim / 32) accumulators per query, a template
 //   parameter so the register arrays are indexed by constants).
 // Key rows are padded to an odd stride so the lanes of the score step hit distinct banks.
+//
+// A query row's result does not depend on its tile (which rows share it, where it sits in it,
+// how long it is), so a one-row tile (a decode row) and any prefill tiling give the same bits
+// for the same query and cache: the passes start at multiples of kpp from position 0 whatever
+// the tile, every per-query quantity (score, running max, each lane's running sum, the
+// accumulators) is updated from that query's own keys in pass order, and a key a query does
+// not see changes nothing (weight 0 against a finite or zeroed value; a correction of
+// exp(0) = 1). Positions before the tile's first visible key are never read: their stage
+// slots are zeroed.
 #include "common.cuh"
 
 namespace attn_prefill_impl {
@@ -79,8 +88,13 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
   const long head_off = (long)kvh * head_dim;
   // The last query's context: every key the tile needs.
   const int ctx_end = ctx0 + n_rows - 1;
-  // The first query's window: the first key the tile needs.
+  // The first query's window: the first key the tile needs; its pass starts at the multiple
+  // of kpp below it.
   const int first = window > 0 ? max(ctx0 - window, 0) : 0;
+  const int first_pass = first - first % kpp;
+  // The warp's rows that hold a query (warp-uniform): the others skip their arithmetic and
+  // shuffles, so a one-row tile costs one warp's work (a warp with none only stages keys).
+  const int rows_here = min(QPW, n_rows - q0);
 
   for (int i = threadIdx.x; i < TILE * head_dim; i += blockDim.x) {
     const int r = i / head_dim, d = i - r * head_dim;
@@ -96,17 +110,21 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
   }
 
   const int groups = head_dim / 8;
-  for (int c0 = first; c0 < ctx_end; c0 += kpp) {
+  for (int c0 = first_pass; c0 < ctx_end; c0 += kpp) {
     const int n = min(kpp, ctx_end - c0);
     __syncthreads();  // the previous pass is done with the stage (and the queries are written)
     for (int i = threadIdx.x; i < n * groups; i += blockDim.x) {
       const int j = i / groups, d = 8 * (i - j * groups);
       const int p = c0 + j;
-      const long off =
-          ((long)table[p / block_size] * block_size + p % block_size) * kv_dim + head_off + d;
       float kf[8], vf[8];
-      load8(k_cache + off, kf);
-      load8(v_cache + off, vf);
+      if (p >= first) {
+        const long off =
+            ((long)table[p / block_size] * block_size + p % block_size) * kv_dim + head_off + d;
+        load8(k_cache + off, kf);
+        load8(v_cache + off, vf);
+      } else {
+        UNROLL for (int e = 0; e < 8; ++e) kf[e] = vf[e] = 0.f;
+      }
       UNROLL for (int e = 0; e < 8; ++e) {
         const int dd = d + e, pt = dd / hp;
         keys[(pt * kpp + j) * (hp + 1) + dd - pt * hp] = kf[e];
@@ -114,6 +132,7 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
       }
     }
     __syncthreads();
+    if (rows_here <= 0) continue;
 
     // Scores of key c0 + kj against the warp's queries, over this lane's part of head_dim.
     float s[QPW];
@@ -128,7 +147,9 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
       }
     }
     for (int o = kpp; o < 32; o <<= 1) {
-      UNROLL for (int r = 0; r < QPW; ++r) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      UNROLL for (int r = 0; r < QPW; ++r) {
+        if (r < rows_here) s[r] += __shfl_xor_sync(0xffffffffu, s[r], o);
+      }
     }
     if (softcap > 0.f) {
       UNROLL for (int r = 0; r < QPW; ++r) s[r] = softcap * tanhf(s[r] / softcap);
@@ -137,14 +158,18 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
     const int p = c0 + kj;
     float pr[QPW];
     UNROLL for (int r = 0; r < QPW; ++r) {
+      if (r >= rows_here) {
+        pr[r] = 0.f;
+        continue;
+      }
       // Also false for the rows of a pass past its n keys (they hold stale values).
       const int ctx = ctx0 + q0 + r;
-      const bool ok = q0 + r < n_rows && p < ctx && (window <= 0 || p >= ctx - window);
+      const bool ok = p < ctx && (window <= 0 || p >= ctx - window);
       const float sv = ok ? s[r] : neg_inf();
       float mx = sv;
       for (int o = 1; o < kpp; o <<= 1) mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, o));
       const float m_new = fmaxf(m[r], mx);
-      // A query with no key yet (or a row past the tile) keeps m = -inf and zero weights.
+      // A query with no key yet keeps m = -inf and zero weights.
       const float mu = m_new == neg_inf() ? 0.f : m_new;
       const float corr = expf(m[r] - mu);
       pr[r] = ok ? expf(sv - mu) : 0.f;
@@ -171,14 +196,12 @@ DEV void attn_prefill(T* __restrict__ out, const float* __restrict__ q,
   }
 
   UNROLL for (int r = 0; r < QPW; ++r) {
-    const float total = warp_sum(l[r]);
-    if (q0 + r < n_rows) {
-      const float inv = 1.f / total;
-      T* o = out + (long)(first_row + q0 + r) * out_stride + (long)h * head_dim;
-      UNROLL for (int e = 0; e < NE; ++e) {
-        const int d = lane + 32 * e;
-        if (d < head_dim) o[d] = from_f32<T>(acc[r][e] * inv);
-      }
+    if (r >= rows_here) continue;
+    const float inv = 1.f / warp_sum(l[r]);
+    T* o = out + (long)(first_row + q0 + r) * out_stride + (long)h * head_dim;
+    UNROLL for (int e = 0; e < NE; ++e) {
+      const int d = lane + 32 * e;
+      if (d < head_dim) o[d] = from_f32<T>(acc[r][e] * inv);
     }
   }
 }

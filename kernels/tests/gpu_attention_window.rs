@@ -1,6 +1,12 @@
 //! `attention_decode.cu` and `attention_prefill.cu` with a sliding window and soft-capped
 //! scores (Mistral, Gemma 2/3) against the f64 reference: the positions before each query's
 //! window hold NaN in the cache, so a kernel that reads one fails, not only one that weighs it.
+//!
+//! And `attention_prefill.cu` gives a query row the same bits whatever tile it is in: the last
+//! 40 positions of a sequence as one-row tiles (decode rows, as the GPU decoder runs them), as
+//! one prefill chunk, and as chunks cut elsewhere and placed at other activation rows (every
+//! tile boundary moves), with and without a window and a cap, for head sizes that stage 32, 16
+//! and 8 keys per pass; positions before the first window NaN here too.
 #![cfg(feature = "emu")]
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -17,7 +23,8 @@ use util::*;
 
 checks!(
     decode_sliding_window_and_softcap,
-    prefill_sliding_window_and_softcap
+    prefill_sliding_window_and_softcap,
+    a_row_is_the_same_in_every_tiling
 );
 
 /// The caps the checks use: none, one that flattens most scores, one that barely bites.
@@ -160,6 +167,95 @@ fn prefill_sliding_window_and_softcap(gpu: &Gpu) {
                 window,
                 |a| a.prefill(gpu, tb.ptr(), tiles.len() / 4).unwrap(),
             );
+        }
+    }
+}
+
+/// Positions of the sequence, and the first one computed.
+const LEN: usize = 70;
+const FROM: usize = 30;
+
+fn a_row_is_the_same_in_every_tiling(gpu: &Gpu) {
+    let mut rng = Rng::new("a_row_is_the_same_in_every_tiling");
+    // Chunks as (first position, positions), and the activation row of position FROM.
+    let one_row: Vec<(usize, usize)> = (FROM..LEN).map(|p| (p, 1)).collect();
+    let tilings: [(&[(usize, usize)], usize); 4] = [
+        (&[(FROM, LEN - FROM)], 0),
+        (&one_row, 0),
+        (&[(FROM, 7), (37, 33)], 3),
+        (&[(FROM, 3), (33, 1), (34, 20), (54, 16)], 1),
+    ];
+    let cases = [
+        (GpuDType::F32, 16, 5, None, None),
+        (GpuDType::BF16, 64, 16, Some(12), None),
+        (GpuDType::BF16, 128, 7, None, Some(30.0)),
+        (GpuDType::F16, 256, 16, Some(40), Some(1.0)),
+    ];
+    for (t, hd, block_size, window, softcap) in cases {
+        let s = Shape {
+            n_heads: 4,
+            n_kv: 2,
+            hd,
+            block_size,
+        };
+        let what = format!("{t} hd {hd} block {block_size} window {window:?} cap {softcap:?}");
+        let mut cache = Cache::new(gpu, &mut rng, t, &[LEN], s.n_kv, hd, block_size);
+        if let Some(w) = window {
+            cache.poison_before(gpu, t, 0, (FROM + 1).saturating_sub(w));
+        }
+        // Queries of positions FROM..LEN, sharp enough that a cap of 1 bites.
+        let (q, q_stride) = queries(&mut rng, LEN - FROM, &s);
+        let q: Vec<f32> = q.into_iter().map(|x| 3.0 * x).collect();
+        let out_stride = s.n_heads * s.hd;
+        let scale = 1.0 / (hd as f32).sqrt();
+        let mut first: Option<Vec<u32>> = None;
+        for (i, &(chunks, shift)) in tilings.iter().enumerate() {
+            // Row `shift + p - FROM` holds position p; the rows before are never read.
+            let rows = shift + LEN - FROM;
+            let mut qs = vec![f32::NAN; shift * q_stride];
+            qs.extend_from_slice(&q);
+            let qb = gpu.upload(&qs).unwrap();
+            let descr: Vec<PrefillChunk> = chunks
+                .iter()
+                .map(|&(start, n)| PrefillChunk {
+                    first_row: shift + start - FROM,
+                    n_rows: n,
+                    seq: 0,
+                    start_pos: start,
+                })
+                .collect();
+            let mut tiles = Vec::new();
+            prefill_tiles(&descr, &mut tiles);
+            let tb = gpu.upload(&tiles).unwrap();
+            let out = poisoned(gpu, t, rows * out_stride);
+            let attn = cache.attention(t, &s, &qb, q_stride, &out, out_stride, scale);
+            PagedAttention {
+                window,
+                softcap,
+                ..attn
+            }
+            .prefill(gpu, tb.ptr(), tiles.len() / 4)
+            .unwrap();
+            let got = read_as(gpu, t, &out, rows * out_stride);
+            let bits: Vec<u32> = got[shift * out_stride..]
+                .iter()
+                .map(|x| x.to_bits())
+                .collect();
+            match &first {
+                None => {
+                    let rows: Vec<(usize, usize, usize)> =
+                        (FROM..LEN).map(|p| (p - FROM, 0, p + 1)).collect();
+                    let extras = Extras { window, softcap };
+                    check_rows(
+                        &what, t, &s, &cache, &q, q_stride, &got, out_stride, &rows, scale, extras,
+                    );
+                    first = Some(bits);
+                }
+                Some(want) => {
+                    let differ = bits.iter().zip(want).filter(|(a, b)| a != b).count();
+                    assert_eq!(differ, 0, "{what}: tiling {i} differs in {differ} values");
+                }
+            }
         }
     }
 }

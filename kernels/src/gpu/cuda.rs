@@ -12,12 +12,10 @@ use std::os::fd::{BorrowedFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
-use cudarc::cublas::result as blas;
-use cudarc::cublas::sys as blas_sys;
 use cudarc::driver::{result, sys};
 
-use super::blas_map::{self, BlasCompute, BlasOp, BlasType};
 use super::bringup::Opening;
+use super::cuda_blas::Blas;
 use super::sources::{Source, SOURCES};
 use super::{
     cuda_vmm, nvrtc, probe, Arg, Backend, DeviceInfo, DevicePtr, Gemm, GpuError, Launch, Result,
@@ -35,7 +33,7 @@ pub(crate) struct CudaBackend {
     info: DeviceInfo,
     ctx: sys::CUcontext,
     stream: sys::CUstream,
-    blas: Mutex<blas_sys::cublasHandle_t>,
+    blas: Mutex<Blas>,
     functions: HashMap<&'static str, sys::CUfunction>,
     modules: Vec<sys::CUmodule>,
     sync_each_launch: bool,
@@ -73,7 +71,7 @@ pub(crate) struct CudaOpening {
     from_cache: usize,
     modules: Vec<sys::CUmodule>,
     functions: HashMap<&'static str, sys::CUfunction>,
-    blas: Option<blas_sys::cublasHandle_t>,
+    blas: Option<Blas>,
     started: Instant,
 }
 
@@ -175,31 +173,22 @@ impl Opening for CudaOpening {
         let stream = self
             .stream
             .ok_or_else(|| GpuError::Invalid("the device has no stream yet".into()))?;
-        let handle = blas::create_handle().map_err(|e| GpuError::Blas {
-            call: "cublasCreate",
-            message: format!("{e:?}"),
-        })?;
-        self.blas = Some(handle);
-        // SAFETY: both handles are valid.
-        unsafe { blas::set_stream(handle, stream as blas_sys::cudaStream_t) }.map_err(|e| {
-            GpuError::Blas {
-                call: "cublasSetStream",
-                message: format!("{e:?}"),
-            }
-        })
+        self.blas = Some(Blas::create(stream)?);
+        Ok(())
     }
 
     fn finish(mut self: Box<Self>) -> Result<Arc<dyn Backend>> {
         let missing = || GpuError::Invalid("a CUDA device was finished before every step".into());
-        let (Some(info), Some(ctx), Some(stream), Some(handle)) =
-            (self.info.clone(), self.ctx, self.stream, self.blas)
+        let (Some(info), Some(ctx), Some(stream)) = (self.info.clone(), self.ctx, self.stream)
         else {
+            return Err(missing());
+        };
+        let Some(handle) = self.blas.take() else {
             return Err(missing());
         };
         // The backend owns the handles from here: the opening's Drop must not release them.
         self.ctx = None;
         self.stream = None;
-        self.blas = None;
         Ok(Arc::new(CudaBackend {
             info,
             ctx,
@@ -224,7 +213,7 @@ impl Drop for CudaOpening {
         unsafe {
             let _ = result::ctx::set_current(ctx);
             if let Some(handle) = self.blas.take() {
-                let _ = blas::destroy_handle(handle);
+                handle.destroy();
             }
             for m in self.modules.drain(..) {
                 let _ = result::module::unload(m);
@@ -429,52 +418,8 @@ impl Backend for CudaBackend {
     }
 
     fn gemm(&self, g: &Gemm) -> Result<()> {
-        let Some(x) = blas_map::gemm_ex(g)? else {
-            return Ok(());
-        };
-        let op = |o: BlasOp| match o {
-            BlasOp::N => blas_sys::cublasOperation_t::CUBLAS_OP_N,
-            BlasOp::T => blas_sys::cublasOperation_t::CUBLAS_OP_T,
-        };
-        let ty = |t: BlasType| match t {
-            BlasType::R32F => blas_sys::cudaDataType::CUDA_R_32F,
-            BlasType::R16BF => blas_sys::cudaDataType::CUDA_R_16BF,
-            BlasType::R16F => blas_sys::cudaDataType::CUDA_R_16F,
-        };
-        let compute = match x.compute {
-            BlasCompute::F32 => blas_sys::cublasComputeType_t::CUBLAS_COMPUTE_32F,
-        };
         self.bind()?;
-        let handle = self.blas.lock().unwrap_or_else(|e| e.into_inner());
-        // SAFETY: the caller guarantees the pointers and strides; alpha and beta are host
-        // scalars (the handle's default pointer mode) that outlive the call.
-        unsafe {
-            blas::gemm_ex(
-                *handle,
-                op(x.transa),
-                op(x.transb),
-                x.m,
-                x.n,
-                x.k,
-                (&x.alpha as *const f32).cast(),
-                x.a.0 as *const c_void,
-                ty(x.a_type),
-                x.lda,
-                x.b.0 as *const c_void,
-                ty(x.b_type),
-                x.ldb,
-                (&x.beta as *const f32).cast(),
-                x.c.0 as *mut c_void,
-                ty(x.c_type),
-                x.ldc,
-                compute,
-                blas_sys::cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-            )
-        }
-        .map_err(|e| GpuError::Blas {
-            call: "cublasGemmEx",
-            message: format!("{e:?} for {g:?}"),
-        })
+        self.blas.lock().unwrap_or_else(|e| e.into_inner()).gemm(g)
     }
 
     fn synchronize(&self) -> Result<()> {
@@ -504,8 +449,10 @@ impl Drop for CudaBackend {
         // SAFETY: each handle was created by this backend and is released once, after the
         // stream's work has finished.
         unsafe {
-            let handle = *self.blas.lock().unwrap_or_else(|e| e.into_inner());
-            let _ = blas::destroy_handle(handle);
+            self.blas
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .destroy();
             for m in self.modules.drain(..) {
                 let _ = result::module::unload(m);
             }

@@ -19,6 +19,8 @@ pub mod bringup;
 #[cfg(feature = "cuda")]
 mod cuda;
 #[cfg(feature = "cuda")]
+mod cuda_blas;
+#[cfg(feature = "cuda")]
 mod cuda_vmm;
 #[cfg(feature = "emu")]
 mod emu;

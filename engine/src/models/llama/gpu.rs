@@ -5,7 +5,7 @@
 //!
 //! One step, for T tokens (`forward.rs`): embedding gather (media rows copied in) → per layer:
 //! fused residual add + RMSNorm → QKV GEMM → biases, Q/K norms and RoPE → K/V into the paged
-//! cache → paged attention (decode rows and prefill tiles) → output GEMM → residual add +
+//! cache → paged attention (every row in the tile kernel) → output GEMM → residual add +
 //! RMSNorm → gate/up GEMM → SwiGLU or GeGLU → down GEMM; then the last residual add and the
 //! final norm on the rows whose logits are wanted, the LM head GEMM, and sampling on the
 //! device. The families' differences ride on these steps: Gemma's embedding scale in the
@@ -24,7 +24,7 @@ mod weights;
 
 use rand::rngs::StdRng;
 
-use kernels::gpu::ops::rope_inv_freq;
+use kernels::gpu::ops::{padded_rows, rope_inv_freq};
 use kernels::gpu::ops::{SampleRow, Sampler, MAX_LOGPROBS};
 use kernels::gpu::{Gpu, GpuBuffer, GpuDType, GpuError, PackedWeights};
 
@@ -152,8 +152,10 @@ impl GpuLlama {
         self.dtype
     }
 
-    /// Make the scratch hold `rows` tokens and `logit_rows` logit rows.
+    /// Make the scratch hold `rows` tokens and `logit_rows` logit rows, each rounded up to
+    /// whole GEMM chunks (`ops::gemm`).
     fn ensure_scratch(&mut self, rows: usize, logit_rows: usize) -> Result<()> {
+        let (rows, logit_rows) = (padded_rows(rows), padded_rows(logit_rows));
         let fits = self
             .scratch
             .as_ref()
@@ -275,22 +277,7 @@ impl CausalLm for GpuLlama {
             return Ok(Vec::new());
         }
         let plan = self.run(batch)?;
-        let vocab = self.cfg.vocab;
-        let mut out: Vec<Option<Vec<f32>>> = vec![None; batch.len()];
-        if !plan.logit_chunks.is_empty() {
-            let s = self
-                .scratch
-                .as_ref()
-                .ok_or_else(|| EngineError::Internal("GPU buffers missing".into()))?;
-            let all = self
-                .gpu
-                .read::<f32>(s.logits.ptr(), plan.logit_chunks.len() * vocab)
-                .map_err(gpu_err)?;
-            for (j, &c) in plan.logit_chunks.iter().enumerate() {
-                out[c] = Some(all[j * vocab..(j + 1) * vocab].to_vec());
-            }
-        }
-        Ok(out)
+        self.read_logits(&plan, batch.len())
     }
 
     fn step(
@@ -300,36 +287,100 @@ impl CausalLm for GpuLlama {
         eos: &[u32],
         rng: &mut StdRng,
     ) -> Result<Vec<Result<Sampled>>> {
-        // The device sampler returns at most MAX_LOGPROBS alternatives, and knows nothing of
-        // structured outputs, logit_bias, allowed_token_ids or bad_words: a step with such a
-        // request is sampled on the host from the copied logits.
-        let wide = requests.iter().any(|r| {
-            r.sampler.needs_host()
-                || r.sampler
-                    .params()
-                    .logprobs
-                    .is_some_and(|k| k > MAX_LOGPROBS)
-        });
-        if wide || requests.is_empty() {
+        if requests.is_empty() {
             let logits = self.forward(batch)?;
             return Ok(sample_on_host(logits, requests, eos, rng));
         }
         let plan = self.run(batch)?;
-        let mut row_of = vec![None; batch.len()];
-        for (j, &c) in plan.logit_chunks.iter().enumerate() {
-            row_of[c] = Some(j);
+        // The device sampler returns at most MAX_LOGPROBS alternatives, and knows nothing of
+        // structured outputs, logit_bias, allowed_token_ids or bad_words: such a request is
+        // sampled on the host from its copied logits. Each request goes where it must
+        // whatever the others in its step need, so its outcome does not depend on them.
+        let on_host: Vec<bool> = requests.iter().map(|r| host_only(r)).collect();
+        let mut out: Vec<Option<Result<Sampled>>> = (0..requests.len()).map(|_| None).collect();
+        if on_host.iter().any(|&h| !h) {
+            self.sample_on_device(&plan, requests, &on_host, eos, rng, &mut out)?;
         }
-        // One row per logit row; a chunk that wants logits but no sample gets a greedy row
-        // whose outcome is dropped. The uniforms are drawn in request order, as the host
-        // sampler draws them.
+        if on_host.iter().any(|&h| h) {
+            let mut logits = self.read_logits(&plan, batch.len())?;
+            for ((r, slot), _) in requests
+                .iter_mut()
+                .zip(out.iter_mut())
+                .zip(&on_host)
+                .filter(|(_, &h)| h)
+            {
+                *slot = Some(match logits.get_mut(r.chunk).and_then(Option::take) {
+                    Some(mut row) => r.sampler.sample(&mut row, eos, rng),
+                    None => Err(EngineError::Internal(format!(
+                        "no logits for batch chunk {}",
+                        r.chunk
+                    ))),
+                });
+            }
+        }
+        Ok(out
+            .into_iter()
+            .map(|o| {
+                o.unwrap_or_else(|| Err(EngineError::Internal("a request was not sampled".into())))
+            })
+            .collect())
+    }
+}
+
+impl GpuLlama {
+    /// The logits `plan` left in the scratch, per batch chunk (`None` where none was wanted).
+    fn read_logits(&self, plan: &plan::StepPlan, n_chunks: usize) -> Result<Vec<Option<Vec<f32>>>> {
+        let vocab = self.cfg.vocab;
+        let mut out: Vec<Option<Vec<f32>>> = vec![None; n_chunks];
+        if plan.logit_chunks.is_empty() {
+            return Ok(out);
+        }
+        let s = self
+            .scratch
+            .as_ref()
+            .ok_or_else(|| EngineError::Internal("GPU buffers missing".into()))?;
+        let all = self
+            .gpu
+            .read::<f32>(s.logits.ptr(), plan.logit_chunks.len() * vocab)
+            .map_err(gpu_err)?;
+        for (j, &c) in plan.logit_chunks.iter().enumerate() {
+            out[c] = Some(all[j * vocab..(j + 1) * vocab].to_vec());
+        }
+        Ok(out)
+    }
+
+    /// Samples the requests not `on_host` on the device into `out`. Their uniforms are drawn
+    /// in request order, as the host sampler draws them.
+    fn sample_on_device(
+        &mut self,
+        plan: &plan::StepPlan,
+        requests: &mut [SampleRequest<'_>],
+        on_host: &[bool],
+        eos: &[u32],
+        rng: &mut StdRng,
+        out: &mut [Option<Result<Sampled>>],
+    ) -> Result<()> {
+        let chunks = plan.logit_chunks.iter().max().map_or(0, |&c| c + 1);
+        let mut row_of = vec![None; chunks];
+        for (j, &c) in plan.logit_chunks.iter().enumerate() {
+            if let Some(slot) = row_of.get_mut(c) {
+                *slot = Some(j);
+            }
+        }
+        // One row per logit row; a row no device request samples gets a greedy row whose
+        // outcome is dropped.
         let mut rows = vec![SampleRow::default(); plan.logit_chunks.len()];
-        let mut at = Vec::with_capacity(requests.len());
-        for r in requests.iter_mut() {
+        let mut at = vec![None; requests.len()];
+        for (i, r) in requests
+            .iter_mut()
+            .enumerate()
+            .filter(|(i, _)| !on_host[*i])
+        {
             let j = row_of.get(r.chunk).copied().flatten().ok_or_else(|| {
                 EngineError::Internal(format!("no logits for batch chunk {}", r.chunk))
             })?;
             rows[j] = r.sampler.device_row(eos, rng);
-            at.push(j);
+            at[i] = Some(j);
         }
         let logits = self
             .scratch
@@ -341,24 +392,33 @@ impl CausalLm for GpuLlama {
             Some(s) => s,
             none => none.insert(Sampler::new(&self.gpu, vocab).map_err(gpu_err)?),
         };
-        let mut out: Vec<Option<_>> = sampler
+        let mut sampled: Vec<Option<_>> = sampler
             .sample(logits, &rows)
             .map_err(gpu_err)?
             .into_iter()
             .map(Some)
             .collect();
-        Ok(requests
-            .iter()
-            .zip(at)
-            .map(|(r, j)| match out[j].take() {
+        for ((r, slot), j) in requests.iter().zip(out.iter_mut()).zip(at) {
+            let Some(j) = j else { continue };
+            *slot = Some(match sampled.get_mut(j).and_then(Option::take) {
                 Some(Ok(row)) => Ok(r.sampler.from_device(row)),
                 Some(Err(e)) => Err(EngineError::Internal(e.to_string())),
                 None => Err(EngineError::Internal(
                     "a logit row was sampled twice".into(),
                 )),
-            })
-            .collect())
+            });
+        }
+        Ok(())
     }
+}
+
+/// Whether a request must be sampled on the host (see [`GpuLlama::step`]).
+fn host_only(r: &SampleRequest<'_>) -> bool {
+    r.sampler.needs_host()
+        || r.sampler
+            .params()
+            .logprobs
+            .is_some_and(|k| k > MAX_LOGPROBS)
 }
 
 const GIB: f64 = (1u64 << 30) as f64;

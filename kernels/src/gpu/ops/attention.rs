@@ -6,6 +6,12 @@
 //! type. Query head `h` reads KV head `h / (n_heads / n_kv_heads)`. The step's own keys and
 //! values must already be in the cache. A layer with a sliding window reads only the
 //! positions its queries see; soft-capped scores are capped before the softmax.
+//!
+//! The prefill kernel gives a query row the same bits whatever tile it is in, a one-row tile
+//! included (see `attention_prefill.cu`), so the GPU decoder runs every row through it,
+//! decode rows as one-row tiles: a sequence's output then does not depend on the step. The
+//! decode kernel sums in another order (a faster one for single rows); the decoder does not
+//! use it.
 
 use super::{grid_x, grid_yz, int};
 use crate::gpu::{Arg, DevicePtr, Gpu, GpuDType, GpuError, Launch, Result};

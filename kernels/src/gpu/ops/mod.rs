@@ -5,11 +5,13 @@
 
 mod attention;
 mod elementwise;
+mod gemm;
 mod norm;
 mod sampling;
 
 pub use attention::*;
 pub use elementwise::*;
+pub use gemm::{gemm_in_row_chunks, padded_rows, row_chunks, GEMM_ROWS};
 pub use norm::AddRmsNorm;
 pub use sampling::*;
 

@@ -1,5 +1,6 @@
 //! The GPU decoder's device buffers: the paged KV cache and the activations of a step.
 
+use kernels::gpu::ops::padded_rows;
 use kernels::gpu::{DevicePtr, Gpu, GpuBuffer, GpuDType};
 
 use super::super::LlamaConfig;
@@ -25,7 +26,8 @@ impl GpuKv {
     }
 }
 
-/// Activation buffers, sized for `rows` tokens and `logit_rows` logit rows; grown on demand.
+/// Activation buffers, sized for `rows` tokens and `logit_rows` logit rows (whole GEMM chunks:
+/// the GEMMs read and write the padding rows); grown on demand.
 pub(super) struct Scratch {
     pub(super) rows: usize,
     pub(super) logit_rows: usize,
@@ -44,13 +46,15 @@ pub(super) struct Scratch {
     pub(super) media_cap: usize,
 }
 
-/// Bytes of activation buffers for `rows` tokens and `logit_rows` logit rows.
+/// Bytes of activation buffers for `rows` tokens and `logit_rows` logit rows (each rounded up
+/// to whole GEMM chunks, as they are allocated).
 pub(super) fn scratch_bytes(
     cfg: &LlamaConfig,
     dtype: GpuDType,
     rows: usize,
     logit_rows: usize,
 ) -> usize {
+    let (rows, logit_rows) = (padded_rows(rows), padded_rows(logit_rows));
     let (h, f) = (cfg.hidden, cfg.ffn);
     let qkv = (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim;
     let q = cfg.n_heads * cfg.head_dim;

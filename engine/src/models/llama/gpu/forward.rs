@@ -1,8 +1,14 @@
 //! One step of the GPU decoder: the step plan uploaded, then the kernels and GEMMs of every
 //! layer, the final norm over the rows whose logits are wanted, and the LM head.
+//!
+//! A sequence's logits do not depend on the rest of its step: every kernel but the GEMMs works
+//! on each row (or each attention tile, see `plan.rs`) alone, and every GEMM, the LM head's
+//! included, runs in chunks of a fixed number of rows (`ops::gemm`), the last one padded with
+//! zero rows, so cuBLAS computes each weight's product at one shape whatever the batch.
 
 use kernels::gpu::ops::{
-    AddRmsNorm, Embed, Glu, GluActivation, KvWrite, LogitsSoftcap, PagedAttention, RopeQk,
+    gemm_in_row_chunks, padded_rows, AddRmsNorm, Embed, Glu, GluActivation, KvWrite, LogitsSoftcap,
+    PagedAttention, RopeQk,
 };
 use kernels::gpu::{DevicePtr, Gemm, Gpu, GpuBuffer, GpuDType};
 
@@ -38,7 +44,8 @@ impl GpuLlama {
             1
         };
         let plan = StepPlan::build(batch, block_size, pos_axes);
-        self.ensure_scratch(plan.n_rows, plan.logit_chunks.len())?;
+        let n_logits = plan.logit_chunks.len();
+        self.ensure_scratch(plan.n_rows, n_logits)?;
         let (gpu, cfg, dtype) = (&self.gpu, &self.cfg, self.dtype);
         let (Some(s), Some(kv)) = (self.scratch.as_mut(), self.kv.as_ref()) else {
             return Err(EngineError::Internal("GPU buffers missing".into()));
@@ -65,6 +72,22 @@ impl GpuLlama {
         let qkv_stride = (n_heads + 2 * n_kv) * hd;
         let (q_dim, kv_dim) = (n_heads * hd, n_kv * hd);
         let w = &self.weights;
+        // The GEMMs' inputs past the step's rows, up to the last chunk's end: zeros, so the
+        // padding rows' products are zeros too. The kernels write rows below `t` (or below
+        // `n_logits`) only, so this holds for the whole step.
+        let e = dtype.size();
+        for (buf, width, rows) in [
+            (&s.h, h, t),
+            (&s.attn, q_dim, t),
+            (&s.act, cfg.ffn, t),
+            (&s.normed, h, n_logits),
+        ] {
+            let pad = padded_rows(rows) - rows;
+            if pad > 0 {
+                gpu.memset(buf.at(rows * width * e), 0, pad * width * e)
+                    .map_err(gpu_err)?;
+            }
+        }
         // A GEMM over every row of the step.
         let step_gemm = |a: DevicePtr, w: &GpuBuffer, n: usize, k: usize, c: DevicePtr| {
             gemm(gpu, dtype, t, a, w, n, k, c)
@@ -186,14 +209,8 @@ impl GpuLlama {
                 window,
                 softcap: cfg.traits.attn_softcap,
             };
-            if plan.n_decode > 0 {
-                attn.decode(gpu, int(plan.at.q_seq), int(plan.at.q_ctx), plan.n_decode)
-                    .map_err(gpu_err)?;
-            }
-            if plan.n_tiles > 0 {
-                attn.prefill(gpu, int(plan.at.tiles), plan.n_tiles)
-                    .map_err(gpu_err)?;
-            }
+            attn.prefill(gpu, int(plan.at.tiles), plan.n_tiles)
+                .map_err(gpu_err)?;
             step_gemm(s.attn.ptr(), &layer.wo, h, q_dim, s.delta.ptr())?;
             norm(
                 Some(s.delta.ptr()),
@@ -217,7 +234,6 @@ impl GpuLlama {
             step_gemm(s.act.ptr(), &layer.wdown, h, cfg.ffn, s.delta.ptr())?;
             pending_norm = layer.post_ffn_norm.as_ref();
         }
-        let n_logits = plan.logit_chunks.len();
         if n_logits > 0 {
             // The last layer's residual add happens here, for the wanted rows only.
             norm(
@@ -252,7 +268,8 @@ impl GpuLlama {
     }
 }
 
-/// `c = a · wᵀ` for `m` rows: `a` is `m × k` of `dtype`, `w` is `n × k`, `c` is f32 `m × n`.
+/// `c = a · wᵀ` for `m` rows: `a` is `m × k` of `dtype`, `w` is `n × k`, `c` is f32 `m × n`;
+/// both hold `padded_rows(m)` rows, `a`'s padding rows zero.
 #[allow(clippy::too_many_arguments)]
 fn gemm(
     gpu: &Gpu,
@@ -264,19 +281,22 @@ fn gemm(
     k: usize,
     c: DevicePtr,
 ) -> Result<()> {
-    gpu.gemm(&Gemm {
-        m,
-        n,
-        k,
-        dtype,
-        a,
-        lda: k,
-        b: w.ptr(),
-        ldb: k,
-        c,
-        ldc: n,
-        alpha: 1.0,
-        beta: 0.0,
-    })
+    gemm_in_row_chunks(
+        gpu,
+        &Gemm {
+            m,
+            n,
+            k,
+            dtype,
+            a,
+            lda: k,
+            b: w.ptr(),
+            ldb: k,
+            c,
+            ldc: n,
+            alpha: 1.0,
+            beta: 0.0,
+        },
+    )
     .map_err(gpu_err)
 }

@@ -2,10 +2,10 @@
 //! token ids, rotary positions, KV slots, attention work lists and block tables, and the rows
 //! whose logits are wanted.
 //!
-//! Single-token chunks (decode) take the first activation rows, so the decode attention
-//! kernel covers rows `0..n_decode`; multi-token chunks (prefill) follow and are cut into the
-//! prefill kernel's tiles. The order of rows is internal to the step: logits come back per
-//! chunk.
+//! Rows follow the batch's chunks in order, and every chunk, a single decode token or a
+//! prompt's piece, is cut into the attention kernel's tiles: one kernel for every row, whose
+//! result for a row does not depend on its tile, so a sequence's attention is the same in any
+//! step (see `ops::attention`). Logits come back per chunk.
 
 use kernels::gpu::ops::{prefill_tiles, slot_mapping, PrefillChunk};
 
@@ -20,9 +20,6 @@ pub(super) struct Sections {
     /// `rows × pos_axes` positions.
     pub positions: usize,
     pub slots: usize,
-    /// Per decode row: its block-table row and context length.
-    pub q_seq: usize,
-    pub q_ctx: usize,
     pub tiles: usize,
     /// `n_chunks × max_blocks` block ids.
     pub tables: usize,
@@ -34,7 +31,6 @@ pub(super) struct StepPlan {
     pub ints: Vec<i32>,
     pub at: Sections,
     pub n_rows: usize,
-    pub n_decode: usize,
     pub n_tiles: usize,
     pub max_blocks: usize,
     /// The chunks whose logits are wanted, in batch order; logit row `j` belongs to
@@ -48,16 +44,11 @@ pub(super) struct StepPlan {
 impl StepPlan {
     /// `pos_axes` is 3 for models with M-RoPE (Qwen2-VL), else 1.
     pub fn build(batch: &[SeqChunk<'_>], block_size: usize, pos_axes: usize) -> StepPlan {
-        let mut order: Vec<usize> = (0..batch.len())
-            .filter(|&c| batch[c].tokens.len() == 1)
-            .collect();
-        let n_decode = order.len();
-        order.extend((0..batch.len()).filter(|&c| batch[c].tokens.len() != 1));
-        let mut first_row = vec![0usize; batch.len()];
+        let mut first_row = Vec::with_capacity(batch.len());
         let mut row = 0;
-        for &c in &order {
-            first_row[c] = row;
-            row += batch[c].tokens.len();
+        for chunk in batch {
+            first_row.push(row);
+            row += chunk.tokens.len();
         }
         let n_rows = row;
         let has_media = batch.iter().any(|c| c.media.is_some());
@@ -70,7 +61,6 @@ impl StepPlan {
 
         let mut plan = StepPlan {
             n_rows,
-            n_decode,
             max_blocks,
             has_media,
             ..Default::default()
@@ -78,14 +68,13 @@ impl StepPlan {
         let ints = &mut plan.ints;
 
         plan.at.tokens = ints.len();
-        for &c in &order {
-            ints.extend(batch[c].tokens.iter().map(|&t| t as i32));
+        for chunk in batch {
+            ints.extend(chunk.tokens.iter().map(|&t| t as i32));
         }
 
         plan.at.media_slot = ints.len();
         if has_media {
-            for &c in &order {
-                let chunk = &batch[c];
+            for chunk in batch {
                 let mut slots = vec![-1i32; chunk.tokens.len()];
                 if let Some(m) = &chunk.media {
                     let width = m.embeds.len() / m.rows.len().max(1);
@@ -100,8 +89,7 @@ impl StepPlan {
         }
 
         plan.at.positions = ints.len();
-        for &c in &order {
-            let chunk = &batch[c];
+        for chunk in batch {
             for i in 0..chunk.tokens.len() {
                 let p = (chunk.start_pos + i) as i64;
                 if pos_axes == 1 {
@@ -121,8 +109,7 @@ impl StepPlan {
 
         plan.at.slots = ints.len();
         let mut slots = Vec::with_capacity(n_rows);
-        for &c in &order {
-            let chunk = &batch[c];
+        for chunk in batch {
             slot_mapping(
                 chunk.block_table,
                 chunk.start_pos,
@@ -133,23 +120,15 @@ impl StepPlan {
         }
         ints.extend(slots);
 
-        plan.at.q_seq = ints.len();
-        ints.extend(order[..n_decode].iter().map(|&c| c as i32));
-        plan.at.q_ctx = ints.len();
-        ints.extend(
-            order[..n_decode]
-                .iter()
-                .map(|&c| (batch[c].start_pos + 1) as i32),
-        );
-
         plan.at.tiles = ints.len();
-        let chunks: Vec<PrefillChunk> = order[n_decode..]
+        let chunks: Vec<PrefillChunk> = batch
             .iter()
-            .map(|&c| PrefillChunk {
+            .enumerate()
+            .map(|(c, chunk)| PrefillChunk {
                 first_row: first_row[c],
-                n_rows: batch[c].tokens.len(),
+                n_rows: chunk.tokens.len(),
                 seq: c,
-                start_pos: batch[c].start_pos,
+                start_pos: chunk.start_pos,
             })
             .collect();
         let before = ints.len();
@@ -191,7 +170,7 @@ mod tests {
     }
 
     #[test]
-    fn decode_rows_come_first_and_every_section_lines_up() {
+    fn rows_follow_the_batch_and_every_chunk_is_tiled() {
         let (t0, t1, t2) = ([5u32, 6, 7], [9u32], [11u32, 12]);
         let (b0, b1, b2) = ([3u32, 8], [4u32, 0, 2], [1u32]);
         // Chunk 0 is a prefill at 0, chunk 1 a decode at position 33, chunk 2 a prefill that
@@ -202,25 +181,26 @@ mod tests {
             chunk(&t2, 2, &b2, false),
         ];
         let p = StepPlan::build(&batch, 16, 1);
-        assert_eq!((p.n_rows, p.n_decode, p.max_blocks), (6, 1, 3));
+        assert_eq!((p.n_rows, p.max_blocks), (6, 3));
         let sec = |a: usize, n: usize| &p.ints[a..a + n];
-        assert_eq!(sec(p.at.tokens, 6), &[9, 5, 6, 7, 11, 12]);
-        assert_eq!(sec(p.at.positions, 6), &[33, 0, 1, 2, 2, 3]);
+        assert_eq!(sec(p.at.tokens, 6), &[5, 6, 7, 9, 11, 12]);
+        assert_eq!(sec(p.at.positions, 6), &[0, 1, 2, 33, 2, 3]);
         // Position 33 of chunk 1: block 2 of its table (id 2), slot 1.
-        assert_eq!(sec(p.at.slots, 6), &[33, 48, 49, 50, 18, 19]);
-        assert_eq!(sec(p.at.q_seq, 1), &[1]);
-        assert_eq!(sec(p.at.q_ctx, 1), &[34]);
+        assert_eq!(sec(p.at.slots, 6), &[48, 49, 50, 33, 18, 19]);
+        // One tile per chunk (first row, rows, table row, context of its first row): the
+        // decode row is a tile of its own.
+        assert_eq!(p.n_tiles, 3);
+        assert_eq!(sec(p.at.tiles, 12), &[0, 3, 0, 1, 3, 1, 1, 34, 4, 2, 2, 3]);
         assert_eq!(
             p.at.media_slot, p.at.positions,
             "no media section without media"
         );
         // Tables padded to the longest need: chunk 0 needs 1 block, chunk 1 three, chunk 2 one.
         assert_eq!(sec(p.at.tables, 9), &[3, 0, 0, 4, 0, 2, 1, 0, 0]);
-        // Logits of chunk 0 (its last row is 3) and chunk 1 (row 0), in batch order.
-        assert_eq!(sec(p.at.logit_rows, 2), &[3, 0]);
+        // Logits of chunk 0 (its last row is 2) and chunk 1 (row 3), in batch order.
+        assert_eq!(sec(p.at.logit_rows, 2), &[2, 3]);
         assert_eq!(p.logit_chunks, vec![0, 1]);
         assert_eq!(p.at.logit_rows + 2, p.ints.len());
-        assert!(p.n_tiles >= 2, "two prefill chunks, at least a tile each");
     }
 
     #[test]
