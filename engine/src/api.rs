@@ -30,7 +30,7 @@ pub struct ModelCard {
     pub memory: ModelMemory,
     /// The weights' bytes per tensor type, as the checkpoint stores them (read from its
     /// headers at load; the CPU holds them at that size).
-    pub weight_types: crate::model::WeightSummary,
+    pub weight_types: crate::weight_summary::WeightSummary,
 }
 
 /// A served model's host memory, as the deployment's memory bound counts it (bytes).

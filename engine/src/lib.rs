@@ -49,5 +49,6 @@ pub mod share;
 mod test_log;
 pub mod tokenizer;
 pub mod weight_cache;
+pub mod weight_summary;
 
 pub use error::EngineError;

@@ -24,6 +24,13 @@ pub use adapter::{LoraAdapter, LoraPair};
 pub use base::BaseCandidate;
 pub use config::AdapterConfig;
 pub use delta::StepLoras;
+
+/// Reads of an adapter's factors from its folder: at its load, and again for a request after
+/// `--max-cpu-loras` evicted them (ours: vLLM has none).
+pub const LORA_LOADS: &str = "gateway:lora_adapter_loads_total";
+/// Adapters whose factors were dropped from memory to make room under `--max-cpu-loras`
+/// (still served: they are read again on their next request).
+pub const LORA_EVICTIONS: &str = "gateway:lora_adapter_evictions_total";
 pub use registry::{Acquired, LoraCounts, LoraRef, LoraRegistry, LoraSettings};
 
 /// `--enable-lora` and its adapters.

@@ -38,12 +38,9 @@ pub const NUM_PREEMPTIONS: &str = "vllm:num_preemptions_total";
 /// of running and of waiting requests. A new label set is a new series; readers take the one
 /// with the latest value.
 pub const LORA_REQUESTS_INFO: &str = "vllm:lora_requests_info";
-/// Reads of an adapter's factors from its folder: at its load, and again for a request after
-/// `--max-cpu-loras` evicted them (ours: vLLM has none).
-pub const LORA_LOADS: &str = "gateway:lora_adapter_loads_total";
-/// Adapters whose factors were dropped from memory to make room under `--max-cpu-loras`
-/// (still served: they are read again on their next request).
-pub const LORA_EVICTIONS: &str = "gateway:lora_adapter_evictions_total";
+// The adapter cache counts its own loads and evictions (named where it counts them, so that the
+// adapters do not depend on this module, which depends on the API that names adapters).
+pub use crate::lora::{LORA_EVICTIONS, LORA_LOADS};
 /// Structured replies closed early so that `max_tokens` would not cut them (ours: vLLM has none).
 pub const FORCED_CLOSINGS: &str = "gateway:structured_output_forced_closings_total";
 

@@ -16,13 +16,12 @@ use crate::error::{EngineError, Result};
 use crate::sampling::{Sampled, SequenceSampler};
 
 mod encoder;
-mod summary;
 
+pub use crate::weight_summary::{human_bytes, WeightSummary};
 pub use encoder::{
     l2_normalize, ClassActivation, ClassifierInfo, EmbeddingModel, EncoderHead, EncoderInfo,
     EncoderInput, LoadedEncoder, Pooling,
 };
-pub use summary::{human_bytes, WeightSummary};
 
 /// Shape facts the scheduler and the KV cache need about a decoder.
 #[derive(Debug, Clone, PartialEq)]

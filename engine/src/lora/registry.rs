@@ -9,6 +9,7 @@
 //! adapter's running sequences still hold, plus one being read (the memory bound counts
 //! that many). Reads take turns (`reading`), and an admission's read first makes room.
 
+use super::{LORA_EVICTIONS, LORA_LOADS};
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -173,16 +174,14 @@ impl LoraRegistry {
             reason,
         })?;
         self.loads.fetch_add(1, Ordering::Relaxed);
-        metrics::counter!(crate::metrics::LORA_LOADS, "model_name" => self.model.clone())
-            .increment(1);
+        metrics::counter!(LORA_LOADS, "model_name" => self.model.clone()).increment(1);
         Ok(Arc::new(adapter))
     }
 
     fn evicted(&self, names: Vec<String>) {
         for name in names {
             self.evictions.fetch_add(1, Ordering::Relaxed);
-            metrics::counter!(crate::metrics::LORA_EVICTIONS, "model_name" => self.model.clone())
-                .increment(1);
+            metrics::counter!(LORA_EVICTIONS, "model_name" => self.model.clone()).increment(1);
             tracing::info!(lora = %name, max_cpu_loras = self.settings.max_cpu_loras, "LoRA adapter evicted from memory (reloaded on its next request)");
         }
     }

@@ -11,7 +11,7 @@ use super::identity::safetensors_header;
 use crate::error::{EngineError, Result};
 use crate::gguf::GgufFile;
 use crate::hf::SafetensorsWeights;
-use crate::model::WeightSummary;
+use crate::weight_summary::WeightSummary;
 
 /// Per stored type (`Q4_1`, `BF16`): how many tensors, and their bytes.
 pub(crate) type TypeTally = BTreeMap<String, (usize, u64)>;
