@@ -30,6 +30,8 @@
 use super::dequant::f16_at;
 use crate::DType;
 
+#[cfg(target_arch = "x86_64")]
+mod q4k_lanes;
 mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -86,6 +88,28 @@ pub(crate) fn scale_min_k4(j: usize, s: &[u8]) -> (u8, u8) {
             (s[j + 4] >> 4) | ((s[j] >> 6) << 4),
         )
     }
+}
+
+/// All eight scales and minimums of a Q4_K / Q5_K block's 12 packed bytes, four at a time
+/// through 32-bit masks: what [`scale_min_k4`] gives for each `j`.
+#[inline]
+pub(crate) fn scales_mins_k4(s: &[u8]) -> ([u8; 8], [u8; 8]) {
+    let word = |i: usize| u32::from_le_bytes([s[i], s[i + 1], s[i + 2], s[i + 3]]);
+    let (u0, u1, u2) = (word(0), word(4), word(8));
+    const LOW6: u32 = 0x3F3F_3F3F;
+    const LOW4: u32 = 0x0F0F_0F0F;
+    const LOW2: u32 = 0x0303_0303;
+    // Scales 0-3 and minimums 0-3 are six bits of bytes 0-3 and 4-7; scales 4-7 and minimums
+    // 4-7 take a nibble of bytes 8-11 and the top two bits of bytes 0-3 and 4-7.
+    let sc_lo = u0 & LOW6;
+    let sc_hi = (u2 & LOW4) | (((u0 >> 6) & LOW2) << 4);
+    let mn_lo = u1 & LOW6;
+    let mn_hi = ((u2 >> 4) & LOW4) | (((u1 >> 6) & LOW2) << 4);
+    let join = |lo: u32, hi: u32| {
+        let (l, h) = (lo.to_le_bytes(), hi.to_le_bytes());
+        [l[0], l[1], l[2], l[3], h[0], h[1], h[2], h[3]]
+    };
+    (join(sc_lo, sc_hi), join(mn_lo, mn_hi))
 }
 
 /// The 16 signed scales of a Q3_K block's 12 packed bytes.
@@ -257,6 +281,26 @@ pub(crate) fn dequantize(dtype: DType, bytes: &[u8], out: &mut [f32]) {
                 for (w, &q) in og.iter_mut().zip(qg) {
                     *w = dl * f32::from(q);
                 }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scales_mins_k4_unpacks_as_scale_min_k4() {
+        let mut state = 0x9E37_79B9u32;
+        for _ in 0..2000 {
+            let s: [u8; 12] = std::array::from_fn(|_| {
+                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
+                (state >> 24) as u8
+            });
+            let (sc, mn) = scales_mins_k4(&s);
+            for j in 0..8 {
+                assert_eq!((sc[j], mn[j]), scale_min_k4(j, &s), "{s:?} {j}");
             }
         }
     }

@@ -64,7 +64,8 @@ unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, w_rows: usize, out: &mut [f32]) 
     match a.dtype {
         DType::Q2_K => row_loop!(a, w_rows, out, X, q2k),
         DType::Q3_K => row_loop!(a, w_rows, out, X, q3k),
-        DType::Q4_K => row_loop!(a, w_rows, out, X, q4k),
+        // SAFETY: forwarded from the caller.
+        DType::Q4_K => unsafe { super::q4k_lanes::rows::<X>(a, w_rows, out) },
         DType::Q5_K => row_loop!(a, w_rows, out, X, q5k),
         DType::Q6_K => row_loop!(a, w_rows, out, X, q6k),
         DType::IQ4_XS => row_loop!(a, w_rows, out, X, iq4xs),
@@ -282,12 +283,6 @@ fn q45k<const X: usize>(
         }
     }
     finish(d, x, &sumi, acc);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q4k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [__m256; X], offs: &mut [f32; X]) {
-    q45k(blk, None, &blk[16..144], x, acc, offs);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

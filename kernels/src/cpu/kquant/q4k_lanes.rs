@@ -1,0 +1,174 @@
+//! The AVX2 Q4_K kernel of [`super::dot_q8k`]: eight weight rows in the eight lanes of a
+//! vector, as the 32-weight types' kernels (`crate::cpu::q8`).
+//!
+//! A Q4_K super-block is eight groups of 32 quants (0..16), each with a 6-bit scale and
+//! minimum. Per group and row, `maddubs` gives 16 pair sums; three rounds of `hadd` across the
+//! eight rows sum them in `i16` into each row's two halves (16 products each: at most
+//! `16·15·127 < 2^15`), and one `madd` by the group's scales gives each row's scaled group sum
+//! in its `i32` lane: about one multiply per 32 weights instead of two. The minimums' term is
+//! summed the same way from the activation group sums. Then, per super-block, one multiply-add
+//! into the row's lane and one subtraction for the minimums: the same operations for a row
+//! whatever the batch or its lane, so decode and prefill agree bit for bit.
+
+use std::arch::x86_64::*;
+
+use super::q8k::Q8KArgs;
+use super::scales_mins_k4;
+use crate::cpu::dequant::f16_at;
+
+/// Rows per pass: one per f32 lane.
+const LANES: usize = 8;
+/// Bytes of a Q4_K super-block.
+const BLOCK: usize = 144;
+
+/// `out[i * X + j] = w_i · x_j` for `rows` Q4_K rows against `X` activation rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C must be available and `a` must satisfy the bounds `dot_q8k` checks, with
+/// `a.dtype` Q4_K.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, rows: usize, out: &mut [f32]) {
+    let mut r = 0;
+    while r < rows {
+        let n = (rows - r).min(LANES);
+        // SAFETY: rows `r..r + n` are inside the checked rows.
+        unsafe { pass::<X>(a, r, n, &mut out[r * X..(r + n) * X]) };
+        r += n;
+    }
+}
+
+/// Rows `r0..r0 + n` (`n` at most [`LANES`]).
+///
+/// # Safety
+/// As for [`rows`], with `r0 + n` at most its `rows`.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [f32]) {
+    let mut acc = [_mm256_setzero_ps(); X];
+    let mut offs = [_mm256_setzero_ps(); X];
+    let nib = _mm256_set1_epi8(0x0F);
+    // Per super-block: each row's quants by group (rows past `n` stay zero, with zero scales),
+    // the groups' scales with each row's twice in a row (for the `madd` of its two halves),
+    // and each row's eight minimums.
+    let mut q = [[_mm256_setzero_si256(); LANES]; 8];
+    let mut srow = [0u64; LANES];
+    let mut mrow = [0u64; LANES];
+    let mut d = [0f32; LANES];
+    let mut dmin = [0f32; LANES];
+    for b in 0..a.nb {
+        if X <= 2 {
+            // One or two activation rows: the weights stream from memory, and eight
+            // interleaved rows defeat the hardware prefetcher; fetch the pass after next. A
+            // prefetch past the matrix is harmless (the address is never dereferenced).
+            for i in 0..LANES {
+                let ahead =
+                    a.w.as_ptr()
+                        .wrapping_add((r0 + 2 * LANES + i) * a.w_stride + b * BLOCK);
+                for line in [0, 64, 128] {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                }
+            }
+        }
+        for i in 0..n {
+            let at = (r0 + i) * a.w_stride + b * BLOCK;
+            let blk = &a.w[at..at + BLOCK];
+            d[i] = f16_at(blk, 0);
+            dmin[i] = f16_at(blk, 2);
+            let (s8, m8) = scales_mins_k4(&blk[4..16]);
+            srow[i] = u64::from_le_bytes(s8);
+            mrow[i] = u64::from_le_bytes(m8);
+            for c in 0..4 {
+                // SAFETY: 32 bytes of quants at `16 + 32c` inside the block.
+                let raw =
+                    unsafe { _mm256_loadu_si256(blk[16 + 32 * c..].as_ptr() as *const __m256i) };
+                q[2 * c][i] = _mm256_and_si256(raw, nib);
+                q[2 * c + 1][i] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
+            }
+        }
+        // SAFETY: arrays of 8 floats.
+        let (dv, dminv) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(dmin.as_ptr())) };
+        let sc = group_scales(&srow);
+        // Minimums of rows (2p, 2p + 1) side by side, as i16.
+        let row = |v: u64| _mm_cvtepu8_epi16(_mm_set_epi64x(0, v as i64));
+        let mins: [__m256i; 4] =
+            std::array::from_fn(|p| _mm256_set_m128i(row(mrow[2 * p + 1]), row(mrow[2 * p])));
+        for j in 0..X {
+            let xb = &a.x[j * a.nb + b];
+            let mut sumi = _mm256_setzero_si256();
+            for g in 0..8 {
+                // SAFETY: 32 activation quants of group `g`.
+                let xq = unsafe { _mm256_loadu_si256(xb.qs[32 * g..].as_ptr() as *const __m256i) };
+                let p = |i: usize| _mm256_maddubs_epi16(q[g][i], xq);
+                let h01 = _mm256_hadd_epi16(p(0), p(1));
+                let h23 = _mm256_hadd_epi16(p(2), p(3));
+                let h45 = _mm256_hadd_epi16(p(4), p(5));
+                let h67 = _mm256_hadd_epi16(p(6), p(7));
+                // Lanes 0-7 of each half: rows 0-7, the group's first (second) 16 products.
+                let v = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
+                let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+                // Each row's two halves side by side, rows 0-3 then 4-7.
+                let halves =
+                    _mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(halves, sc[g]));
+            }
+            // The activation sums of the eight 32-value groups (two 16-value sums each), twice.
+            // SAFETY: `bsums` is 16 i16.
+            let bs = unsafe { _mm256_loadu_si256(xb.bsums.as_ptr() as *const __m256i) };
+            let pairs = _mm256_hadd_epi16(bs, bs);
+            let groups = _mm256_permute4x64_epi64::<0b10_00_10_00>(pairs);
+            let m: [__m256i; 4] = std::array::from_fn(|p| _mm256_madd_epi16(mins[p], groups));
+            // Lanes: rows 0, 2, 4, 6 in the low half, 1, 3, 5, 7 in the high.
+            let h = _mm256_hadd_epi32(_mm256_hadd_epi32(m[0], m[1]), _mm256_hadd_epi32(m[2], m[3]));
+            let (even, odd) = (_mm256_castsi256_si128(h), _mm256_extracti128_si256::<1>(h));
+            let msum =
+                _mm256_set_m128i(_mm_unpackhi_epi32(even, odd), _mm_unpacklo_epi32(even, odd));
+            let dx = _mm256_set1_ps(xb.d);
+            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi), _mm256_mul_ps(dv, dx), acc[j]);
+            offs[j] = _mm256_sub_ps(
+                offs[j],
+                _mm256_mul_ps(_mm256_mul_ps(dminv, dx), _mm256_cvtepi32_ps(msum)),
+            );
+        }
+    }
+    let mut lanes = [[0f32; LANES]; 2];
+    for j in 0..X {
+        // SAFETY: two arrays of 8 floats.
+        unsafe {
+            _mm256_storeu_ps(lanes[0].as_mut_ptr(), acc[j]);
+            _mm256_storeu_ps(lanes[1].as_mut_ptr(), offs[j]);
+        }
+        for i in 0..n {
+            out[i * X + j] = lanes[0][i] + lanes[1][i];
+        }
+    }
+}
+
+/// Group `g`'s scales of the eight rows, each twice in a row, as i16: an 8x8 byte transpose of
+/// the rows' scales (row `i`'s eight scales in the bytes of `rows[i]`).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn group_scales(rows: &[u64; LANES]) -> [__m256i; 8] {
+    let r = |i: usize| _mm_set_epi64x(0, rows[i] as i64);
+    // Bytes: rows (0, 1), (2, 3), ... interleaved by group.
+    let (a, b) = (_mm_unpacklo_epi8(r(0), r(1)), _mm_unpacklo_epi8(r(2), r(3)));
+    let (c, d) = (_mm_unpacklo_epi8(r(4), r(5)), _mm_unpacklo_epi8(r(6), r(7)));
+    // Groups 0-3 (4-7), four rows each.
+    let (ab_lo, ab_hi) = (_mm_unpacklo_epi16(a, b), _mm_unpackhi_epi16(a, b));
+    let (cd_lo, cd_hi) = (_mm_unpacklo_epi16(c, d), _mm_unpackhi_epi16(c, d));
+    // Two groups of eight rows each.
+    let pairs = [
+        _mm_unpacklo_epi32(ab_lo, cd_lo),
+        _mm_unpackhi_epi32(ab_lo, cd_lo),
+        _mm_unpacklo_epi32(ab_hi, cd_hi),
+        _mm_unpackhi_epi32(ab_hi, cd_hi),
+    ];
+    std::array::from_fn(|g| {
+        let v = pairs[g / 2];
+        let twice = if g % 2 == 0 {
+            _mm_unpacklo_epi8(v, v)
+        } else {
+            _mm_unpackhi_epi8(v, v)
+        };
+        _mm256_cvtepu8_epi16(twice)
+    })
+}
