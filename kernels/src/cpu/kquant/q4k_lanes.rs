@@ -15,6 +15,7 @@ use std::arch::x86_64::*;
 use super::q8k::Q8KArgs;
 use super::scales_mins_k4;
 use crate::cpu::dequant::f16_at;
+use crate::cpu::x86::lanes_out;
 
 /// Rows per pass: one per f32 lane.
 const LANES: usize = 8;
@@ -130,17 +131,7 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
             );
         }
     }
-    let mut lanes = [[0f32; LANES]; 2];
-    for j in 0..X {
-        // SAFETY: two arrays of 8 floats.
-        unsafe {
-            _mm256_storeu_ps(lanes[0].as_mut_ptr(), acc[j]);
-            _mm256_storeu_ps(lanes[1].as_mut_ptr(), offs[j]);
-        }
-        for i in 0..n {
-            out[i * X + j] = lanes[0][i] + lanes[1][i];
-        }
-    }
+    lanes_out(&acc, &offs, n, out);
 }
 
 /// Group `g`'s scales of the eight rows, each twice in a row, as i16: an 8x8 byte transpose of

@@ -217,6 +217,7 @@ macro_rules! int_kernels {
     ($name:ident, $features:literal, |$a:ident, $b:ident| $dot:expr) => {
         pub(super) mod $name {
             use super::{DType, Q8Args, LANES};
+            use crate::cpu::x86::lanes_out;
             use std::arch::x86_64::*;
 
             #[target_feature(enable = $features)]
@@ -496,17 +497,7 @@ macro_rules! int_kernels {
                         }
                     }
                 }
-                let mut lanes = [[0f32; LANES]; 2];
-                for j in 0..X {
-                    // SAFETY: two arrays of 8 floats.
-                    unsafe {
-                        _mm256_storeu_ps(lanes[0].as_mut_ptr(), acc[j]);
-                        _mm256_storeu_ps(lanes[1].as_mut_ptr(), offs[j]);
-                    }
-                    for i in 0..n {
-                        out[i * X + j] = lanes[0][i] + lanes[1][i];
-                    }
-                }
+                lanes_out(&acc, &offs, n, out);
             }
         }
     };
