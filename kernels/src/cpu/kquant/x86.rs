@@ -1,6 +1,6 @@
-//! AVX2 kernels of [`super::dot_q8k`]: one weight row at a time against up to
-//! [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's weights unpacked once
-//! into byte vectors in weight order and shared by the activation rows.
+//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's is in `super::q4k_lanes`): one weight row at a
+//! time against up to [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's
+//! weights unpacked once into byte vectors in weight order and shared by the activation rows.
 //!
 //! Products go through `maddubs` (unsigned weight bytes times signed activation bytes, pairs
 //! summed into i16) and `madd` by the group scales (into i32). Every pair sum fits in i16:
