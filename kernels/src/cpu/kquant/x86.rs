@@ -37,6 +37,9 @@ pub(super) unsafe fn dispatch(a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out
     }
 }
 
+/// How far ahead, in bytes, the decode kernels prefetch the weights.
+const PREFETCH_AHEAD: usize = 3072;
+
 /// Runs `$block::<X>` over every super-block of every weight row.
 macro_rules! row_loop {
     ($a:expr, $w_rows:expr, $out:expr, $X:ident, $block:ident) => {{
@@ -48,6 +51,17 @@ macro_rules! row_loop {
             for b in 0..a.nb {
                 let x: [&Q8KBlock; $X] = std::array::from_fn(|j| &a.x[j * a.nb + b]);
                 let at = i * a.w_stride + b * bb;
+                if $X <= 2 {
+                    // One or two activation rows: the weights stream from memory faster than
+                    // the hardware prefetcher fetches them; ask for the block a few lines ahead. A
+                    // prefetch past the matrix is harmless (never dereferenced).
+                    let ahead = a.w.as_ptr().wrapping_add(at + PREFETCH_AHEAD);
+                    let mut line = 0;
+                    while line < bb {
+                        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                        line += 64;
+                    }
+                }
                 $block::<$X>(&a.w[at..at + bb], &x, &mut acc, &mut offs);
             }
             for j in 0..$X {
