@@ -32,6 +32,8 @@ use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
 mod q4k_lanes;
+#[cfg(target_arch = "x86_64")]
+mod q6k_lanes;
 mod q8k;
 #[cfg(target_arch = "x86_64")]
 mod x86;

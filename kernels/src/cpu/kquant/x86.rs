@@ -1,12 +1,12 @@
-//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's is in `super::q4k_lanes`): one weight row at a
+//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's and Q6_K's are in `super::q4k_lanes` and
+//! `super::q6k_lanes`): one weight row at a
 //! time against up to [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's
 //! weights unpacked once into byte vectors in weight order and shared by the activation rows.
 //!
 //! Products go through `maddubs` (unsigned weight bytes times signed activation bytes, pairs
 //! summed into i16) and `madd` by the group scales (into i32). Every pair sum fits in i16:
-//! the largest unsigned quant is 63 (Q6_K stored plus 32), and `2·63·127 < 2^15`; IQ4_XS's
-//! signed levels move their sign onto the activations, `2·127·127 < 2^15`. The types with a
-//! quant offset (Q3_K's −4, Q6_K's −32) multiply unsigned quants and take the offset off
+//! the largest unsigned quant is 31 (Q5_K), and `2·31·127 < 2^15`; IQ4_XS's signed levels
+//! move their sign onto the activations, `2·127·127 < 2^15`. Q3_K's −4 offset is taken off
 //! through the activation group sums, in integers.
 
 use std::arch::x86_64::*;
@@ -81,7 +81,8 @@ unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, w_rows: usize, out: &mut [f32]) 
         // SAFETY: forwarded from the caller.
         DType::Q4_K => unsafe { super::q4k_lanes::rows::<X>(a, w_rows, out) },
         DType::Q5_K => row_loop!(a, w_rows, out, X, q5k),
-        DType::Q6_K => row_loop!(a, w_rows, out, X, q6k),
+        // SAFETY: forwarded from the caller.
+        DType::Q6_K => unsafe { super::q6k_lanes::rows::<X>(a, w_rows, out) },
         DType::IQ4_XS => row_loop!(a, w_rows, out, X, iq4xs),
         other => unreachable!("dot_q8k checked the type: {other}"),
     }
@@ -164,13 +165,6 @@ fn crumbs(q: __m256i, s: i32) -> __m256i {
         _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)),
         _mm256_set1_epi8(3),
     )
-}
-
-/// Bits `2s..2s + 2` of each byte of `h`, moved to bits 4 and 5.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn high2(h: __m256i, s: i32) -> __m256i {
-    _mm256_slli_epi16::<4>(crumbs(h, s))
 }
 
 /// `val` in each byte of `bits` whose bit `mask` is set, 0 elsewhere.
@@ -303,52 +297,6 @@ fn q45k<const X: usize>(
 #[inline]
 fn q5k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [__m256; X], offs: &mut [f32; X]) {
     q45k(blk, Some(&blk[16..48]), &blk[48..176], x, acc, offs);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q6k<const X: usize>(
-    blk: &[u8],
-    x: &[&Q8KBlock; X],
-    acc: &mut [__m256; X],
-    _offs: &mut [f32; X],
-) {
-    let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
-    let d = f16_at(blk, 208);
-    // Quants are multiplied as stored (0..64); `32·Σ_g sc[g]·bsum[g]` comes off.
-    let sc16 = _mm256_cvtepi8_epi16(load16(scales));
-    let mut sumi = [_mm256_setzero_si256(); X];
-    for j in 0..X {
-        let off = _mm256_madd_epi16(bsums(x[j]), sc16);
-        sumi[j] = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<5>(off));
-    }
-    let nib = _mm256_set1_epi8(0x0F);
-    for n in 0..2 {
-        let l0 = load32(&ql[64 * n..]);
-        let l1 = load32(&ql[64 * n + 32..]);
-        let h = load32(&qh[32 * n..]);
-        let w = [
-            _mm256_or_si256(_mm256_and_si256(l0, nib), high2(h, 0)),
-            _mm256_or_si256(_mm256_and_si256(l1, nib), high2(h, 1)),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), nib),
-                high2(h, 2),
-            ),
-            _mm256_or_si256(
-                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), nib),
-                high2(h, 3),
-            ),
-        ];
-        for (k, wk) in w.into_iter().enumerate() {
-            let g = 8 * n + 2 * k;
-            let scv = scales2(i16::from(scales[g] as i8), i16::from(scales[g + 1] as i8));
-            for j in 0..X {
-                let p = dot_scaled(wk, xq(x[j], 16 * g), scv);
-                sumi[j] = _mm256_add_epi32(sumi[j], p);
-            }
-        }
-    }
-    finish(d, x, &sumi, acc);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

@@ -373,6 +373,7 @@ mod axpy_rows_is_repeated_axpy {
 }
 
 mod invariance;
+mod kquant;
 mod q8;
 mod reference;
 
