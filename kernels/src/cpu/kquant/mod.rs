@@ -31,7 +31,7 @@ use super::dequant::f16_at;
 use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
-mod q4k_lanes;
+mod q45k_lanes;
 #[cfg(target_arch = "x86_64")]
 mod q6k_lanes;
 mod q8k;

@@ -1,5 +1,5 @@
 //! The AVX2 Q6_K kernel of [`super::dot_q8k`]: eight weight rows in the eight lanes of a
-//! vector, as Q4_K's (`super::q4k_lanes`).
+//! vector, as Q4_K's and Q5_K's (`super::q45k_lanes`).
 //!
 //! A Q6_K super-block is sixteen groups of 16 quants (stored plus 32, so 0..64), each with a
 //! signed 8-bit scale. A vector holds 32 quants of a row: two groups, one per 128-bit half.

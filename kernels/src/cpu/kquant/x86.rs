@@ -1,5 +1,5 @@
-//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's and Q6_K's are in `super::q4k_lanes` and
-//! `super::q6k_lanes`): one weight row at a
+//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's, Q5_K's and Q6_K's are in `super::q45k_lanes`
+//! and `super::q6k_lanes`): one weight row at a
 //! time against up to [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's
 //! weights unpacked once into byte vectors in weight order and shared by the activation rows.
 //!
@@ -12,7 +12,7 @@
 use std::arch::x86_64::*;
 
 use super::q8k::{Q8KArgs, Q8KBlock};
-use super::{iq4xs_scales, q3k_scales, scale_min_k4, IQ4_LEVELS};
+use super::{iq4xs_scales, q3k_scales, IQ4_LEVELS};
 use crate::cpu::dequant::f16_at;
 use crate::cpu::x86::hsum;
 use crate::DType;
@@ -79,8 +79,9 @@ unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, w_rows: usize, out: &mut [f32]) 
         DType::Q2_K => row_loop!(a, w_rows, out, X, q2k),
         DType::Q3_K => row_loop!(a, w_rows, out, X, q3k),
         // SAFETY: forwarded from the caller.
-        DType::Q4_K => unsafe { super::q4k_lanes::rows::<X>(a, w_rows, out) },
-        DType::Q5_K => row_loop!(a, w_rows, out, X, q5k),
+        DType::Q4_K => unsafe { super::q45k_lanes::rows::<X, false>(a, w_rows, out) },
+        // SAFETY: forwarded from the caller.
+        DType::Q5_K => unsafe { super::q45k_lanes::rows::<X, true>(a, w_rows, out) },
         // SAFETY: forwarded from the caller.
         DType::Q6_K => unsafe { super::q6k_lanes::rows::<X>(a, w_rows, out) },
         DType::IQ4_XS => row_loop!(a, w_rows, out, X, iq4xs),
@@ -239,64 +240,6 @@ fn q3k<const X: usize>(
         }
     }
     finish(d, x, &sumi, acc);
-}
-
-/// Q4_K and Q5_K (`qh` holds Q5_K's fifth bits).
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q45k<const X: usize>(
-    blk: &[u8],
-    qh: Option<&[u8]>,
-    qs: &[u8],
-    x: &[&Q8KBlock; X],
-    acc: &mut [__m256; X],
-    offs: &mut [f32; X],
-) {
-    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-    let mut sc = [0i16; 8];
-    let mut mn = [0i16; 16];
-    for k in 0..8 {
-        let (s, m) = scale_min_k4(k, &blk[4..16]);
-        sc[k] = i16::from(s);
-        mn[2 * k] = i16::from(m);
-        mn[2 * k + 1] = i16::from(m);
-    }
-    // SAFETY: `mn` is 16 i16, 32 bytes.
-    let mins = unsafe { _mm256_loadu_si256(mn.as_ptr() as *const __m256i) };
-    for j in 0..X {
-        let m = hsum_i32(_mm256_madd_epi16(bsums(x[j]), mins));
-        offs[j] -= dmin * x[j].d * m as f32;
-    }
-    let hb = qh.map(|qh| load32(qh));
-    let nib = _mm256_set1_epi8(0x0F);
-    let mut sumi = [_mm256_setzero_si256(); X];
-    for c in 0..4 {
-        let q = load32(&qs[32 * c..]);
-        let mut lo = _mm256_and_si256(q, nib);
-        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib);
-        if let Some(hb) = hb {
-            lo = _mm256_or_si256(lo, where_bit(hb, 1 << (2 * c), 16));
-            hi = _mm256_or_si256(hi, where_bit(hb, 2 << (2 * c), 16));
-        }
-        let (s_lo, s_hi) = (
-            _mm256_set1_epi16(sc[2 * c]),
-            _mm256_set1_epi16(sc[2 * c + 1]),
-        );
-        for j in 0..X {
-            let p = _mm256_add_epi32(
-                dot_scaled(lo, xq(x[j], 64 * c), s_lo),
-                dot_scaled(hi, xq(x[j], 64 * c + 32), s_hi),
-            );
-            sumi[j] = _mm256_add_epi32(sumi[j], p);
-        }
-    }
-    finish(d, x, &sumi, acc);
-}
-
-#[target_feature(enable = "avx2,fma,f16c")]
-#[inline]
-fn q5k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [__m256; X], offs: &mut [f32; X]) {
-    q45k(blk, Some(&blk[16..48]), &blk[48..176], x, acc, offs);
 }
 
 #[target_feature(enable = "avx2,fma,f16c")]

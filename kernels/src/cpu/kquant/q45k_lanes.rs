@@ -1,14 +1,19 @@
-//! The AVX2 Q4_K kernel of [`super::dot_q8k`]: eight weight rows in the eight lanes of a
-//! vector, as the 32-weight types' kernels (`crate::cpu::q8`).
+//! The AVX2 Q4_K and Q5_K kernels of [`super::dot_q8k`]: eight weight rows in the eight
+//! lanes of a vector, as the 32-weight types' kernels (`crate::cpu::q8`).
 //!
-//! A Q4_K super-block is eight groups of 32 quants (0..16), each with a 6-bit scale and
-//! minimum. Per group and row, `maddubs` gives 16 pair sums; three rounds of `hadd` across the
-//! eight rows sum them in `i16` into each row's two halves (16 products each: at most
-//! `16·15·127 < 2^15`), and one `madd` by the group's scales gives each row's scaled group sum
-//! in its `i32` lane: about one multiply per 32 weights instead of two. The minimums' term is
-//! summed the same way from the activation group sums. Then, per super-block, one multiply-add
-//! into the row's lane and one subtraction for the minimums: the same operations for a row
-//! whatever the batch or its lane, so decode and prefill agree bit for bit.
+//! A Q4_K / Q5_K super-block is eight groups of 32 quants (0..16, or 0..32 with Q5_K's fifth
+//! bits), each with a 6-bit scale and minimum. Per group and row, `maddubs` gives 16 pair
+//! sums, and rounds of `hadd` across the eight rows sum them in `i16`:
+//! - Q4_K, three rounds, into each row's two halves (16 products each: at most
+//!   `16·15·127 < 2^15`), then one `madd` by the group's scales gives each row's scaled group
+//!   sum in its `i32` lane: about one multiply per 32 weights instead of two;
+//! - Q5_K, two rounds, into each row's four quarters (8 products: at most `8·31·127 < 2^15`),
+//!   then two `madd`s by the scales of rows 0-3 and 4-7.
+//!
+//! The minimums' term is summed the same way from the activation group sums. Then, per
+//! super-block, one multiply-add into the row's lane and one subtraction for the minimums: the
+//! same operations for a row whatever the batch or its lane, so decode and prefill agree bit
+//! for bit.
 
 use std::arch::x86_64::*;
 
@@ -19,21 +24,23 @@ use crate::cpu::x86::lanes_out;
 
 /// Rows per pass: one per f32 lane.
 const LANES: usize = 8;
-/// Bytes of a Q4_K super-block.
-const BLOCK: usize = 144;
-
-/// `out[i * X + j] = w_i · x_j` for `rows` Q4_K rows against `X` activation rows.
+/// `out[i * X + j] = w_i · x_j` for `rows` Q4_K rows (Q5_K with `FIVE`) against `X`
+/// activation rows.
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be available and `a` must satisfy the bounds `dot_q8k` checks, with
-/// `a.dtype` Q4_K.
+/// `a.dtype` Q4_K (Q5_K with `FIVE`).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, rows: usize, out: &mut [f32]) {
+pub(super) unsafe fn rows<const X: usize, const FIVE: bool>(
+    a: &Q8KArgs<'_>,
+    rows: usize,
+    out: &mut [f32],
+) {
     let mut r = 0;
     while r < rows {
         let n = (rows - r).min(LANES);
         // SAFETY: rows `r..r + n` are inside the checked rows.
-        unsafe { pass::<X>(a, r, n, &mut out[r * X..(r + n) * X]) };
+        unsafe { pass::<X, FIVE>(a, r, n, &mut out[r * X..(r + n) * X]) };
         r += n;
     }
 }
@@ -44,10 +51,18 @@ pub(super) unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, rows: usize, out: &mu
 /// As for [`rows`], with `r0 + n` at most its `rows`.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [f32]) {
+unsafe fn pass<const X: usize, const FIVE: bool>(
+    a: &Q8KArgs<'_>,
+    r0: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    // Bytes of a super-block, and where its quants start.
+    let (block, qs) = if FIVE { (176, 48) } else { (144, 16) };
     let mut acc = [_mm256_setzero_ps(); X];
     let mut offs = [_mm256_setzero_ps(); X];
     let nib = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
     // Per super-block: each row's quants by group (rows past `n` stay zero, with zero scales),
     // the groups' scales with each row's twice in a row (for the `madd` of its two halves),
     // and each row's eight minimums.
@@ -64,31 +79,51 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
             for i in 0..LANES {
                 let ahead =
                     a.w.as_ptr()
-                        .wrapping_add((r0 + 2 * LANES + i) * a.w_stride + b * BLOCK);
-                for line in [0, 64, 128] {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
+                        .wrapping_add((r0 + 2 * LANES + i) * a.w_stride + b * block);
+                // Every line the block may touch (it is at most 192 bytes).
+                for off in [0, 64, 128, block - 1] {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
                 }
             }
         }
         for i in 0..n {
-            let at = (r0 + i) * a.w_stride + b * BLOCK;
-            let blk = &a.w[at..at + BLOCK];
+            let at = (r0 + i) * a.w_stride + b * block;
+            let blk = &a.w[at..at + block];
             d[i] = f16_at(blk, 0);
             dmin[i] = f16_at(blk, 2);
             let (s8, m8) = scales_mins_k4(&blk[4..16]);
             srow[i] = u64::from_le_bytes(s8);
             mrow[i] = u64::from_le_bytes(m8);
+            let load = |o: usize| {
+                let bytes = &blk[o..o + 32];
+                // SAFETY: 32 bytes.
+                unsafe { _mm256_loadu_si256(bytes.as_ptr() as *const __m256i) }
+            };
+            let qh = load(16);
             for c in 0..4 {
-                // SAFETY: 32 bytes of quants at `16 + 32c` inside the block.
-                let raw =
-                    unsafe { _mm256_loadu_si256(blk[16 + 32 * c..].as_ptr() as *const __m256i) };
+                let raw = load(qs + 32 * c);
                 q[2 * c][i] = _mm256_and_si256(raw, nib);
                 q[2 * c + 1][i] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
+                if FIVE {
+                    // Bit `g` of `qh[l]` is the fifth bit of weight `l` of group `g`.
+                    for (g, bit) in [(2 * c, 1u8 << (2 * c)), (2 * c + 1, 2u8 << (2 * c))] {
+                        let m = _mm256_set1_epi8(bit as i8);
+                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m);
+                        q[g][i] = _mm256_or_si256(q[g][i], _mm256_and_si256(set, sixteen));
+                    }
+                }
             }
         }
         // SAFETY: arrays of 8 floats.
         let (dv, dminv) = unsafe { (_mm256_loadu_ps(d.as_ptr()), _mm256_loadu_ps(dmin.as_ptr())) };
         let sc = group_scales(&srow);
+        // Q5_K's: the scales of rows 0-3 (4-7), each twice in a row, in both halves.
+        let sc4: [[__m256i; 2]; 8] = std::array::from_fn(|g| {
+            [
+                _mm256_permute4x64_epi64::<0b01_00_01_00>(sc[g]),
+                _mm256_permute4x64_epi64::<0b11_10_11_10>(sc[g]),
+            ]
+        });
         // Minimums of rows (2p, 2p + 1) side by side, as i16.
         let row = |v: u64| _mm_cvtepu8_epi16(_mm_set_epi64x(0, v as i64));
         let mins: [__m256i; 4] =
@@ -96,6 +131,7 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
         for j in 0..X {
             let xb = &a.x[j * a.nb + b];
             let mut sumi = _mm256_setzero_si256();
+            let (mut s03, mut s47) = (_mm256_setzero_si256(), _mm256_setzero_si256());
             for g in 0..8 {
                 // SAFETY: 32 activation quants of group `g`.
                 let xq = unsafe { _mm256_loadu_si256(xb.qs[32 * g..].as_ptr() as *const __m256i) };
@@ -104,6 +140,14 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
                 let h23 = _mm256_hadd_epi16(p(2), p(3));
                 let h45 = _mm256_hadd_epi16(p(4), p(5));
                 let h67 = _mm256_hadd_epi16(p(6), p(7));
+                if FIVE {
+                    // Per half: rows 0-3 (4-7), two 8-product sums each.
+                    let v03 = _mm256_hadd_epi16(h01, h23);
+                    let v47 = _mm256_hadd_epi16(h45, h67);
+                    s03 = _mm256_add_epi32(s03, _mm256_madd_epi16(v03, sc4[g][0]));
+                    s47 = _mm256_add_epi32(s47, _mm256_madd_epi16(v47, sc4[g][1]));
+                    continue;
+                }
                 // Lanes 0-7 of each half: rows 0-7, the group's first (second) 16 products.
                 let v = _mm256_hadd_epi16(_mm256_hadd_epi16(h01, h23), _mm256_hadd_epi16(h45, h67));
                 let (lo, hi) = (_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
@@ -111,6 +155,13 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
                 let halves =
                     _mm256_set_m128i(_mm_unpackhi_epi16(lo, hi), _mm_unpacklo_epi16(lo, hi));
                 sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(halves, sc[g]));
+            }
+            if FIVE {
+                // Each half holds 16 of each group's 32 weights: rows 0-3, then 4-7.
+                let half = |v: __m256i| {
+                    _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v))
+                };
+                sumi = _mm256_set_m128i(half(s47), half(s03));
             }
             // The activation sums of the eight 32-value groups (two 16-value sums each), twice.
             // SAFETY: `bsums` is 16 i16.
