@@ -381,6 +381,40 @@ macro_rules! int_kernels {
                 }
             }
 
+            /// The scales (and minimums) of block `blk` of eight rows `stride` bytes apart,
+            /// lane `i` row `i`: what [`unpack`] gives, row by row.
+            ///
+            /// # Safety
+            /// Eight blocks of type `T` must lie at `blk + i * stride`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn scales8<const T: u8>(blk: *const u8, stride: usize) -> (__m256, __m256) {
+                // SAFETY: each read is the first bytes of a block, as the caller vouches.
+                unsafe {
+                    if has_min(T) {
+                        // Each row's (d, m) pair of f16, as one i32.
+                        let dm = |i: usize| (blk.add(i * stride) as *const i32).read_unaligned();
+                        // [d0 m0 d1 m1 d2 m2 d3 m3] and the same for rows 4-7.
+                        let lo = _mm256_cvtph_ps(_mm_set_epi32(dm(3), dm(2), dm(1), dm(0)));
+                        let hi = _mm256_cvtph_ps(_mm_set_epi32(dm(7), dm(6), dm(5), dm(4)));
+                        // Rows in the order 0 1 4 5 2 3 6 7, put back in order by 64-bit pairs.
+                        let order = |v: __m256| {
+                            _mm256_castpd_ps(_mm256_permute4x64_pd::<0b11_01_10_00>(
+                                _mm256_castps_pd(v),
+                            ))
+                        };
+                        (
+                            order(_mm256_shuffle_ps::<0b10_00_10_00>(lo, hi)),
+                            order(_mm256_shuffle_ps::<0b11_01_11_01>(lo, hi)),
+                        )
+                    } else {
+                        let d = |i: usize| (blk.add(i * stride) as *const i16).read_unaligned();
+                        let v = _mm_set_epi16(d(7), d(6), d(5), d(4), d(3), d(2), d(1), d(0));
+                        (_mm256_cvtph_ps(v), _mm256_setzero_ps())
+                    }
+                }
+            }
+
             /// One weight block times one activation block, partly summed: `i16` pair sums
             /// for the narrow types, `i32` for the wide.
             #[target_feature(enable = $features)]
@@ -482,8 +516,14 @@ macro_rules! int_kernels {
                             (wu[i], ws[i], dw[i], mw[i]) =
                                 unpack::<T>(w.add(i * a.w_stride + b * bb));
                         }
-                        let dwv = _mm256_loadu_ps(dw.as_ptr());
-                        let mwv = _mm256_loadu_ps(mw.as_ptr());
+                        let (dwv, mwv) = if FULL {
+                            // The same values, converted eight at a time: one conversion
+                            // per pass instead of one per row, and no vector load of
+                            // scalar stores.
+                            scales8::<T>(w.add(b * bb), a.w_stride)
+                        } else {
+                            (_mm256_loadu_ps(dw.as_ptr()), _mm256_loadu_ps(mw.as_ptr()))
+                        };
                         for j in 0..X {
                             let xb = &*x.add(j * nb + b);
                             let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
