@@ -165,4 +165,43 @@ mod tests {
         assert_eq!(read_chat_template(&dir).as_deref(), Some("{{ messages }}"));
         let _ = std::fs::remove_dir_all(&dir);
     }
+
+    #[test]
+    fn pad_token_from_the_tokenizer_files() {
+        let vocab: std::collections::HashMap<String, u32> =
+            [("[UNK]", 0), ("[PAD]", 1), ("<pad>", 2), ("cat", 3)]
+                .into_iter()
+                .map(|(t, i)| (t.to_string(), i))
+                .collect();
+        let model = tokenizers::models::wordlevel::WordLevel::builder()
+            .vocab(vocab.into_iter().collect())
+            .unk_token("[UNK]".into())
+            .build()
+            .unwrap();
+        let tok = tokenizers::Tokenizer::new(model);
+        let dir = tmpdir("pad");
+        // No file names one: padding is then refused by the pooling routes.
+        assert_eq!(pad_token_id(&dir, &tok), None);
+        std::fs::write(
+            dir.join("special_tokens_map.json"),
+            r#"{"pad_token": "<pad>"}"#,
+        )
+        .unwrap();
+        assert_eq!(pad_token_id(&dir, &tok), Some(2));
+        // tokenizer_config.json wins, in either form.
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"pad_token": {"content": "[PAD]", "lstrip": false}}"#,
+        )
+        .unwrap();
+        assert_eq!(pad_token_id(&dir, &tok), Some(1));
+        // A pad token the vocabulary lacks is no pad token.
+        std::fs::write(
+            dir.join("tokenizer_config.json"),
+            r#"{"pad_token": "<|pad|>"}"#,
+        )
+        .unwrap();
+        assert_eq!(pad_token_id(&dir, &tok), None);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }

@@ -99,4 +99,40 @@ mod tests {
         assert_eq!(tally.get("F32"), Some(&(1, 12)));
         assert_eq!(tally.len(), 2);
     }
+
+    /// An HF folder (an encoder's, say) is summed over all its safetensors files.
+    #[test]
+    fn a_folder_sums_every_safetensors_file() {
+        let dir = std::env::temp_dir().join(format!("stored-types-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        let write = |name: &str, header: &str, data: usize| {
+            let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
+            bytes.extend_from_slice(header.as_bytes());
+            bytes.resize(bytes.len() + data, 0);
+            std::fs::write(dir.join(name), bytes).unwrap();
+        };
+        write(
+            "model-00001-of-00002.safetensors",
+            r#"{"w": {"dtype": "F16", "shape": [4, 4], "data_offsets": [0, 32]},
+                "b": {"dtype": "F32", "shape": [4], "data_offsets": [32, 48]}}"#,
+            48,
+        );
+        write(
+            "model-00002-of-00002.safetensors",
+            r#"{"__metadata__": {"format": "pt"},
+                "e": {"dtype": "F16", "shape": [8, 4], "data_offsets": [0, 64]}}"#,
+            64,
+        );
+        std::fs::write(
+            dir.join("model.safetensors.index.json"),
+            r#"{"weight_map": {"w": "model-00001-of-00002.safetensors",
+                "b": "model-00001-of-00002.safetensors",
+                "e": "model-00002-of-00002.safetensors"}}"#,
+        )
+        .unwrap();
+        let summary = of_checkpoint(&dir).unwrap();
+        assert_eq!(summary.by_size(), [("F16", 96), ("F32", 16)], "{summary}");
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 }
