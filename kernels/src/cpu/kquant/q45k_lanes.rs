@@ -105,11 +105,8 @@ unsafe fn pass<const X: usize, const FIVE: bool>(
                 q[2 * c][i] = _mm256_and_si256(raw, nib);
                 q[2 * c + 1][i] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw), nib);
                 if FIVE {
-                    // Bit `g` of `qh[l]` is the fifth bit of weight `l` of group `g`.
-                    for (g, bit) in [(2 * c, 1u8 << (2 * c)), (2 * c + 1, 2u8 << (2 * c))] {
-                        let m = _mm256_set1_epi8(bit as i8);
-                        let set = _mm256_cmpeq_epi8(_mm256_and_si256(qh, m), m);
-                        q[g][i] = _mm256_or_si256(q[g][i], _mm256_and_si256(set, sixteen));
+                    for g in [2 * c, 2 * c + 1] {
+                        q[g][i] = _mm256_or_si256(q[g][i], fifth_bit(qh, g, sixteen));
                     }
                 }
             }
@@ -183,6 +180,24 @@ unsafe fn pass<const X: usize, const FIVE: bool>(
         }
     }
     lanes_out(&acc, &offs, n, out);
+}
+
+/// 16 in each byte `l` whose bit `g` of `qh[l]` is set (Q5_K's fifth bits of group `g`), else
+/// 0: the bit shifted to bit 4 (a 16-bit shift, but only each byte's own bit lands there).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fifth_bit(qh: __m256i, g: usize, sixteen: __m256i) -> __m256i {
+    let at4 = match g {
+        0 => _mm256_slli_epi16::<4>(qh),
+        1 => _mm256_slli_epi16::<3>(qh),
+        2 => _mm256_slli_epi16::<2>(qh),
+        3 => _mm256_slli_epi16::<1>(qh),
+        4 => qh,
+        5 => _mm256_srli_epi16::<1>(qh),
+        6 => _mm256_srli_epi16::<2>(qh),
+        _ => _mm256_srli_epi16::<3>(qh),
+    };
+    _mm256_and_si256(at4, sixteen)
 }
 
 /// Group `g`'s scales of the eight rows, each twice in a row, as i16: an 8x8 byte transpose of
