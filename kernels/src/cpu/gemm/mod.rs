@@ -13,6 +13,8 @@
 
 use rayon::prelude::*;
 
+pub use self::packed::{PackedB, PackedCols};
+
 use super::encoder::Activation;
 use super::features::{cpu_isa, CpuLevel, Isa};
 use crate::KernelError;
@@ -33,123 +35,6 @@ const MC_MAX: usize = 96;
 const PACK_A_MIN_PANELS: usize = 16;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PAR_MIN_FLOPS: usize = 1 << 18;
-/// Floats per 64-byte cache line.
-const LINE: usize = 16;
-
-/// `B` (k × n) packed into `ceil(n / NR)` panels; panel `p` holds rows `0..k` of columns
-/// `p*NR .. p*NR+NR` (zero-padded), one NR-wide row after the other.
-#[derive(Debug, Clone, Default)]
-pub struct PackedB {
-    k: usize,
-    n: usize,
-    /// Backing store, over-allocated so that the panels can start on a cache line.
-    buf: Vec<f32>,
-    start: usize,
-}
-
-impl PackedB {
-    fn panels(&self) -> usize {
-        self.n.div_ceil(NR)
-    }
-
-    fn data(&self) -> &[f32] {
-        &self.buf[self.start..]
-    }
-
-    /// The packed panels, one after the other (see the layouts of the packers).
-    pub(crate) fn packed(&self) -> &[f32] {
-        let len = self.panels() * NR * self.k;
-        &self.data()[..len]
-    }
-
-    /// Sizes the store for a k × n matrix and returns the panel area. Only the padding
-    /// columns of the last panel are zeroed: the packers write every other element.
-    fn reshape(&mut self, k: usize, n: usize) -> &mut [f32] {
-        self.k = k;
-        self.n = n;
-        let len = n.div_ceil(NR) * NR * k;
-        if self.buf.len() < len + LINE {
-            self.buf.resize(len + LINE, 0.0);
-        }
-        let misalign = (self.buf.as_ptr() as usize / std::mem::size_of::<f32>()) % LINE;
-        self.start = (LINE - misalign) % LINE;
-        let area = &mut self.buf[self.start..self.start + len];
-        if !n.is_multiple_of(NR) {
-            let last = (n / NR) * NR * k;
-            area[last..].fill(0.0);
-        }
-        area
-    }
-
-    /// Packs a PyTorch `Linear` weight (`n` rows of `k` inputs, row-major), so that
-    /// `x · B = x · Wᵀ`.
-    pub fn from_linear(w: &[f32], n: usize, k: usize) -> Self {
-        let mut b = PackedB::default();
-        b.pack_transposed(w, k, k, n);
-        b
-    }
-
-    /// Packs `B[kk][nn] = src[nn * ld + kk]` (B given column by column, e.g. keys for Q·Kᵀ).
-    pub fn pack_transposed(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
-        self.pack_transposed_at(cpu_isa(), src, ld, k, n);
-    }
-
-    /// [`PackedB::pack_transposed`] with `isa`'s instructions.
-    pub(crate) fn pack_transposed_at(
-        &mut self,
-        isa: Isa,
-        src: &[f32],
-        ld: usize,
-        k: usize,
-        n: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        let gather = Kernel::for_isa(isa).gathers() && ld <= i32::MAX as usize / NR;
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = isa;
-        let dst = self.reshape(k, n);
-        for (p, panel) in dst
-            .chunks_exact_mut(NR * k.max(1))
-            .enumerate()
-            .take(n.div_ceil(NR))
-        {
-            #[cfg(target_arch = "x86_64")]
-            {
-                let base = p * NR * ld;
-                if gather && n - p * NR >= NR && k > 0 && base + (NR - 1) * ld + k <= src.len() {
-                    // SAFETY: the CPU runs AVX-512F (`gathers`); the panel's 16 columns of `k`
-                    // floats, `ld` apart, lie inside `src` (checked just above) and the panel
-                    // holds `k * NR` floats; the offsets `j * ld` fit in an i32.
-                    unsafe { avx512::gather_panel(&src[base..], ld, k, panel) };
-                    continue;
-                }
-            }
-            for j in 0..NR.min(n - p * NR) {
-                let col = &src[(p * NR + j) * ld..(p * NR + j) * ld + k];
-                for (kk, &v) in col.iter().enumerate() {
-                    panel[kk * NR + j] = v;
-                }
-            }
-        }
-    }
-
-    /// Packs `B[kk][nn] = src[kk * ld + nn]` (B given row by row, e.g. values for P·V).
-    pub fn pack_rows(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
-        let dst = self.reshape(k, n);
-        for (p, panel) in dst
-            .chunks_exact_mut(NR * k.max(1))
-            .enumerate()
-            .take(n.div_ceil(NR))
-        {
-            let width = NR.min(n - p * NR);
-            for kk in 0..k {
-                let row = &src[kk * ld + p * NR..kk * ld + p * NR + width];
-                panel[kk * NR..kk * NR + width].copy_from_slice(row);
-            }
-        }
-    }
-}
-
 /// What is done to each finished element of C: `act(acc + bias)`.
 #[derive(Clone, Copy, Default)]
 pub struct Epilogue<'a> {
@@ -194,6 +79,25 @@ pub fn gemm_packed_post(
     post: Epilogue<'_>,
     parallel: bool,
 ) -> Result<(), KernelError> {
+    gemm_at(cpu_isa(), m, a, lda, b.all(), c, ldc, post, parallel)
+}
+
+/// [`gemm_packed_post`] over some of B's columns ([`PackedB::cols`]): `C[m × b.n]`, with
+/// `post.bias` holding the bias of those columns.
+///
+/// # Errors
+/// As [`gemm_packed`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_cols(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: PackedCols<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    post: Epilogue<'_>,
+    parallel: bool,
+) -> Result<(), KernelError> {
     gemm_at(cpu_isa(), m, a, lda, b, c, ldc, post, parallel)
 }
 
@@ -204,7 +108,7 @@ pub(crate) fn gemm_at(
     m: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
@@ -256,7 +160,7 @@ fn gemm_rows(
     rows: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
@@ -280,14 +184,14 @@ fn gemm_block(
     rows: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
 ) {
     let kernel = Kernel::for_isa(isa);
     let (k, n) = (b.k, b.n);
-    let data = b.data();
+    let data = b.data;
     let panels = b.panels();
     // A product of fewer panels than a wide tile can go deeper for the same L1 footprint (e.g.
     // P·V's 32 columns). The depth depends on the shape only, not on the kernel, so that every
@@ -562,5 +466,6 @@ fn portable_tile(t: &Tile<'_>, acc: &mut Acc) {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod packed;
 #[cfg(test)]
 pub(crate) mod tests;
