@@ -19,6 +19,7 @@
 mod chunks;
 pub(crate) mod dense;
 mod head;
+mod picked;
 
 use std::sync::Mutex;
 
@@ -29,6 +30,7 @@ use self::chunks::plan_chunks;
 use self::dense::{activation_from_hf, internal, Dense};
 pub use self::head::ClassifierLayout;
 use self::head::Head;
+use self::picked::LastBuffers;
 use crate::error::{EngineError, Result};
 use crate::hf::{HfConfig, SafetensorsWeights};
 use crate::model::{EmbeddingModel, EncoderHead, EncoderInfo, EncoderInput, Pooling};
@@ -420,7 +422,22 @@ impl BertEncoder {
         let ctx = &mut ws.ctx[..total * h];
         let ffn = &mut ws.ffn[..total * d.intermediate];
         self.embed_tokens(seqs, x);
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let (true, Some(pick)) = (i + 1 == self.layers.len(), self.head.picked()) {
+                if self.can_pick(layer) {
+                    let buffers = LastBuffers {
+                        x,
+                        qkv,
+                        rows: tmp,
+                        query: ctx,
+                        ctx: ctx_heads,
+                        ffn,
+                    };
+                    let rows = self.last_layer_picked(layer, pick, spans, buffers)?;
+                    let one_each: Vec<(usize, usize)> = (0..spans.len()).map(|s| (s, 1)).collect();
+                    return self.head.apply(rows, &one_each, h);
+                }
+            }
             layer.qkv.forward(total, x, qkv)?;
             self.attention(qkv, spans, ctx_heads)?;
             self.heads_to_tokens(ctx_heads, total, ctx);
