@@ -1,6 +1,7 @@
 //! The AVX2 + FMA micro-kernel: one panel of 16 columns, 6 rows.
 
 use super::{Acc, Tile, MR, NR};
+use crate::cpu::encoder::avx2::gelu;
 use std::arch::x86_64::*;
 
 /// The accumulators of one tile, as (low 8, high 8) column halves per row.
@@ -69,7 +70,7 @@ unsafe fn tile_compute(t: &Tile<'_>) -> [[__m256; 2]; MR] {
     }
 }
 
-/// The full tile straight into C.
+/// The full tile straight into C, through the GELU when [`Tile::gelu`] says so.
 ///
 /// # Safety
 /// As [`tile_compute`], and `c_off + (MR-1)*ldc + NR <= c.len()`.
@@ -89,6 +90,9 @@ pub(super) unsafe fn tile_store(t: &Tile<'_>, c: &mut [f32]) {
                 };
                 if let Some(bias) = t.bias {
                     out = _mm256_add_ps(out, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
+                }
+                if t.gelu {
+                    out = gelu(out);
                 }
                 _mm256_storeu_ps(dst, out);
             }

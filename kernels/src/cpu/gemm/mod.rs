@@ -259,9 +259,10 @@ fn gemm_block(
                         cols,
                         first,
                         bias: bias_tile,
+                        gelu: last && post.act == Some(Activation::GeluErf),
                     };
-                    kernel.run(&tile, c);
-                    if let (true, Some(act)) = (last, post.act) {
+                    let applied = kernel.run(&tile, c);
+                    if let (true, Some(act), false) = (last, post.act, applied) {
                         for r in 0..tile_rows {
                             let off = tile.c_off + r * ldc;
                             act.apply_at(isa, &mut c[off..off + cols]);
@@ -334,6 +335,9 @@ struct Tile<'a> {
     first: bool,
     /// Last k block: add the bias (`cols` values).
     bias: Option<&'a [f32]>,
+    /// Last k block of an erf-GELU product: a kernel may apply the GELU to its registers
+    /// before the store (and says so), saving a pass over the tile.
+    gelu: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -378,7 +382,8 @@ impl Kernel {
         }
     }
 
-    fn run(self, t: &Tile<'_>, c: &mut [f32]) {
+    /// Runs the tile; returns whether the GELU of a [`Tile::gelu`] tile was applied.
+    fn run(self, t: &Tile<'_>, c: &mut [f32]) -> bool {
         // The kernels read a[a_rows[r] + p * a_step] for p < kc and kc * NR floats of each
         // panel; checked here once so that they can use unchecked loads.
         let last_step = t.kc.saturating_sub(1) * t.a_step;
@@ -407,7 +412,7 @@ impl Kernel {
                         (_, false) => avx512::tile_store_masked::<NP_MAX>(t, c),
                     }
                 }
-                return;
+                return false;
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -416,17 +421,19 @@ impl Kernel {
                 // SAFETY: both kernels come from an `Isa` of a level with AVX2 and FMA; the bounds of A, the panel
                 // and the full C tile were checked just above.
                 unsafe { avx2::tile_store(t, c) };
+                return t.gelu;
             } else {
                 let mut acc = [[0.0f32; NR * NP_MAX]; MR];
                 // SAFETY: as above; the result goes to `acc`, not to C.
                 unsafe { avx2::tile_acc(t, &mut acc) };
                 store_partial(t, &acc, c);
             }
-            return;
+            return false;
         }
         let mut acc = [[0.0f32; NR * NP_MAX]; MR];
         portable_tile(t, &mut acc);
         store_partial(t, &acc, c);
+        false
     }
 }
 
