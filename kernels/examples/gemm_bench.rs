@@ -29,6 +29,7 @@ fn main() {
     let shapes = [
         ("qkv", 384usize, 1152usize, None),
         ("attn_out", 384, 384, None),
+        ("up", 384, 1536, None),
         ("up+gelu", 384, 1536, Some(Activation::GeluErf)),
         ("down", 1536, 384, None),
     ];
@@ -48,7 +49,7 @@ fn main() {
             act,
         };
         let flops = 2.0 * (m * n * k) as f64;
-        let reps = (20e9 / flops).clamp(3.0, 1000.0) as usize;
+        let reps = (100e9 / flops).clamp(3.0, 5000.0) as usize;
         let _ = gemm_packed_post(m, &x, k, &b, &mut out, n, post, false);
         let (c0, t0) = (cpu_seconds(), Instant::now());
         for _ in 0..reps {

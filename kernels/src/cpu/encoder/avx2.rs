@@ -19,23 +19,32 @@ fn tail_mask(n: usize) -> __m256i {
 /// `e^x` lane-wise: [`super::exp`]'s reduction and polynomial.
 #[target_feature(enable = "avx2,fma")]
 pub(crate) fn exp(x: __m256) -> __m256 {
+    exp_n([x])[0]
+}
+
+/// [`exp`] on `N` vectors, step by step (see [`gelu`]).
+#[target_feature(enable = "avx2,fma")]
+#[allow(clippy::needless_range_loop)]
+fn exp_n<const N: usize>(x: [__m256; N]) -> [__m256; N] {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_145_75;
     const LN2_LO: f32 = 1.428_606_8e-6;
     const MAGIC: f32 = 12_582_912.0;
-    let x = _mm256_min_ps(
-        _mm256_max_ps(x, _mm256_set1_ps(-87.0)),
-        _mm256_set1_ps(88.0),
-    );
-    let t = _mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(MAGIC));
-    let n = _mm256_sub_ps(t, _mm256_set1_ps(MAGIC));
-    let ni = _mm256_sub_epi32(
-        _mm256_castps_si256(t),
-        _mm256_set1_epi32(MAGIC.to_bits() as i32),
-    );
-    let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HI), x);
-    let f = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LO), f);
-    let mut p = _mm256_set1_ps(1.0 / 5040.0);
+    let x: [__m256; N] = std::array::from_fn(|i| {
+        _mm256_min_ps(
+            _mm256_max_ps(x[i], _mm256_set1_ps(-87.0)),
+            _mm256_set1_ps(88.0),
+        )
+    });
+    let t: [__m256; N] = std::array::from_fn(|i| {
+        _mm256_fmadd_ps(x[i], _mm256_set1_ps(LOG2E), _mm256_set1_ps(MAGIC))
+    });
+    let n: [__m256; N] = std::array::from_fn(|i| _mm256_sub_ps(t[i], _mm256_set1_ps(MAGIC)));
+    let f: [__m256; N] = std::array::from_fn(|i| {
+        let f = _mm256_fnmadd_ps(n[i], _mm256_set1_ps(LN2_HI), x[i]);
+        _mm256_fnmadd_ps(n[i], _mm256_set1_ps(LN2_LO), f)
+    });
+    let mut p = [_mm256_set1_ps(1.0 / 5040.0); N];
     for c in [
         1.0 / 720.0,
         1.0 / 120.0,
@@ -45,19 +54,31 @@ pub(crate) fn exp(x: __m256) -> __m256 {
         1.0,
         1.0,
     ] {
-        p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(c));
+        for i in 0..N {
+            p[i] = _mm256_fmadd_ps(p[i], f[i], _mm256_set1_ps(c));
+        }
     }
-    let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
-        ni,
-        _mm256_set1_epi32(127),
-    )));
-    _mm256_mul_ps(p, scale)
+    std::array::from_fn(|i| {
+        let ni = _mm256_sub_epi32(
+            _mm256_castps_si256(t[i]),
+            _mm256_set1_epi32(MAGIC.to_bits() as i32),
+        );
+        let scale = _mm256_castsi256_ps(_mm256_slli_epi32::<23>(_mm256_add_epi32(
+            ni,
+            _mm256_set1_epi32(127),
+        )));
+        _mm256_mul_ps(p[i], scale)
+    })
 }
 
-/// `0.5 x (1 + erf(x / sqrt 2))` lane-wise, erf as in [`super::erf`]. The GEMM applies it to
-/// its accumulators before they are stored, and [`gelu_erf`] to a slice, with the same result.
+/// `0.5 x (1 + erf(x / sqrt 2))` lane-wise, erf as in [`super::erf`], on `N` vectors at once:
+/// each step runs on all of them before the next, so their long dependency chains overlap
+/// (one at a time, the GELU is bound by the latency of its chain, not by the FMA units).
+/// The GEMM applies it to its accumulators before they are stored, and [`gelu_erf`] to a
+/// slice, with the same result for each lane.
 #[target_feature(enable = "avx2,fma")]
-pub(crate) fn gelu(x: __m256) -> __m256 {
+#[allow(clippy::needless_range_loop)]
+pub(crate) fn gelu<const N: usize>(x: [__m256; N]) -> [__m256; N] {
     const P: f32 = 0.327_591_1;
     const A: [f32; 5] = [
         0.254_829_6,
@@ -67,34 +88,54 @@ pub(crate) fn gelu(x: __m256) -> __m256 {
         1.061_405_4,
     ];
     let sign_bit = _mm256_set1_ps(-0.0);
-    let u = _mm256_mul_ps(x, _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2));
-    let z = _mm256_andnot_ps(sign_bit, u);
     let one = _mm256_set1_ps(1.0);
-    let t = _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(P), z, one));
-    let mut poly = _mm256_set1_ps(A[4]);
+    let u: [__m256; N] = std::array::from_fn(|i| {
+        _mm256_mul_ps(x[i], _mm256_set1_ps(std::f32::consts::FRAC_1_SQRT_2))
+    });
+    let z: [__m256; N] = std::array::from_fn(|i| _mm256_andnot_ps(sign_bit, u[i]));
+    let t: [__m256; N] =
+        std::array::from_fn(|i| _mm256_div_ps(one, _mm256_fmadd_ps(_mm256_set1_ps(P), z[i], one)));
+    let mut poly = [_mm256_set1_ps(A[4]); N];
     for &c in A[..4].iter().rev() {
-        poly = _mm256_fmadd_ps(poly, t, _mm256_set1_ps(c));
+        for i in 0..N {
+            poly[i] = _mm256_fmadd_ps(poly[i], t[i], _mm256_set1_ps(c));
+        }
     }
-    poly = _mm256_mul_ps(poly, t);
-    let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(z, z)));
-    // erf(|u|) = 1 - poly * e; erf(u) takes u's sign.
-    let erf_abs = _mm256_fnmadd_ps(poly, e, one);
-    let erf = _mm256_or_ps(erf_abs, _mm256_and_ps(u, sign_bit));
-    _mm256_mul_ps(
-        _mm256_mul_ps(_mm256_set1_ps(0.5), x),
-        _mm256_add_ps(one, erf),
-    )
+    let neg_sq: [__m256; N] =
+        std::array::from_fn(|i| _mm256_sub_ps(_mm256_setzero_ps(), _mm256_mul_ps(z[i], z[i])));
+    let e = exp_n(neg_sq);
+    std::array::from_fn(|i| {
+        // erf(|u|) = 1 - poly * t * e; erf(u) takes u's sign.
+        let erf_abs = _mm256_fnmadd_ps(_mm256_mul_ps(poly[i], t[i]), e[i], one);
+        let erf = _mm256_or_ps(erf_abs, _mm256_and_ps(u[i], sign_bit));
+        _mm256_mul_ps(
+            _mm256_mul_ps(_mm256_set1_ps(0.5), x[i]),
+            _mm256_add_ps(one, erf),
+        )
+    })
 }
 
 /// The erf GELU over `x`, in place.
 #[target_feature(enable = "avx2,fma")]
 pub(super) fn gelu_erf(x: &mut [f32]) {
-    let mut chunks = x.chunks_exact_mut(W);
+    const STEP: usize = 4;
+    let mut wide = x.chunks_exact_mut(STEP * W);
+    for c in &mut wide {
+        let p = c.as_mut_ptr();
+        // SAFETY: `c` holds STEP vectors of 8 floats.
+        unsafe {
+            let v: [__m256; STEP] = std::array::from_fn(|i| _mm256_loadu_ps(p.add(i * W)));
+            for (i, g) in gelu(v).into_iter().enumerate() {
+                _mm256_storeu_ps(p.add(i * W), g);
+            }
+        }
+    }
+    let mut chunks = wide.into_remainder().chunks_exact_mut(W);
     for c in &mut chunks {
         // SAFETY: `c` holds 8 floats.
         unsafe {
             let v = _mm256_loadu_ps(c.as_ptr());
-            _mm256_storeu_ps(c.as_mut_ptr(), gelu(v));
+            _mm256_storeu_ps(c.as_mut_ptr(), gelu([v])[0]);
         }
     }
     let rest = chunks.into_remainder();
@@ -103,7 +144,7 @@ pub(super) fn gelu_erf(x: &mut [f32]) {
         // SAFETY: the masked lanes are the `rest.len()` floats of `rest`.
         unsafe {
             let v = _mm256_maskload_ps(rest.as_ptr(), m);
-            _mm256_maskstore_ps(rest.as_mut_ptr(), m, gelu(v));
+            _mm256_maskstore_ps(rest.as_mut_ptr(), m, gelu([v])[0]);
         }
     }
 }

@@ -80,21 +80,35 @@ pub(super) unsafe fn tile_store(t: &Tile<'_>, c: &mut [f32]) {
     unsafe {
         let acc = tile_compute(t);
         let cp = c.as_mut_ptr().add(t.c_off);
+        let mut out = [[_mm256_setzero_ps(); 2]; MR];
         for (r, halves) in acc.iter().enumerate().take(MR) {
             for (h, &v) in halves.iter().enumerate() {
                 let dst = cp.add(r * t.ldc + h * 8);
-                let mut out = if t.first {
+                let mut o = if t.first {
                     v
                 } else {
                     _mm256_add_ps(_mm256_loadu_ps(dst), v)
                 };
                 if let Some(bias) = t.bias {
-                    out = _mm256_add_ps(out, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
+                    o = _mm256_add_ps(o, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
                 }
-                if t.gelu {
-                    out = gelu(out);
-                }
-                _mm256_storeu_ps(dst, out);
+                out[r][h] = o;
+            }
+        }
+        if t.gelu {
+            // Two rows (four vectors) at a time: enough chains to overlap, few enough to
+            // stay in registers.
+            for pair in out.chunks_exact_mut(2) {
+                let [a0, a1] = pair[0];
+                let [b0, b1] = pair[1];
+                let [a0, a1, b0, b1] = gelu([a0, a1, b0, b1]);
+                pair[0] = [a0, a1];
+                pair[1] = [b0, b1];
+            }
+        }
+        for (r, halves) in out.iter().enumerate() {
+            for (h, &o) in halves.iter().enumerate() {
+                _mm256_storeu_ps(cp.add(r * t.ldc + h * 8), o);
             }
         }
     }
