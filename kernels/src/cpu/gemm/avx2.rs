@@ -129,3 +129,21 @@ pub(super) unsafe fn tile_acc(t: &Tile<'_>, out: &mut Acc) {
         }
     }
 }
+
+/// `groups` full tiles down the rows: tile `g` is `t` with A `g * a_stride` and C `g * MR`
+/// rows further on.
+///
+/// # Safety
+/// As [`tile_store`] for every one of the tiles.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tiles_store(t: &Tile<'_>, groups: usize, a_stride: usize, c: &mut [f32]) {
+    for g in 0..groups {
+        let tile = Tile {
+            a_rows: t.a_rows.map(|off| off + g * a_stride),
+            c_off: t.c_off + g * MR * t.ldc,
+            ..*t
+        };
+        // SAFETY: as documented above.
+        unsafe { tile_store(&tile, c) };
+    }
+}

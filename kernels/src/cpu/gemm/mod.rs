@@ -224,7 +224,30 @@ fn gemm_block(
                     (true, Some(bias)) => Some(&bias[p * NR..p * NR + cols]),
                     _ => None,
                 };
-                for g in 0..groups {
+                let gelu = last && post.act == Some(Activation::GeluErf);
+                // Whole row groups of packed A in one call where the kernel takes them: the
+                // per-tile checks and calls then cost once per panel, not once per tile.
+                let mut done = 0;
+                if pack && matches!(post.act, None | Some(Activation::GeluErf)) {
+                    let tile = Tile {
+                        kc,
+                        a: &a_pack[..groups * MR * k],
+                        a_rows: std::array::from_fn(|r| k0 * MR + r),
+                        a_step: MR,
+                        panel,
+                        np,
+                        panel_stride: k * NR,
+                        c_off: p * NR,
+                        ldc,
+                        rows: MR,
+                        cols,
+                        first,
+                        bias: bias_tile,
+                        gelu,
+                    };
+                    done = kernel.run_groups(&tile, rows / MR, MR * k, c);
+                }
+                for g in done..groups {
                     let tile_rows = MR.min(rows - g * MR);
                     let (a_src, a_rows, a_step): (&[f32], [usize; MR], usize) = if pack {
                         (
@@ -259,7 +282,7 @@ fn gemm_block(
                         cols,
                         first,
                         bias: bias_tile,
-                        gelu: last && post.act == Some(Activation::GeluErf),
+                        gelu,
                     };
                     let applied = kernel.run(&tile, c);
                     if let (true, Some(act), false) = (last, post.act, applied) {
@@ -312,6 +335,7 @@ fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, kc: usize, out: &mut [f
 }
 
 /// One micro-tile: `C[rows × cols] (+)= A[rows, k0..k0+kc] · panel`.
+#[derive(Clone, Copy)]
 struct Tile<'a> {
     kc: usize,
     /// A, packed (see [`pack_a`]) or in place.
@@ -380,6 +404,39 @@ impl Kernel {
             Kernel::Avx512 => NP_MAX,
             _ => 1,
         }
+    }
+
+    /// Runs `groups` full tiles down the rows, starting with `t` (whole panel, MR rows): group
+    /// `g` reads A `g * a_stride` further on and writes C `g * MR` rows further down, and any
+    /// [`Tile::gelu`] is applied. Returns how many groups ran: all, or none where this kernel
+    /// does not take them (the caller then runs each tile).
+    fn run_groups(self, t: &Tile<'_>, groups: usize, a_stride: usize, c: &mut [f32]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if let (Kernel::Avx2Fma, 1, true, true, 1..) = (
+            self,
+            t.np,
+            t.rows == MR,
+            t.cols == NR && t.a_step == MR,
+            groups,
+        ) {
+            let last_a = (groups - 1) * a_stride;
+            let last_c = t.c_off + (groups - 1) * MR * t.ldc;
+            let in_bounds = t.kc > 0
+                && t.panel.len() >= t.kc * NR
+                && t.a_rows
+                    .iter()
+                    .all(|&off| last_a + off + (t.kc - 1) * MR < t.a.len())
+                && last_c + (MR - 1) * t.ldc + NR <= c.len();
+            if in_bounds {
+                // SAFETY: `Avx2Fma` comes from an `Isa` with AVX2 and FMA; the last group's A
+                // rows, the panel and the last group's C tile (the furthest of each) were
+                // checked just above.
+                unsafe { avx2::tiles_store(t, groups, a_stride, c) };
+                return groups;
+            }
+        }
+        let _ = (t, groups, a_stride, c);
+        0
     }
 
     /// Runs the tile; returns whether the GELU of a [`Tile::gelu`] tile was applied.
