@@ -3,7 +3,8 @@
 //!
 //! Word + position + token-type embeddings and LayerNorm, then post-LN transformer layers
 //! (self-attention, GELU feed-forward), then the head ([`head`]): pooling (mean over the
-//! tokens, [CLS] or last token), or a classification head over the first token. RoBERTa and
+//! tokens, [CLS] or last token), or a classification head over the first token. A head that
+//! reads one token per sequence has the last layer run past that token only ([`picked`]). RoBERTa and
 //! XLM-R differ from BERT only in their positions, which count from `pad_token_id + 1` (their
 //! position table reserves the rows below), and in having a single token type.
 //!
