@@ -213,3 +213,40 @@ fn bad_shapes_are_errors() {
     let mut c = vec![0.0; 2];
     assert!(gemm_packed(2, &[1.0; 3], 3, &b, &mut c, 2, None, false).is_err());
 }
+
+/// The activation in the epilogue (in the AVX2 kernel's registers, elsewhere over each
+/// finished tile) equals a second pass over the product, bit for bit: whole and partial row
+/// groups and panels, A packed.
+fn epilogue_activation_equals_a_second_pass(isa: Isa) {
+    let (m, k, n) = (53, 384, 16 * 17 + 5);
+    let a = values(m * k, 31);
+    let b = PackedB::from_linear(&values(n * k, 32), n, k);
+    let bias = values(n, 33);
+    for act in [Activation::GeluErf, Activation::GeluTanh, Activation::Relu] {
+        let mut want = vec![0.0; m * n];
+        gemm_at(
+            isa,
+            m,
+            &a,
+            k,
+            b.all(),
+            &mut want,
+            n,
+            with_bias(&bias),
+            false,
+        )
+        .unwrap();
+        act.apply_at(isa, &mut want);
+        let mut got = vec![f32::NAN; m * n];
+        let post = Epilogue {
+            bias: Some(&bias),
+            act: Some(act),
+        };
+        gemm_at(isa, m, &a, k, b.all(), &mut got, n, post, false).unwrap();
+        assert_eq!(got, want, "{isa:?} {act:?}");
+    }
+}
+
+mod epilogue_activation_equals_a_second_pass {
+    level_tests!(super::epilogue_activation_equals_a_second_pass => Scalar, Avx2, Avx512);
+}
