@@ -1,6 +1,7 @@
 //! The machine's f32 multiply-add ceiling, for reading the encoder's GEMM figures against:
-//! each thread runs independent chains of fused multiply-adds (16 accumulators, more than
-//! enough to hide the FMA latency) with the widest vectors the CPU has (AVX-512, else AVX2),
+//! each thread runs independent chains of fused multiply-adds (12 accumulators, more than
+//! enough to hide the FMA latency, and few enough that with the two constants they fit in
+//! AVX2's 16 registers without spilling) with the widest vectors the CPU has (AVX-512, else AVX2),
 //! on 1 and then on N threads at once. On a VM whose vCPUs are hyperthreads of one core the
 //! N-thread figure is about the 1-thread one, not N times it.
 //!
@@ -12,14 +13,14 @@ use std::time::Instant;
 /// Multiply-adds per accumulator per timed block.
 const BLOCK: u64 = 1 << 20;
 /// Independent accumulators per thread.
-const ACC: usize = 16;
+const ACC: usize = 12;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::{ACC, BLOCK};
     use std::arch::x86_64::*;
 
-    /// `blocks` blocks of 16 independent FMA chains of 16 lanes; returns a value that
+    /// `blocks` blocks of [`ACC`] independent FMA chains of 16 lanes; returns a value that
     /// depends on every result (so nothing is optimised away).
     ///
     /// # Safety

@@ -33,9 +33,9 @@ pub mod sampling;
 pub use cpu::ops;
 pub use cpu::{
     add_layer_norm, cpu_features, cpu_isa, cpu_level, dequantize_row, erf, fused_attention,
-    fused_attention_available, gemm_ab, gemm_abt, gemm_packed, gemm_packed_post, matmul,
-    matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8, quantize_row_q8k,
-    softmax_rows, Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob, PackedB, Q8Block,
-    Q8KBlock, CPU_LEVEL_VAR, Q8_BLOCK, QK_K,
+    fused_attention_available, gemm_ab, gemm_abt, gemm_packed, gemm_packed_cols, gemm_packed_post,
+    matmul, matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8,
+    quantize_row_q8k, softmax_rows, Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob,
+    PackedB, PackedCols, Q8Block, Q8KBlock, CPU_LEVEL_VAR, Q8_BLOCK, QK_K,
 };
 pub use dtype::{DType, KernelError, QMatrix};

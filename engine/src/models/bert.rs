@@ -3,7 +3,8 @@
 //!
 //! Word + position + token-type embeddings and LayerNorm, then post-LN transformer layers
 //! (self-attention, GELU feed-forward), then the head ([`head`]): pooling (mean over the
-//! tokens, [CLS] or last token), or a classification head over the first token. RoBERTa and
+//! tokens, [CLS] or last token), or a classification head over the first token. A head that
+//! reads one token per sequence has the last layer run past that token only ([`picked`]). RoBERTa and
 //! XLM-R differ from BERT only in their positions, which count from `pad_token_id + 1` (their
 //! position table reserves the rows below), and in having a single token type.
 //!
@@ -19,6 +20,7 @@
 mod chunks;
 pub(crate) mod dense;
 mod head;
+mod picked;
 
 use std::sync::Mutex;
 
@@ -29,6 +31,7 @@ use self::chunks::plan_chunks;
 use self::dense::{activation_from_hf, internal, Dense};
 pub use self::head::ClassifierLayout;
 use self::head::Head;
+use self::picked::LastBuffers;
 use crate::error::{EngineError, Result};
 use crate::hf::{HfConfig, SafetensorsWeights};
 use crate::model::{EmbeddingModel, EncoderHead, EncoderInfo, EncoderInput, Pooling};
@@ -420,7 +423,22 @@ impl BertEncoder {
         let ctx = &mut ws.ctx[..total * h];
         let ffn = &mut ws.ffn[..total * d.intermediate];
         self.embed_tokens(seqs, x);
-        for layer in &self.layers {
+        for (i, layer) in self.layers.iter().enumerate() {
+            if let (true, Some(pick)) = (i + 1 == self.layers.len(), self.head.picked()) {
+                if self.can_pick(layer) {
+                    let buffers = LastBuffers {
+                        x,
+                        qkv,
+                        rows: tmp,
+                        query: ctx,
+                        ctx: ctx_heads,
+                        ffn,
+                    };
+                    let rows = self.last_layer_picked(layer, pick, spans, buffers)?;
+                    let one_each: Vec<(usize, usize)> = (0..spans.len()).map(|s| (s, 1)).collect();
+                    return self.head.apply(rows, &one_each, h);
+                }
+            }
             layer.qkv.forward(total, x, qkv)?;
             self.attention(qkv, spans, ctx_heads)?;
             self.heads_to_tokens(ctx_heads, total, ctx);

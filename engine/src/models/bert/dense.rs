@@ -3,7 +3,7 @@
 //! weights), and a row's result does not depend on the batch it was computed in. Large
 //! products are split over the current rayon pool.
 
-use kernels::{gemm_packed_post, Activation, Epilogue, KernelError, PackedB};
+use kernels::{gemm_packed_cols, gemm_packed_post, Activation, Epilogue, KernelError, PackedB};
 
 use crate::error::{EngineError, Result};
 
@@ -57,6 +57,34 @@ impl Dense {
 }
 
 /// The activation a config's `hidden_act` names.
+impl Dense {
+    /// Whether [`Dense::forward_cols`] serves outputs `first .. first + n` (whole panels).
+    pub(crate) fn has_cols(&self, first: usize, n: usize) -> bool {
+        self.weight.cols(first, n).is_ok()
+    }
+
+    /// Outputs `first .. first + n` only ([`Dense::has_cols`]), written `ldc` apart: part of a
+    /// fused projection, e.g. the keys and values of a fused query-key-value layer.
+    pub(crate) fn forward_cols(
+        &self,
+        m: usize,
+        x: &[f32],
+        (first, n): (usize, usize),
+        out: &mut [f32],
+        ldc: usize,
+    ) -> Result<()> {
+        let bias = self.bias.get(first..first + n).ok_or_else(|| {
+            EngineError::Internal(format!("dense layer {}: no outputs {first}+{n}", self.n))
+        })?;
+        let post = Epilogue {
+            bias: Some(bias),
+            act: None,
+        };
+        let cols = self.weight.cols(first, n).map_err(internal)?;
+        gemm_packed_cols(m, x, self.k, cols, out, ldc, post, true).map_err(internal)
+    }
+}
+
 pub(crate) fn activation_from_hf(name: &str) -> Option<Activation> {
     match name {
         "gelu" => Some(Activation::GeluErf),

@@ -7,6 +7,7 @@
 //! keep both in `classifier` (`dense`, `out_proj`). Dropout is off at inference.
 
 use super::dense::Dense;
+use super::picked::Picked;
 use super::Reader;
 use crate::error::Result;
 use crate::model::Pooling;
@@ -31,6 +32,15 @@ pub enum ClassifierLayout {
 }
 
 impl Head {
+    /// The one token of each sequence the head reads, where it reads only one.
+    pub(super) fn picked(&self) -> Option<Picked> {
+        match self {
+            Head::Classifier { .. } | Head::Pool(Pooling::Cls) => Some(Picked::First),
+            Head::Pool(Pooling::LastToken) => Some(Picked::Last),
+            Head::Pool(Pooling::Mean) => None,
+        }
+    }
+
     /// Reads a classification head of `labels` outputs. `encoder` reads the encoder's own
     /// tensors (with its prefix), `root` the checkpoint's top level.
     pub(super) fn classifier(

@@ -13,12 +13,34 @@ fn reference(q: &[f32], k: &[f32], v: &[f32], ld: usize, len: usize, hd: usize) 
     keys.pack_transposed_at(Isa::SCALAR, k, ld, hd, len);
     let mut s = vec![0.0; len * len];
     let plain = Epilogue::default();
-    gemm_at(Isa::SCALAR, len, q, ld, &keys, &mut s, len, plain, false).unwrap();
+    gemm_at(
+        Isa::SCALAR,
+        len,
+        q,
+        ld,
+        keys.all(),
+        &mut s,
+        len,
+        plain,
+        false,
+    )
+    .unwrap();
     softmax_rows_at(Isa::SCALAR, &mut s, len, scale);
     let mut vals = PackedB::default();
     vals.pack_rows(v, ld, len, hd);
     let mut out = vec![0.0; len * hd];
-    gemm_at(Isa::SCALAR, len, &s, len, &vals, &mut out, hd, plain, false).unwrap();
+    gemm_at(
+        Isa::SCALAR,
+        len,
+        &s,
+        len,
+        vals.all(),
+        &mut out,
+        hd,
+        plain,
+        false,
+    )
+    .unwrap();
     out
 }
 

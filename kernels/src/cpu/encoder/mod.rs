@@ -1,8 +1,8 @@
 //! Element-wise and row-wise operations of the encoder: LayerNorm, GELU, softmax, exp.
 //!
 //! The loops are written so that LLVM vectorises them; on x86-64 the hot ones are compiled a
-//! second time with AVX2+FMA enabled, and the erf GELU and the softmax have AVX-512 versions;
-//! the [`Isa`] picks one.
+//! second time with AVX2+FMA enabled, and the erf GELU and the softmax have AVX2 and AVX-512
+//! versions written with intrinsics; the [`Isa`] picks one.
 
 use super::features::{cpu_isa, CpuLevel, Isa};
 
@@ -94,6 +94,11 @@ impl Activation {
             #[cfg(target_arch = "x86_64")]
             (CpuLevel::Avx512 | CpuLevel::Avx512Vnni, Activation::GeluErf) => unsafe {
                 avx512::gelu_erf(x)
+            },
+            // SAFETY: `isa` runs here, and these levels have AVX2 and FMA.
+            #[cfg(target_arch = "x86_64")]
+            (CpuLevel::Avx2 | CpuLevel::AvxVnni, Activation::GeluErf) => unsafe {
+                avx2::gelu_erf(x)
             },
             // SAFETY: every level above Scalar has AVX2 and FMA, and `isa` runs here.
             #[cfg(target_arch = "x86_64")]
@@ -189,16 +194,10 @@ pub(crate) fn softmax_rows_at(isa: Isa, x: &mut [f32], width: usize, scale: f32)
         CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe { avx512::softmax_rows(x, width, scale) },
         // SAFETY: every level above Scalar has AVX2 and FMA, and `isa` runs here.
         #[cfg(target_arch = "x86_64")]
-        _ => unsafe { softmax_avx2(x, width, scale) },
+        _ => unsafe { avx2::softmax_rows(x, width, scale) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => softmax_generic(x, width, scale),
     }
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-fn softmax_avx2(x: &mut [f32], width: usize, scale: f32) {
-    softmax_generic(x, width, scale);
 }
 
 #[inline(always)]
@@ -219,6 +218,8 @@ fn softmax_generic(x: &mut [f32], width: usize, scale: f32) {
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx512::exp as exp512;
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 

@@ -1,6 +1,7 @@
 //! The AVX2 + FMA micro-kernel: one panel of 16 columns, 6 rows.
 
 use super::{Acc, Tile, MR, NR};
+use crate::cpu::encoder::avx2::gelu;
 use std::arch::x86_64::*;
 
 /// The accumulators of one tile, as (low 8, high 8) column halves per row.
@@ -69,7 +70,7 @@ unsafe fn tile_compute(t: &Tile<'_>) -> [[__m256; 2]; MR] {
     }
 }
 
-/// The full tile straight into C.
+/// The full tile straight into C, through the GELU when [`Tile::gelu`] says so.
 ///
 /// # Safety
 /// As [`tile_compute`], and `c_off + (MR-1)*ldc + NR <= c.len()`.
@@ -79,18 +80,35 @@ pub(super) unsafe fn tile_store(t: &Tile<'_>, c: &mut [f32]) {
     unsafe {
         let acc = tile_compute(t);
         let cp = c.as_mut_ptr().add(t.c_off);
+        let mut out = [[_mm256_setzero_ps(); 2]; MR];
         for (r, halves) in acc.iter().enumerate().take(MR) {
             for (h, &v) in halves.iter().enumerate() {
                 let dst = cp.add(r * t.ldc + h * 8);
-                let mut out = if t.first {
+                let mut o = if t.first {
                     v
                 } else {
                     _mm256_add_ps(_mm256_loadu_ps(dst), v)
                 };
                 if let Some(bias) = t.bias {
-                    out = _mm256_add_ps(out, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
+                    o = _mm256_add_ps(o, _mm256_loadu_ps(bias.as_ptr().add(h * 8)));
                 }
-                _mm256_storeu_ps(dst, out);
+                out[r][h] = o;
+            }
+        }
+        if t.gelu {
+            // Two rows (four vectors) at a time: enough chains to overlap, few enough to
+            // stay in registers.
+            for pair in out.chunks_exact_mut(2) {
+                let [a0, a1] = pair[0];
+                let [b0, b1] = pair[1];
+                let [a0, a1, b0, b1] = gelu([a0, a1, b0, b1]);
+                pair[0] = [a0, a1];
+                pair[1] = [b0, b1];
+            }
+        }
+        for (r, halves) in out.iter().enumerate() {
+            for (h, &o) in halves.iter().enumerate() {
+                _mm256_storeu_ps(cp.add(r * t.ldc + h * 8), o);
             }
         }
     }
@@ -109,5 +127,23 @@ pub(super) unsafe fn tile_acc(t: &Tile<'_>, out: &mut Acc) {
             _mm256_storeu_ps(out[r].as_mut_ptr(), halves[0]);
             _mm256_storeu_ps(out[r].as_mut_ptr().add(8), halves[1]);
         }
+    }
+}
+
+/// `groups` full tiles down the rows: tile `g` is `t` with A `g * a_stride` and C `g * MR`
+/// rows further on.
+///
+/// # Safety
+/// As [`tile_store`] for every one of the tiles.
+#[target_feature(enable = "avx2,fma")]
+pub(super) unsafe fn tiles_store(t: &Tile<'_>, groups: usize, a_stride: usize, c: &mut [f32]) {
+    for g in 0..groups {
+        let tile = Tile {
+            a_rows: t.a_rows.map(|off| off + g * a_stride),
+            c_off: t.c_off + g * MR * t.ldc,
+            ..*t
+        };
+        // SAFETY: as documented above.
+        unsafe { tile_store(&tile, c) };
     }
 }

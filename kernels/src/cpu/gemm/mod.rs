@@ -13,6 +13,8 @@
 
 use rayon::prelude::*;
 
+pub use self::packed::{PackedB, PackedCols};
+
 use super::encoder::Activation;
 use super::features::{cpu_isa, CpuLevel, Isa};
 use crate::KernelError;
@@ -33,123 +35,6 @@ const MC_MAX: usize = 96;
 const PACK_A_MIN_PANELS: usize = 16;
 /// Below this many multiply-adds a product runs on the calling thread.
 const PAR_MIN_FLOPS: usize = 1 << 18;
-/// Floats per 64-byte cache line.
-const LINE: usize = 16;
-
-/// `B` (k × n) packed into `ceil(n / NR)` panels; panel `p` holds rows `0..k` of columns
-/// `p*NR .. p*NR+NR` (zero-padded), one NR-wide row after the other.
-#[derive(Debug, Clone, Default)]
-pub struct PackedB {
-    k: usize,
-    n: usize,
-    /// Backing store, over-allocated so that the panels can start on a cache line.
-    buf: Vec<f32>,
-    start: usize,
-}
-
-impl PackedB {
-    fn panels(&self) -> usize {
-        self.n.div_ceil(NR)
-    }
-
-    fn data(&self) -> &[f32] {
-        &self.buf[self.start..]
-    }
-
-    /// The packed panels, one after the other (see the layouts of the packers).
-    pub(crate) fn packed(&self) -> &[f32] {
-        let len = self.panels() * NR * self.k;
-        &self.data()[..len]
-    }
-
-    /// Sizes the store for a k × n matrix and returns the panel area. Only the padding
-    /// columns of the last panel are zeroed: the packers write every other element.
-    fn reshape(&mut self, k: usize, n: usize) -> &mut [f32] {
-        self.k = k;
-        self.n = n;
-        let len = n.div_ceil(NR) * NR * k;
-        if self.buf.len() < len + LINE {
-            self.buf.resize(len + LINE, 0.0);
-        }
-        let misalign = (self.buf.as_ptr() as usize / std::mem::size_of::<f32>()) % LINE;
-        self.start = (LINE - misalign) % LINE;
-        let area = &mut self.buf[self.start..self.start + len];
-        if !n.is_multiple_of(NR) {
-            let last = (n / NR) * NR * k;
-            area[last..].fill(0.0);
-        }
-        area
-    }
-
-    /// Packs a PyTorch `Linear` weight (`n` rows of `k` inputs, row-major), so that
-    /// `x · B = x · Wᵀ`.
-    pub fn from_linear(w: &[f32], n: usize, k: usize) -> Self {
-        let mut b = PackedB::default();
-        b.pack_transposed(w, k, k, n);
-        b
-    }
-
-    /// Packs `B[kk][nn] = src[nn * ld + kk]` (B given column by column, e.g. keys for Q·Kᵀ).
-    pub fn pack_transposed(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
-        self.pack_transposed_at(cpu_isa(), src, ld, k, n);
-    }
-
-    /// [`PackedB::pack_transposed`] with `isa`'s instructions.
-    pub(crate) fn pack_transposed_at(
-        &mut self,
-        isa: Isa,
-        src: &[f32],
-        ld: usize,
-        k: usize,
-        n: usize,
-    ) {
-        #[cfg(target_arch = "x86_64")]
-        let gather = Kernel::for_isa(isa).gathers() && ld <= i32::MAX as usize / NR;
-        #[cfg(not(target_arch = "x86_64"))]
-        let _ = isa;
-        let dst = self.reshape(k, n);
-        for (p, panel) in dst
-            .chunks_exact_mut(NR * k.max(1))
-            .enumerate()
-            .take(n.div_ceil(NR))
-        {
-            #[cfg(target_arch = "x86_64")]
-            {
-                let base = p * NR * ld;
-                if gather && n - p * NR >= NR && k > 0 && base + (NR - 1) * ld + k <= src.len() {
-                    // SAFETY: the CPU runs AVX-512F (`gathers`); the panel's 16 columns of `k`
-                    // floats, `ld` apart, lie inside `src` (checked just above) and the panel
-                    // holds `k * NR` floats; the offsets `j * ld` fit in an i32.
-                    unsafe { avx512::gather_panel(&src[base..], ld, k, panel) };
-                    continue;
-                }
-            }
-            for j in 0..NR.min(n - p * NR) {
-                let col = &src[(p * NR + j) * ld..(p * NR + j) * ld + k];
-                for (kk, &v) in col.iter().enumerate() {
-                    panel[kk * NR + j] = v;
-                }
-            }
-        }
-    }
-
-    /// Packs `B[kk][nn] = src[kk * ld + nn]` (B given row by row, e.g. values for P·V).
-    pub fn pack_rows(&mut self, src: &[f32], ld: usize, k: usize, n: usize) {
-        let dst = self.reshape(k, n);
-        for (p, panel) in dst
-            .chunks_exact_mut(NR * k.max(1))
-            .enumerate()
-            .take(n.div_ceil(NR))
-        {
-            let width = NR.min(n - p * NR);
-            for kk in 0..k {
-                let row = &src[kk * ld + p * NR..kk * ld + p * NR + width];
-                panel[kk * NR..kk * NR + width].copy_from_slice(row);
-            }
-        }
-    }
-}
-
 /// What is done to each finished element of C: `act(acc + bias)`.
 #[derive(Clone, Copy, Default)]
 pub struct Epilogue<'a> {
@@ -194,6 +79,25 @@ pub fn gemm_packed_post(
     post: Epilogue<'_>,
     parallel: bool,
 ) -> Result<(), KernelError> {
+    gemm_at(cpu_isa(), m, a, lda, b.all(), c, ldc, post, parallel)
+}
+
+/// [`gemm_packed_post`] over some of B's columns ([`PackedB::cols`]): `C[m × b.n]`, with
+/// `post.bias` holding the bias of those columns.
+///
+/// # Errors
+/// As [`gemm_packed`].
+#[allow(clippy::too_many_arguments)]
+pub fn gemm_packed_cols(
+    m: usize,
+    a: &[f32],
+    lda: usize,
+    b: PackedCols<'_>,
+    c: &mut [f32],
+    ldc: usize,
+    post: Epilogue<'_>,
+    parallel: bool,
+) -> Result<(), KernelError> {
     gemm_at(cpu_isa(), m, a, lda, b, c, ldc, post, parallel)
 }
 
@@ -204,7 +108,7 @@ pub(crate) fn gemm_at(
     m: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
@@ -256,7 +160,7 @@ fn gemm_rows(
     rows: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
@@ -280,14 +184,14 @@ fn gemm_block(
     rows: usize,
     a: &[f32],
     lda: usize,
-    b: &PackedB,
+    b: PackedCols<'_>,
     c: &mut [f32],
     ldc: usize,
     post: Epilogue<'_>,
 ) {
     let kernel = Kernel::for_isa(isa);
     let (k, n) = (b.k, b.n);
-    let data = b.data();
+    let data = b.data;
     let panels = b.panels();
     // A product of fewer panels than a wide tile can go deeper for the same L1 footprint (e.g.
     // P·V's 32 columns). The depth depends on the shape only, not on the kernel, so that every
@@ -320,7 +224,30 @@ fn gemm_block(
                     (true, Some(bias)) => Some(&bias[p * NR..p * NR + cols]),
                     _ => None,
                 };
-                for g in 0..groups {
+                let gelu = last && post.act == Some(Activation::GeluErf);
+                // Whole row groups of packed A in one call where the kernel takes them: the
+                // per-tile checks and calls then cost once per panel, not once per tile.
+                let mut done = 0;
+                if pack && matches!(post.act, None | Some(Activation::GeluErf)) {
+                    let tile = Tile {
+                        kc,
+                        a: &a_pack[..groups * MR * k],
+                        a_rows: std::array::from_fn(|r| k0 * MR + r),
+                        a_step: MR,
+                        panel,
+                        np,
+                        panel_stride: k * NR,
+                        c_off: p * NR,
+                        ldc,
+                        rows: MR,
+                        cols,
+                        first,
+                        bias: bias_tile,
+                        gelu,
+                    };
+                    done = kernel.run_groups(&tile, rows / MR, MR * k, c);
+                }
+                for g in done..groups {
                     let tile_rows = MR.min(rows - g * MR);
                     let (a_src, a_rows, a_step): (&[f32], [usize; MR], usize) = if pack {
                         (
@@ -355,9 +282,10 @@ fn gemm_block(
                         cols,
                         first,
                         bias: bias_tile,
+                        gelu,
                     };
-                    kernel.run(&tile, c);
-                    if let (true, Some(act)) = (last, post.act) {
+                    let applied = kernel.run(&tile, c);
+                    if let (true, Some(act), false) = (last, post.act, applied) {
                         for r in 0..tile_rows {
                             let off = tile.c_off + r * ldc;
                             act.apply_at(isa, &mut c[off..off + cols]);
@@ -407,6 +335,7 @@ fn pack_a(a: &[f32], lda: usize, r0: usize, rows: usize, kc: usize, out: &mut [f
 }
 
 /// One micro-tile: `C[rows × cols] (+)= A[rows, k0..k0+kc] · panel`.
+#[derive(Clone, Copy)]
 struct Tile<'a> {
     kc: usize,
     /// A, packed (see [`pack_a`]) or in place.
@@ -430,6 +359,9 @@ struct Tile<'a> {
     first: bool,
     /// Last k block: add the bias (`cols` values).
     bias: Option<&'a [f32]>,
+    /// Last k block of an erf-GELU product: a kernel may apply the GELU to its registers
+    /// before the store (and says so), saving a pass over the tile.
+    gelu: bool,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -474,7 +406,41 @@ impl Kernel {
         }
     }
 
-    fn run(self, t: &Tile<'_>, c: &mut [f32]) {
+    /// Runs `groups` full tiles down the rows, starting with `t` (whole panel, MR rows): group
+    /// `g` reads A `g * a_stride` further on and writes C `g * MR` rows further down, and any
+    /// [`Tile::gelu`] is applied. Returns how many groups ran: all, or none where this kernel
+    /// does not take them (the caller then runs each tile).
+    fn run_groups(self, t: &Tile<'_>, groups: usize, a_stride: usize, c: &mut [f32]) -> usize {
+        #[cfg(target_arch = "x86_64")]
+        if let (Kernel::Avx2Fma, 1, true, true, 1..) = (
+            self,
+            t.np,
+            t.rows == MR,
+            t.cols == NR && t.a_step == MR,
+            groups,
+        ) {
+            let last_a = (groups - 1) * a_stride;
+            let last_c = t.c_off + (groups - 1) * MR * t.ldc;
+            let in_bounds = t.kc > 0
+                && t.panel.len() >= t.kc * NR
+                && t.a_rows
+                    .iter()
+                    .all(|&off| last_a + off + (t.kc - 1) * MR < t.a.len())
+                && last_c + (MR - 1) * t.ldc + NR <= c.len();
+            if in_bounds {
+                // SAFETY: `Avx2Fma` comes from an `Isa` with AVX2 and FMA; the last group's A
+                // rows, the panel and the last group's C tile (the furthest of each) were
+                // checked just above.
+                unsafe { avx2::tiles_store(t, groups, a_stride, c) };
+                return groups;
+            }
+        }
+        let _ = (t, groups, a_stride, c);
+        0
+    }
+
+    /// Runs the tile; returns whether the GELU of a [`Tile::gelu`] tile was applied.
+    fn run(self, t: &Tile<'_>, c: &mut [f32]) -> bool {
         // The kernels read a[a_rows[r] + p * a_step] for p < kc and kc * NR floats of each
         // panel; checked here once so that they can use unchecked loads.
         let last_step = t.kc.saturating_sub(1) * t.a_step;
@@ -503,7 +469,7 @@ impl Kernel {
                         (_, false) => avx512::tile_store_masked::<NP_MAX>(t, c),
                     }
                 }
-                return;
+                return false;
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -512,17 +478,19 @@ impl Kernel {
                 // SAFETY: both kernels come from an `Isa` of a level with AVX2 and FMA; the bounds of A, the panel
                 // and the full C tile were checked just above.
                 unsafe { avx2::tile_store(t, c) };
+                return t.gelu;
             } else {
                 let mut acc = [[0.0f32; NR * NP_MAX]; MR];
                 // SAFETY: as above; the result goes to `acc`, not to C.
                 unsafe { avx2::tile_acc(t, &mut acc) };
                 store_partial(t, &acc, c);
             }
-            return;
+            return false;
         }
         let mut acc = [[0.0f32; NR * NP_MAX]; MR];
         portable_tile(t, &mut acc);
         store_partial(t, &acc, c);
+        false
     }
 }
 
@@ -562,5 +530,6 @@ fn portable_tile(t: &Tile<'_>, acc: &mut Acc) {
 mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
+mod packed;
 #[cfg(test)]
 pub(crate) mod tests;

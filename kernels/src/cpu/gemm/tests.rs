@@ -61,7 +61,18 @@ fn kernel_matches_naive(isa: Isa) {
         let want = naive(m, k, n, &a, &w, Some(&bias));
         for parallel in [false, true] {
             let mut c = vec![f32::NAN; m * n];
-            gemm_at(isa, m, &a, k, &b, &mut c, n, with_bias(&bias), parallel).unwrap();
+            gemm_at(
+                isa,
+                m,
+                &a,
+                k,
+                b.all(),
+                &mut c,
+                n,
+                with_bias(&bias),
+                parallel,
+            )
+            .unwrap();
             for (x, y) in c.iter().zip(&want) {
                 assert!(
                     (x - y).abs() <= 1e-4 * (1.0 + y.abs()),
@@ -88,7 +99,7 @@ fn avx2_and_avx512_kernels_agree_exactly() {
         let bias = values(n, 13);
         let [x, y] = isas.map(|isa| {
             let mut c = vec![f32::NAN; m * n];
-            gemm_at(isa, m, &a, k, &b, &mut c, n, with_bias(&bias), false).unwrap();
+            gemm_at(isa, m, &a, k, b.all(), &mut c, n, with_bias(&bias), false).unwrap();
             c
         });
         assert_eq!(x, y, "m={m} k={k} n={n}");
@@ -107,6 +118,46 @@ fn rows_do_not_depend_on_the_batch() {
         gemm_packed(1, &a[i * k..(i + 1) * k], k, &b, &mut one, n, None, false).unwrap();
         assert_eq!(&all[i * n..(i + 1) * n], one.as_slice(), "row {i}");
     }
+}
+
+/// A product over some of B's panels gives those columns of the full product, written at a
+/// column offset of a wider C: exactly when the range has at least [`NP_MAX`] panels (the k
+/// blocks, and so the order of the sums, depend on the panel count below that).
+#[test]
+fn column_ranges_match_the_full_product() {
+    let (m, k, n) = (13, 200, 3 * 48);
+    let a = values(m * k, 21);
+    let b = PackedB::from_linear(&values(n * k, 22), n, k);
+    let bias = values(n, 23);
+    let mut full = vec![0.0; m * n];
+    gemm_packed(m, &a, k, &b, &mut full, n, Some(&bias), false).unwrap();
+    for (first, cols) in [(0, 48), (48, 96), (32, 17), (128, 16)] {
+        let mut c = vec![f32::NAN; m * n];
+        let post = with_bias(&bias[first..first + cols]);
+        let view = b.cols(first, cols).unwrap();
+        gemm_packed_cols(m, &a, k, view, &mut c[first..], n, post, false).unwrap();
+        let exact = cols.div_ceil(NR) >= NP_MAX;
+        for i in 0..m {
+            let row = i * n;
+            let got = &c[row + first..row + first + cols];
+            let want = &full[row + first..row + first + cols];
+            if exact {
+                assert_eq!(got, want, "columns {first}+{cols}, row {i}");
+            }
+            for (g, w) in got.iter().zip(want) {
+                assert!(
+                    (g - w).abs() <= 1e-4 * (1.0 + w.abs()),
+                    "{first}+{cols}: {g} vs {w}"
+                );
+            }
+            assert!(
+                c[row..row + first].iter().all(|v| v.is_nan()),
+                "left untouched"
+            );
+        }
+    }
+    assert!(b.cols(8, 16).is_err(), "not on a panel boundary");
+    assert!(b.cols(128, 32).is_err(), "past n");
 }
 
 #[test]
@@ -161,4 +212,41 @@ fn bad_shapes_are_errors() {
     let b = PackedB::from_linear(&[1.0; 6], 2, 3);
     let mut c = vec![0.0; 2];
     assert!(gemm_packed(2, &[1.0; 3], 3, &b, &mut c, 2, None, false).is_err());
+}
+
+/// The activation in the epilogue (in the AVX2 kernel's registers, elsewhere over each
+/// finished tile) equals a second pass over the product, bit for bit: whole and partial row
+/// groups and panels, A packed.
+fn epilogue_activation_equals_a_second_pass(isa: Isa) {
+    let (m, k, n) = (53, 384, 16 * 17 + 5);
+    let a = values(m * k, 31);
+    let b = PackedB::from_linear(&values(n * k, 32), n, k);
+    let bias = values(n, 33);
+    for act in [Activation::GeluErf, Activation::GeluTanh, Activation::Relu] {
+        let mut want = vec![0.0; m * n];
+        gemm_at(
+            isa,
+            m,
+            &a,
+            k,
+            b.all(),
+            &mut want,
+            n,
+            with_bias(&bias),
+            false,
+        )
+        .unwrap();
+        act.apply_at(isa, &mut want);
+        let mut got = vec![f32::NAN; m * n];
+        let post = Epilogue {
+            bias: Some(&bias),
+            act: Some(act),
+        };
+        gemm_at(isa, m, &a, k, b.all(), &mut got, n, post, false).unwrap();
+        assert_eq!(got, want, "{isa:?} {act:?}");
+    }
+}
+
+mod epilogue_activation_equals_a_second_pass {
+    level_tests!(super::epilogue_activation_equals_a_second_pass => Scalar, Avx2, Avx512);
 }
