@@ -12,8 +12,10 @@
 //!
 //! The minimums' term is summed the same way from the activation group sums. Then, per
 //! super-block, one multiply-add into the row's lane and one subtraction for the minimums: the
-//! same operations for a row whatever the batch or its lane, so decode and prefill agree bit
-//! for bit.
+//! same operations for a row whatever the batch or its lane. One or two activation rows
+//! (decode) take the row-at-a-time kernels of `super::x86` instead, which stream the weights
+//! in order and end each super-block with these same operations, so decode and prefill agree
+//! bit for bit.
 
 use std::arch::x86_64::*;
 
@@ -72,20 +74,6 @@ unsafe fn pass<const X: usize, const FIVE: bool>(
     let mut d = [0f32; LANES];
     let mut dmin = [0f32; LANES];
     for b in 0..a.nb {
-        if X <= 2 {
-            // One or two activation rows: the weights stream from memory, and eight
-            // interleaved rows defeat the hardware prefetcher; fetch the pass after next. A
-            // prefetch past the matrix is harmless (the address is never dereferenced).
-            for i in 0..LANES {
-                let ahead =
-                    a.w.as_ptr()
-                        .wrapping_add((r0 + 2 * LANES + i) * a.w_stride + b * block);
-                // Every line the block may touch (it is at most 192 bytes).
-                for off in [0, 64, 128, block - 1] {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(off) as *const i8);
-                }
-            }
-        }
         for i in 0..n {
             let at = (r0 + i) * a.w_stride + b * block;
             let blk = &a.w[at..at + block];

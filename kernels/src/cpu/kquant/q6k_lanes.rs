@@ -9,7 +9,8 @@
 //! `8·32·127 < 2^15`; the activations are within ±127), and one `madd` by the groups' scales
 //! gives four rows' scaled half-group sums in `i32`: eleven multiplies per 32 weights of eight
 //! rows instead of sixteen, and no offset term. Then, per super-block, one multiply-add into
-//! each row's lane: the same operations for a row whatever the batch or its lane.
+//! each row's lane: the same operations for a row whatever the batch or its lane, and those
+//! the row-at-a-time kernel that decode takes (`super::x86`) ends each super-block with.
 
 use std::arch::x86_64::*;
 
@@ -55,19 +56,6 @@ unsafe fn pass<const X: usize>(a: &Q8KArgs<'_>, r0: usize, n: usize, out: &mut [
     let mut srow = [_mm_setzero_si128(); LANES];
     let mut d = [0f32; LANES];
     for b in 0..a.nb {
-        if X <= 2 {
-            // One or two activation rows: the weights stream from memory, and eight
-            // interleaved rows defeat the hardware prefetcher; fetch the pass after next. A
-            // prefetch past the matrix is harmless (the address is never dereferenced).
-            for i in 0..LANES {
-                let ahead =
-                    a.w.as_ptr()
-                        .wrapping_add((r0 + 2 * LANES + i) * a.w_stride + b * BLOCK);
-                for line in [0, 64, 128, 192] {
-                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-                }
-            }
-        }
         for i in 0..n {
             let at = (r0 + i) * a.w_stride + b * BLOCK;
             let blk = &a.w[at..at + BLOCK];

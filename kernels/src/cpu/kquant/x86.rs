@@ -12,9 +12,8 @@
 use std::arch::x86_64::*;
 
 use super::q8k::{Q8KArgs, Q8KBlock};
-use super::{iq4xs_scales, q3k_scales, IQ4_LEVELS};
+use super::{iq4xs_scales, q3k_scales, scale_min_k4, IQ4_LEVELS};
 use crate::cpu::dequant::f16_at;
-use crate::cpu::x86::hsum;
 use crate::DType;
 
 /// `dot_q8k` above the scalar level.
@@ -46,7 +45,7 @@ macro_rules! row_loop {
         let a = $a;
         let bb = a.dtype.block_bytes();
         for i in 0..$w_rows {
-            let mut acc = [_mm256_setzero_ps(); $X];
+            let mut acc = [0f32; $X];
             let mut offs = [0f32; $X];
             for b in 0..a.nb {
                 let x: [&Q8KBlock; $X] = std::array::from_fn(|j| &a.x[j * a.nb + b]);
@@ -65,7 +64,7 @@ macro_rules! row_loop {
                 $block::<$X>(&a.w[at..at + bb], &x, &mut acc, &mut offs);
             }
             for j in 0..$X {
-                $out[i * $X + j] = hsum(acc[j]) + offs[j];
+                $out[i * $X + j] = acc[j] + offs[j];
             }
         }
     }};
@@ -78,6 +77,12 @@ unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, w_rows: usize, out: &mut [f32]) 
     match a.dtype {
         DType::Q2_K => row_loop!(a, w_rows, out, X, q2k),
         DType::Q3_K => row_loop!(a, w_rows, out, X, q3k),
+        // One or two activation rows (decode) stream the weights from memory: one row at a
+        // time reads them in order, faster than eight interleaved rows, with the same
+        // operations per output as the lane kernels that more rows take.
+        DType::Q4_K if X <= 2 => row_loop!(a, w_rows, out, X, q4k),
+        DType::Q5_K if X <= 2 => row_loop!(a, w_rows, out, X, q5k),
+        DType::Q6_K if X <= 2 => row_loop!(a, w_rows, out, X, q6k),
         // SAFETY: forwarded from the caller.
         DType::Q4_K => unsafe { super::q45k_lanes::rows::<X, false>(a, w_rows, out) },
         // SAFETY: forwarded from the caller.
@@ -145,16 +150,14 @@ fn hsum_i32(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(s)
 }
 
-/// `acc += d·d_x·sumi` for each row.
+/// `acc += sumi·(d·d_x)` for each row, with the row's integer sum exact: the operations the
+/// lane kernels (`super::q45k_lanes`, `super::q6k_lanes`) do per super-block in a row's lane,
+/// so that a row gives the same bits from either.
 #[target_feature(enable = "avx2,fma")]
 #[inline]
-fn finish<const X: usize>(d: f32, x: &[&Q8KBlock; X], sumi: &[__m256i; X], acc: &mut [__m256; X]) {
+fn finish<const X: usize>(d: f32, x: &[&Q8KBlock; X], sumi: &[__m256i; X], acc: &mut [f32; X]) {
     for j in 0..X {
-        acc[j] = _mm256_fmadd_ps(
-            _mm256_set1_ps(d * x[j].d),
-            _mm256_cvtepi32_ps(sumi[j]),
-            acc[j],
-        );
+        acc[j] = (hsum_i32(sumi[j]) as f32).mul_add(d * x[j].d, acc[j]);
     }
 }
 
@@ -166,6 +169,13 @@ fn crumbs(q: __m256i, s: i32) -> __m256i {
         _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)),
         _mm256_set1_epi8(3),
     )
+}
+
+/// Bits `2s..2s + 2` of each byte of `h`, moved to bits 4 and 5.
+#[target_feature(enable = "avx2")]
+#[inline]
+fn high2(h: __m256i, s: i32) -> __m256i {
+    _mm256_slli_epi16::<4>(crumbs(h, s))
 }
 
 /// `val` in each byte of `bits` whose bit `mask` is set, 0 elsewhere.
@@ -181,7 +191,7 @@ fn where_bit(bits: __m256i, mask: u8, val: i8) -> __m256i {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn q2k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [__m256; X], offs: &mut [f32; X]) {
+fn q2k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs: &mut [f32; X]) {
     let (scales, qs) = (&blk[..16], &blk[16..80]);
     let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
     let raw = _mm256_cvtepu8_epi16(load16(scales));
@@ -208,12 +218,7 @@ fn q2k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [__m256; X], of
 
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn q3k<const X: usize>(
-    blk: &[u8],
-    x: &[&Q8KBlock; X],
-    acc: &mut [__m256; X],
-    _offs: &mut [f32; X],
-) {
+fn q3k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
     let (hmask, qs) = (&blk[..32], &blk[32..96]);
     let d = f16_at(blk, 108);
     let sc = q3k_scales(&blk[96..108]);
@@ -242,14 +247,114 @@ fn q3k<const X: usize>(
     finish(d, x, &sumi, acc);
 }
 
+/// Q4_K and Q5_K (`qh` holds Q5_K's fifth bits).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn iq4xs<const X: usize>(
+fn q45k<const X: usize>(
     blk: &[u8],
+    qh: Option<&[u8]>,
+    qs: &[u8],
     x: &[&Q8KBlock; X],
-    acc: &mut [__m256; X],
-    _offs: &mut [f32; X],
+    acc: &mut [f32; X],
+    offs: &mut [f32; X],
 ) {
+    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+    let mut sc = [0i16; 8];
+    let mut mn = [0i16; 16];
+    for k in 0..8 {
+        let (s, m) = scale_min_k4(k, &blk[4..16]);
+        sc[k] = i16::from(s);
+        mn[2 * k] = i16::from(m);
+        mn[2 * k + 1] = i16::from(m);
+    }
+    // SAFETY: `mn` is 16 i16, 32 bytes.
+    let mins = unsafe { _mm256_loadu_si256(mn.as_ptr() as *const __m256i) };
+    for j in 0..X {
+        let m = hsum_i32(_mm256_madd_epi16(bsums(x[j]), mins));
+        offs[j] -= dmin * x[j].d * m as f32;
+    }
+    let hb = qh.map(|qh| load32(qh));
+    let nib = _mm256_set1_epi8(0x0F);
+    let mut sumi = [_mm256_setzero_si256(); X];
+    for c in 0..4 {
+        let q = load32(&qs[32 * c..]);
+        let mut lo = _mm256_and_si256(q, nib);
+        let mut hi = _mm256_and_si256(_mm256_srli_epi16::<4>(q), nib);
+        if let Some(hb) = hb {
+            lo = _mm256_or_si256(lo, where_bit(hb, 1 << (2 * c), 16));
+            hi = _mm256_or_si256(hi, where_bit(hb, 2 << (2 * c), 16));
+        }
+        let (s_lo, s_hi) = (
+            _mm256_set1_epi16(sc[2 * c]),
+            _mm256_set1_epi16(sc[2 * c + 1]),
+        );
+        for j in 0..X {
+            let p = _mm256_add_epi32(
+                dot_scaled(lo, xq(x[j], 64 * c), s_lo),
+                dot_scaled(hi, xq(x[j], 64 * c + 32), s_hi),
+            );
+            sumi[j] = _mm256_add_epi32(sumi[j], p);
+        }
+    }
+    finish(d, x, &sumi, acc);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q4k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs: &mut [f32; X]) {
+    q45k(blk, None, &blk[16..144], x, acc, offs);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q5k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs: &mut [f32; X]) {
+    q45k(blk, Some(&blk[16..48]), &blk[48..176], x, acc, offs);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn q6k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
+    let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
+    let d = f16_at(blk, 208);
+    // Quants are multiplied as stored (0..64); `32·Σ_g sc[g]·bsum[g]` comes off.
+    let sc16 = _mm256_cvtepi8_epi16(load16(scales));
+    let mut sumi = [_mm256_setzero_si256(); X];
+    for j in 0..X {
+        let off = _mm256_madd_epi16(bsums(x[j]), sc16);
+        sumi[j] = _mm256_sub_epi32(sumi[j], _mm256_slli_epi32::<5>(off));
+    }
+    let nib = _mm256_set1_epi8(0x0F);
+    for n in 0..2 {
+        let l0 = load32(&ql[64 * n..]);
+        let l1 = load32(&ql[64 * n + 32..]);
+        let h = load32(&qh[32 * n..]);
+        let w = [
+            _mm256_or_si256(_mm256_and_si256(l0, nib), high2(h, 0)),
+            _mm256_or_si256(_mm256_and_si256(l1, nib), high2(h, 1)),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l0), nib),
+                high2(h, 2),
+            ),
+            _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(l1), nib),
+                high2(h, 3),
+            ),
+        ];
+        for (k, wk) in w.into_iter().enumerate() {
+            let g = 8 * n + 2 * k;
+            let scv = scales2(i16::from(scales[g] as i8), i16::from(scales[g + 1] as i8));
+            for j in 0..X {
+                let p = dot_scaled(wk, xq(x[j], 16 * g), scv);
+                sumi[j] = _mm256_add_epi32(sumi[j], p);
+            }
+        }
+    }
+    finish(d, x, &sumi, acc);
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+fn iq4xs<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
     let d = f16_at(blk, 0);
     let sc = iq4xs_scales(blk);
     let qs = &blk[8..136];

@@ -13,10 +13,11 @@ const M_MAX: usize = 37;
 
 fn rows_are_batch_invariant(isa: Isa) {
     let mut rng = Rng(0x5EED_1234);
-    // 256 columns fit every block size (the K-quants' super-blocks included); an odd number
-    // of weight rows, enough that each pool size below splits them into other tasks (and
+    // 768 columns fit every block size, with three of the K-quants' super-blocks (so that a
+    // row's sum crosses super-blocks, where decode's and prefill's kernels must agree); an odd
+    // number of weight rows, enough that each pool size below splits them into other tasks (and
     // other odd last passes on the quantised path).
-    let (n, k) = (203usize, 256usize);
+    let (n, k) = (203usize, 768usize);
     for dtype in DType::ALL {
         let bytes = random_matrix(&mut rng, dtype, n, k);
         let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
