@@ -1,12 +1,16 @@
-//! AVX2 kernels of [`super::dot_q8k`] (Q4_K's, Q5_K's and Q6_K's are in `super::q45k_lanes`
-//! and `super::q6k_lanes`): one weight row at a
-//! time against up to [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's
-//! weights unpacked once into byte vectors in weight order and shared by the activation rows.
+//! AVX2 kernels of [`super::dot_q8k`]: one weight row at a time against up to
+//! [`MAX_XK`](super::q8k::MAX_XK) activation rows, each super-block's weights unpacked once
+//! into byte vectors in weight order and shared by the activation rows. Q4_K, Q5_K and Q6_K
+//! take these only for one or two activation rows (decode, where reading each row in order
+//! matters most); more rows take the lane kernels (`super::q45k_lanes`, `super::q6k_lanes`).
+//! Every kernel ends a super-block the same way (an exact integer sum, one fused
+//! multiply-add), so a row's output does not depend on which kernel computed it.
 //!
 //! Products go through `maddubs` (unsigned weight bytes times signed activation bytes, pairs
 //! summed into i16) and `madd` by the group scales (into i32). Every pair sum fits in i16:
-//! the largest unsigned quant is 31 (Q5_K), and `2·31·127 < 2^15`; IQ4_XS's signed levels
-//! move their sign onto the activations, `2·127·127 < 2^15`. Q3_K's −4 offset is taken off
+//! the largest unsigned quant is 63 (Q6_K stored plus 32), and `2·63·127 < 2^15`; IQ4_XS's
+//! signed levels move their sign onto the activations, `2·127·127 < 2^15`. The types with a
+//! quant offset (Q3_K's −4, Q6_K's −32) multiply unsigned quants and take the offset off
 //! through the activation group sums, in integers.
 
 use std::arch::x86_64::*;
