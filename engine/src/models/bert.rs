@@ -4,8 +4,8 @@
 //! Word + position + token-type embeddings and LayerNorm, then post-LN transformer layers
 //! (self-attention, GELU feed-forward), then the head ([`head`]): pooling (mean over the
 //! tokens, [CLS] or last token), or a classification head over the first token. A head that
-//! reads one token per sequence has the last layer run past that token only ([`picked`]). RoBERTa and
-//! XLM-R differ from BERT only in their positions, which count from `pad_token_id + 1` (their
+//! reads one token per sequence has the last layer run past that token only ([`picked`]).
+//! RoBERTa and XLM-R differ from BERT only in their positions, which count from `pad_token_id + 1` (their
 //! position table reserves the rows below), and in having a single token type.
 //!
 //! A batch is run without padding: it is cut into chunks of whole sequences with about the same
@@ -425,7 +425,8 @@ impl BertEncoder {
         self.embed_tokens(seqs, x);
         for (i, layer) in self.layers.iter().enumerate() {
             if let (true, Some(pick)) = (i + 1 == self.layers.len(), self.head.picked()) {
-                if self.can_pick(layer) {
+                // An empty sequence has no token to pick: the full layer handles it.
+                if self.can_pick(layer) && spans.iter().all(|&(_, len)| len > 0) {
                     let buffers = LastBuffers {
                         x,
                         qkv,

@@ -87,7 +87,12 @@ unsafe fn pass<const X: usize, const FIVE: bool>(
                 // SAFETY: 32 bytes.
                 unsafe { _mm256_loadu_si256(bytes.as_ptr() as *const __m256i) }
             };
-            let qh = load(16);
+            // Q5_K's fifth bits (Q4_K has none).
+            let qh = if FIVE {
+                load(16)
+            } else {
+                _mm256_setzero_si256()
+            };
             for c in 0..4 {
                 let raw = load(qs + 32 * c);
                 q[2 * c][i] = _mm256_and_si256(raw, nib);
