@@ -10,9 +10,9 @@
 //!   f32 accuracy.
 //! - [`matmul_q8`] / [`matmul_multi_q8`]: the same products with the activations quantised to
 //!   8-bit blocks ([`Q8Block`] of 32 values, [`Q8KBlock`] of 256 for the super-block types)
-//!   and integer dot products against every quantised type (AVX2 for all; AVX-VNNI and
-//!   AVX-512 VNNI for Q4_0, Q4_1 and Q8_0). Faster for decode; the activations carry
-//!   quantisation error.
+//!   and integer dot products against every quantised type (AVX2 `maddubs` for all; AVX-VNNI
+//!   and AVX-512 VNNI `vpdpbusd` for the wide byte products of Q8_0 and IQ4_NL). Faster for
+//!   decode; the activations carry quantisation error.
 //! - [`ops`]: RMSNorm, RoPE, SiLU·mul, softmax, dot/axpy helpers.
 //! - [`sampling`]: the sampler's semantics, once: the CPU sampler runs it and the GPU sampling
 //!   kernel is tested against it.

@@ -14,7 +14,7 @@ use super::features::{cpu_isa, Isa};
 use super::kquant::MAX_XK;
 use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::q8::Q8_BLOCK;
-use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_W, MAX_X};
+use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
 use crate::{KernelError, QMatrix};
 
 /// Weight rows per task (at least).
@@ -23,7 +23,7 @@ const FUSED_CHUNK_MIN: usize = 16;
 const Q8_SUB_ROWS: usize = 64;
 /// Weight rows the integer kernels take per pass (at most); task sizes are multiples of it.
 const ROW_PASS: usize = 8;
-const _: () = assert!(Q8_SUB_ROWS.is_multiple_of(ROW_PASS) && ROW_PASS.is_multiple_of(MAX_W));
+const _: () = assert!(Q8_SUB_ROWS.is_multiple_of(ROW_PASS));
 // The stack buffer holds `MAX_X` activation rows, enough for either kernel family.
 const _: () = assert!(MAX_XK <= MAX_X);
 /// Weight rows the f32 path walks before moving to the next group of activation rows.
@@ -291,9 +291,6 @@ fn fused_q8(
         let row_bytes = dtype.row_bytes(k);
         let super_block = is_super_block(dtype);
         let x_max = if super_block { MAX_XK } else { MAX_X };
-        // The AVX-512 Q4 kernels take two weight rows per pass (the others eight, whatever
-        // this says).
-        let w_step = MAX_W;
         let mut vals = [0f32; Q8_SUB_ROWS * MAX_X];
         let mut row = r0;
         while row < r1 {
@@ -319,7 +316,7 @@ fn fused_q8(
                         x: &xq[g * nb..(g + xr) * nb],
                         nb,
                     };
-                    dot_q8(isa, &args, wr, w_step, xr, &mut vals);
+                    dot_q8(isa, &args, wr, xr, &mut vals);
                 }
                 for i in 0..wr {
                     for jx in 0..xr {

@@ -102,8 +102,6 @@ pub fn quantize_row_q8(x: &[f32], out: &mut [Q8Block]) {
     }
 }
 
-/// Most weight rows one kernel call handles.
-pub(crate) const MAX_W: usize = 2;
 /// Most activation rows one kernel call handles.
 pub(crate) const MAX_X: usize = 8;
 
@@ -120,27 +118,20 @@ pub(crate) struct Q8Args<'a> {
     pub nb: usize,
 }
 
-/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`,
-/// taking `w_step` (1 or 2) weight rows per pass.
+/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`.
 ///
-/// The kernel follows `isa`: AVX-512 VNNI (512-bit vectors for the 4-bit types), AVX-VNNI,
-/// or AVX2 `maddubs` for the other levels above scalar.
+/// Above scalar, every level runs the eight-row lane kernels; AVX-512 VNNI and AVX-VNNI
+/// take `vpdpbusd` for the byte products of Q8_0 and IQ4_NL, whose pair sums would not fit
+/// `maddubs`'s `i16`.
 ///
 /// # Panics
 /// If the shape is not one the kernels are built for, or the slices are shorter than the
 /// arguments claim (bugs in the caller).
-pub(crate) fn dot_q8(
-    isa: Isa,
-    a: &Q8Args<'_>,
-    w_rows: usize,
-    w_step: usize,
-    x_rows: usize,
-    out: &mut [f32],
-) {
+pub(crate) fn dot_q8(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
     assert!(q8_blocks(a.dtype), "dot_q8: {} weights", a.dtype);
     assert!(
-        (1..=MAX_W).contains(&w_step) && (1..=MAX_X).contains(&x_rows),
-        "dot_q8: {w_step} x {x_rows}"
+        (1..=MAX_X).contains(&x_rows),
+        "dot_q8: {x_rows} activation rows"
     );
     let row_bytes = a.nb * a.dtype.block_bytes();
     assert!(
@@ -155,7 +146,7 @@ pub(crate) fn dot_q8(
         // SAFETY: `isa` says this CPU runs the level whose features the chosen kernels
         // enable, and the bounds the kernels read within were asserted above.
         #[cfg(target_arch = "x86_64")]
-        level => unsafe { x86::dispatch(level, a, w_rows, w_step, x_rows, out) },
+        level => unsafe { x86::dispatch(level, a, w_rows, x_rows, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar(a, w_rows, x_rows, out),
     }

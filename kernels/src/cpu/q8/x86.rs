@@ -4,150 +4,6 @@ use super::Q8Args;
 use crate::cpu::features::CpuLevel;
 use crate::DType;
 
-/// Q4_0 / Q4_1 against Q8 activations on 512-bit vectors: a pair of blocks per vector.
-///
-/// Register layout of a pair (blocks `b`, `b + 1`), in 128-bit lanes: weights
-/// `[lo_b, lo_b1, hi_b, hi_b1]` (low nibbles = weights 0..16 of a block, high = 16..32),
-/// activations permuted to match, so `vpdpbusd` lanes 0-3 and 8-11 belong to block `b` and
-/// 4-7, 12-15 to block `b + 1`; the per-block scales are spread the same way.
-pub(super) mod zmm_q4 {
-    use super::{DType, Q8Args};
-    use crate::cpu::q8::Q8Block;
-    use std::arch::x86_64::*;
-
-    /// As `avx2::rows` (same contract), for Q4_0 and Q4_1 only.
-    ///
-    /// # Safety
-    /// AVX2, FMA, F16C and AVX-512 F/BW/VL/VNNI must be available; `a` must hold `rows`
-    /// weight rows and `X` activation rows of `a.nb` blocks and `out` `rows * X` floats;
-    /// `a.dtype` must be Q4_0 or Q4_1.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    pub(in crate::cpu::q8) unsafe fn rows<const W: usize, const X: usize>(
-        a: &Q8Args<'_>,
-        rows: usize,
-        out: &mut [f32],
-    ) {
-        let mut r = 0;
-        // SAFETY: each call covers rows `r..r + W` (or `r..r + 1`) below `rows`.
-        unsafe {
-            while r + W <= rows {
-                dot::<W, X>(a, r, &mut out[r * X..(r + W) * X]);
-                r += W;
-            }
-            while r < rows {
-                dot::<1, X>(a, r, &mut out[r * X..(r + 1) * X]);
-                r += 1;
-            }
-        }
-    }
-
-    /// # Safety
-    /// As for [`rows`], with `r0 + W` at most its `rows`.
-    #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-    #[inline]
-    unsafe fn dot<const W: usize, const X: usize>(a: &Q8Args<'_>, r0: usize, out: &mut [f32]) {
-        let has_min = a.dtype == DType::Q4_1;
-        let bb = if has_min { 20 } else { 18 };
-        let qoff = if has_min { 4 } else { 2 };
-        let nb = a.nb;
-        let mut acc = [[_mm512_setzero_ps(); X]; W];
-        let mut offs = [[_mm_setzero_ps(); X]; W];
-        let mask = _mm512_set1_epi8(0x0F);
-        // Activation qwords: [x_b lo, x_b1 lo, x_b hi, x_b1 hi].
-        let xperm = _mm512_set_epi64(11, 10, 3, 2, 9, 8, 1, 0);
-        // Scale lanes: [s_b x4, s_b1 x4, s_b x4, s_b1 x4] from [s_b, s_b1, s_b, s_b1].
-        let sperm = _mm512_set_epi32(3, 3, 3, 3, 2, 2, 2, 2, 1, 1, 1, 1, 0, 0, 0, 0);
-        // SAFETY (whole block): weight blocks `b` and `b + 1` (the latter only when
-        // `b + 1 < nb`) of rows `r0..r0 + W` and activation blocks `j * nb + b` (and
-        // `+ 1`) for `j < X` lie inside what `dot_q8` asserted.
-        unsafe {
-            let w = a.w.as_ptr().add(r0 * a.w_stride);
-            let x = a.x.as_ptr();
-            let mut b = 0;
-            while b < nb {
-                let pair = b + 1 < nb;
-                let mut wq = [_mm512_setzero_si512(); W];
-                let mut dd = [_mm_setzero_ps(); W];
-                let mut mm = [_mm_setzero_ps(); W];
-                for i in 0..W {
-                    let blk0 = w.add(i * a.w_stride + b * bb);
-                    let (raw, dm1) = if pair {
-                        let blk1 = blk0.add(bb);
-                        (
-                            _mm256_loadu2_m128i(
-                                blk1.add(qoff) as *const __m128i,
-                                blk0.add(qoff) as *const __m128i,
-                            ),
-                            (blk1 as *const i32).read_unaligned(),
-                        )
-                    } else {
-                        // A lone last block: the second half is zero weights with zero
-                        // scale and minimum.
-                        (
-                            _mm256_zextsi128_si256(_mm_loadu_si128(
-                                blk0.add(qoff) as *const __m128i
-                            )),
-                            0,
-                        )
-                    };
-                    let dm0 = (blk0 as *const i32).read_unaligned();
-                    wq[i] = _mm512_and_si512(
-                        _mm512_inserti64x4::<1>(
-                            _mm512_castsi256_si512(raw),
-                            _mm256_srli_epi16::<4>(raw),
-                        ),
-                        mask,
-                    );
-                    // [d_b, m_b, d_b1, m_b1]
-                    let f = _mm_cvtph_ps(_mm_set_epi32(0, 0, dm1, dm0));
-                    dd[i] = _mm_shuffle_ps::<0b10_00_10_00>(f, f);
-                    mm[i] = if has_min {
-                        _mm_shuffle_ps::<0b11_01_11_01>(f, f)
-                    } else {
-                        _mm_mul_ps(dd[i], _mm_set1_ps(-8.0))
-                    };
-                }
-                for j in 0..X {
-                    let xb0: *const Q8Block = x.add(j * nb + b);
-                    let xb1 = if pair { xb0.add(1) } else { xb0 };
-                    let xa = _mm256_loadu_si256((*xb0).qs.as_ptr() as *const __m256i);
-                    let xc = _mm256_loadu_si256((*xb1).qs.as_ptr() as *const __m256i);
-                    let xv = _mm512_permutex2var_epi64(
-                        _mm512_castsi256_si512(xa),
-                        xperm,
-                        _mm512_castsi256_si512(xc),
-                    );
-                    let dx = _mm_set_ps((*xb1).d, (*xb0).d, (*xb1).d, (*xb0).d);
-                    let sx = _mm_set_ps((*xb1).s, (*xb0).s, (*xb1).s, (*xb0).s);
-                    for i in 0..W {
-                        let p = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(
-                            _mm512_setzero_si512(),
-                            wq[i],
-                            xv,
-                        ));
-                        let sc = _mm512_permutexvar_ps(
-                            sperm,
-                            _mm512_castps128_ps512(_mm_mul_ps(dd[i], dx)),
-                        );
-                        acc[i][j] = _mm512_fmadd_ps(p, sc, acc[i][j]);
-                        offs[i][j] = _mm_fmadd_ps(mm[i], sx, offs[i][j]);
-                    }
-                }
-                b += 2;
-            }
-        }
-        for i in 0..W {
-            for j in 0..X {
-                // Lanes 0 and 1 of `offs` hold the even and odd blocks' minimum terms
-                // (2 and 3 repeat them).
-                let o = offs[i][j];
-                let o = _mm_cvtss_f32(o) + _mm_cvtss_f32(_mm_movehdup_ps(o));
-                out[i * X + j] = _mm512_reduce_add_ps(acc[i][j]) + o;
-            }
-        }
-    }
-}
-
 /// `dispatch` for the x86 levels.
 ///
 /// # Safety
@@ -156,7 +12,6 @@ pub(super) unsafe fn dispatch(
     level: CpuLevel,
     a: &Q8Args<'_>,
     w_rows: usize,
-    w_step: usize,
     x_rows: usize,
     out: &mut [f32],
 ) {
@@ -179,29 +34,6 @@ pub(super) unsafe fn dispatch(
     }
     // SAFETY (whole match): forwarded from the caller.
     match level {
-        // The AVX-VNNI and AVX-512 builds of Q5_0, Q5_1 and IQ4_NL have not run on hardware
-        // that has them: those types take the AVX2 kernels, which every such CPU runs.
-        _ if matches!(a.dtype, DType::Q5_0 | DType::Q5_1 | DType::IQ4_NL) => by_rows!(avx2),
-        CpuLevel::Avx512Vnni if matches!(a.dtype, DType::Q4_0 | DType::Q4_1) => unsafe {
-            match (w_step, x_rows) {
-                (1, 1) => zmm_q4::rows::<1, 1>(a, w_rows, out),
-                (1, 2) => zmm_q4::rows::<1, 2>(a, w_rows, out),
-                (1, 3) => zmm_q4::rows::<1, 3>(a, w_rows, out),
-                (1, 4) => zmm_q4::rows::<1, 4>(a, w_rows, out),
-                (1, 5) => zmm_q4::rows::<1, 5>(a, w_rows, out),
-                (1, 6) => zmm_q4::rows::<1, 6>(a, w_rows, out),
-                (1, 7) => zmm_q4::rows::<1, 7>(a, w_rows, out),
-                (1, _) => zmm_q4::rows::<1, 8>(a, w_rows, out),
-                (_, 1) => zmm_q4::rows::<2, 1>(a, w_rows, out),
-                (_, 2) => zmm_q4::rows::<2, 2>(a, w_rows, out),
-                (_, 3) => zmm_q4::rows::<2, 3>(a, w_rows, out),
-                (_, 4) => zmm_q4::rows::<2, 4>(a, w_rows, out),
-                (_, 5) => zmm_q4::rows::<2, 5>(a, w_rows, out),
-                (_, 6) => zmm_q4::rows::<2, 6>(a, w_rows, out),
-                (_, 7) => zmm_q4::rows::<2, 7>(a, w_rows, out),
-                (_, _) => zmm_q4::rows::<2, 8>(a, w_rows, out),
-            }
-        },
         CpuLevel::Avx512Vnni => by_rows!(avx512vnni),
         CpuLevel::AvxVnni => by_rows!(avxvnni),
         _ => by_rows!(avx2),

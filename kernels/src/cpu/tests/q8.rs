@@ -1,6 +1,6 @@
 //! Quantised activations: the quantiser, every integer kernel level, the drivers.
 
-use super::super::q8::{dot_q8, q8_blocks, Q8Args, MAX_W, MAX_X};
+use super::super::q8::{dot_q8, q8_blocks, Q8Args, MAX_X};
 use super::*;
 use crate::{matmul_multi_q8, matmul_q8, quantize_row_q8, Q8Block};
 
@@ -108,8 +108,8 @@ fn q8_kernels_exact(isa: Isa) {
     for (dtype, nb) in q8_types().flat_map(|d| [(d, 7usize), (d, 8)]) {
         let rb = dtype.row_bytes(nb * 32);
         let (w, x) = exact_inputs(&mut rng, dtype, 17, nb);
-        // Up to 17 weight rows: whole passes of eight and every tail (and passes of 1 or 2 for
-        // the kernels that take `w_step`), against 1..=MAX_X activation rows.
+        // Up to 17 weight rows: whole passes of eight and every tail, against 1..=MAX_X
+        // activation rows.
         for w_rows in [1, 2, 3, 5, 7, 8, 9, 15, 16, 17] {
             for x_rows in 1..=MAX_XR {
                 let want: Vec<f64> = (0..w_rows * x_rows)
@@ -118,25 +118,21 @@ fn q8_kernels_exact(isa: Isa) {
                         exact_dot(dtype, &w[i * rb..(i + 1) * rb], &x[j * nb..(j + 1) * nb])
                     })
                     .collect();
-                {
-                    for w_step in 1..=MAX_W {
-                        let mut out = vec![f32::NAN; w_rows * x_rows];
-                        let args = Q8Args {
-                            dtype,
-                            w: &w,
-                            w_stride: rb,
-                            x: &x,
-                            nb,
-                        };
-                        dot_q8(isa, &args, w_rows, w_step, x_rows, &mut out);
-                        for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {
-                            assert_eq!(
-                                f64::from(g),
-                                e,
-                                "{dtype} {isa:?} {w_rows}x{x_rows} step {w_step} output {o}"
-                            );
-                        }
-                    }
+                let mut out = vec![f32::NAN; w_rows * x_rows];
+                let args = Q8Args {
+                    dtype,
+                    w: &w,
+                    w_stride: rb,
+                    x: &x,
+                    nb,
+                };
+                dot_q8(isa, &args, w_rows, x_rows, &mut out);
+                for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {
+                    assert_eq!(
+                        f64::from(g),
+                        e,
+                        "{dtype} {isa:?} {w_rows}x{x_rows} output {o}"
+                    );
                 }
             }
         }

@@ -236,7 +236,7 @@ fn integer_kernels_match(isa: Isa) {
                     x: &q,
                     nb,
                 };
-                dot_q8(isa, &args, ROWS, 2, rows, &mut out);
+                dot_q8(isa, &args, ROWS, rows, &mut out);
             }
             for wr in 0..ROWS {
                 for r in 0..rows {
