@@ -43,12 +43,15 @@ pub(super) unsafe fn dispatch(
 /// Weight rows per pass of the `u8 × i8` kernels: one per f32 lane.
 pub(super) const LANES: usize = 8;
 
+/// How far ahead of a pass's start, in bytes, the decode kernels prefetch the weights.
+const PREFETCH_AHEAD: usize = 6144;
+
 /// One kernel set per instruction choice for the `u8 × i8 → i32x8` dot product (lane `l`
 /// holds the sum of the products of bytes `4l..4l + 4`).
 macro_rules! int_kernels {
     ($name:ident, $features:literal, |$a:ident, $b:ident| $dot:expr) => {
         pub(super) mod $name {
-            use super::{DType, Q8Args, LANES};
+            use super::{DType, Q8Args, LANES, PREFETCH_AHEAD};
             use crate::cpu::x86::lanes_out;
             use std::arch::x86_64::*;
 
@@ -332,16 +335,21 @@ macro_rules! int_kernels {
                     let mut ws = [_mm256_setzero_si256(); LANES];
                     let mut dw = [0f32; LANES];
                     let mut mw = [0f32; LANES];
+                    // Bytes of weights each block's step reads (the eight rows' blocks).
+                    let chunk = (LANES * a.w_stride).div_ceil(nb);
                     for b in 0..nb {
                         // With one or two activation rows (decode, where the weights
                         // come from memory) the eight interleaved row streams defeat the
-                        // hardware prefetcher: fetch the pass after next, block by block.
-                        // A prefetch past the matrix is harmless (the address is only
-                        // computed, never dereferenced).
+                        // hardware prefetcher: fetch ahead in address order, as much per
+                        // block as a block's step reads, so the lines arrive in the order
+                        // the memory serves best. A prefetch past the matrix is harmless
+                        // (the address is only computed, never dereferenced).
                         if X <= 2 {
-                            for i in 0..LANES {
-                                let ahead = w.wrapping_add((2 * LANES + i) * a.w_stride + b * bb);
-                                _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+                            let from = PREFETCH_AHEAD + b * chunk;
+                            let mut o = from & !63;
+                            while o < from + chunk {
+                                _mm_prefetch::<_MM_HINT_T0>(w.wrapping_add(o) as *const i8);
+                                o += 64;
                             }
                         }
                         for i in 0..n {
