@@ -49,7 +49,13 @@ const PREFETCH_AHEAD: usize = 6144;
 /// One kernel set per instruction choice for the `u8 × i8 → i32x8` dot product (lane `l`
 /// holds the sum of the products of bytes `4l..4l + 4`).
 macro_rules! int_kernels {
-    ($name:ident, $features:literal, |$a:ident, $b:ident| $dot:expr) => {
+    (
+        $name:ident,
+        $features:literal,
+        $exact4:expr,
+        |$a:ident, $b:ident| $dot:expr,
+        |$c2:ident, $a2:ident, $b2:ident| $dot_acc:expr
+    ) => {
         pub(super) mod $name {
             use super::{DType, Q8Args, LANES, PREFETCH_AHEAD};
             use crate::cpu::x86::lanes_out;
@@ -60,6 +66,17 @@ macro_rules! int_kernels {
             fn dot_u8i8($a: __m256i, $b: __m256i) -> __m256i {
                 $dot
             }
+
+            /// `c + dot_u8i8(a, b)`, in one instruction where there is one.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn dot_acc($c2: __m256i, $a2: __m256i, $b2: __m256i) -> __m256i {
+                $dot_acc
+            }
+
+            /// Whether [`dot_u8i8`] sums its four products exactly for any bytes (no `i16`
+            /// pair sums that could saturate).
+            const EXACT4: bool = $exact4;
 
             /// 16 in each byte `j` whose bit `j` of `qh` is set (the fifth bits of a Q5
             /// block, in weight order), 0 elsewhere.
@@ -120,6 +137,9 @@ macro_rules! int_kernels {
                 let mut r = 0;
                 // The type and a full pass are compile-time constants, so that each block's
                 // unpacking stays in registers.
+                // Three or more activation rows of a wide type, where `dot_u8i8` sums four
+                // products exactly (`vpdpbusd`), take the broadcast form.
+                let bcast = EXACT4 && X >= 3;
                 macro_rules! by_type {
                     ($full:expr, $n:expr) => {{
                         let o = &mut out[r * X..(r + $n) * X];
@@ -128,7 +148,9 @@ macro_rules! int_kernels {
                             DType::Q4_1 => dot::<X, 1, $full>(a, r, $n, o),
                             DType::Q5_0 => dot::<X, 2, $full>(a, r, $n, o),
                             DType::Q5_1 => dot::<X, 3, $full>(a, r, $n, o),
+                            DType::Q8_0 if bcast => dot_bcast::<X, 4, $full>(a, r, $n, o),
                             DType::Q8_0 => dot::<X, 4, $full>(a, r, $n, o),
+                            _ if bcast => dot_bcast::<X, 5, $full>(a, r, $n, o),
                             _ => dot::<X, 5, $full>(a, r, $n, o),
                         }
                     }};
@@ -379,17 +401,136 @@ macro_rules! int_kernels {
                 }
                 lanes_out(&acc, &offs, n, out);
             }
+
+            /// [`dot`] for the wide types (Q8_0, IQ4_NL) where [`EXACT4`] holds: the eight
+            /// rows' bytes are transposed once per block so that lane `i` of vector `c`
+            /// holds bytes `4c..4c + 4` of row `i`, and each activation dword, offset to
+            /// unsigned (`x + 128`) and broadcast, meets all eight rows in one `vpdpbusd`.
+            /// `128·Σw` comes off each row's sum, so the sums are the exact ones [`dot`]
+            /// gets, and the floating-point operations after them are the same: the two
+            /// give the same bits. Fewer operations per activation row than [`dot`] (no
+            /// sign moves, no horizontal sums), more per block: for three or more rows.
+            ///
+            /// # Safety
+            /// As for [`dot`].
+            #[target_feature(enable = $features)]
+            #[inline]
+            unsafe fn dot_bcast<const X: usize, const T: u8, const FULL: bool>(
+                a: &Q8Args<'_>,
+                r0: usize,
+                n: usize,
+                out: &mut [f32],
+            ) {
+                let n = if FULL { LANES } else { n };
+                let mut acc = [_mm256_setzero_ps(); X];
+                let offs = [_mm256_setzero_ps(); X];
+                // SAFETY: row `r0` is inside the checked rows.
+                let w = unsafe { a.w.as_ptr().add(r0 * a.w_stride) };
+                let x = a.x.as_ptr();
+                let nb = a.nb;
+                let bb = block_bytes(T);
+                let ones = _mm256_set1_epi8(1);
+                let high = _mm256_set1_epi8(-128);
+                // SAFETY (whole block): as in `dot`; rows past `n` stay zero.
+                unsafe {
+                    let mut q = [_mm256_setzero_si256(); LANES];
+                    let mut dw = [0f32; LANES];
+                    for b in 0..nb {
+                        for i in 0..n {
+                            let (_, ws, d, _) = unpack::<T>(w.add(i * a.w_stride + b * bb));
+                            q[i] = ws;
+                            dw[i] = d;
+                        }
+                        let dwv = if FULL {
+                            scales8::<T>(w.add(b * bb), a.w_stride).0
+                        } else {
+                            _mm256_loadu_ps(dw.as_ptr())
+                        };
+                        let t = transpose8(&q);
+                        // Σw of each row (lane), times 128.
+                        let mut wsum = _mm256_setzero_si256();
+                        for tc in &t {
+                            wsum = dot_acc(wsum, ones, *tc);
+                        }
+                        let corr = _mm256_slli_epi32::<7>(wsum);
+                        for j in 0..X {
+                            let xb = &*x.add(j * nb + b);
+                            let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                            // `x + 128` as unsigned bytes.
+                            let mut xu = [0i32; 8];
+                            _mm256_storeu_si256(
+                                xu.as_mut_ptr() as *mut __m256i,
+                                _mm256_xor_si256(xq, high),
+                            );
+                            let mut s0 = _mm256_setzero_si256();
+                            let mut s1 = _mm256_setzero_si256();
+                            for c in 0..4 {
+                                s0 = dot_acc(s0, _mm256_set1_epi32(xu[2 * c]), t[2 * c]);
+                                s1 = dot_acc(s1, _mm256_set1_epi32(xu[2 * c + 1]), t[2 * c + 1]);
+                            }
+                            let sums = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), corr);
+                            let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
+                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
+                        }
+                    }
+                }
+                lanes_out(&acc, &offs, n, out);
+            }
+
+            /// Eight vectors of eight dwords transposed: lane `i` of output `c` is lane `c`
+            /// of input `i`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn transpose8(r: &[__m256i; LANES]) -> [__m256i; LANES] {
+                let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
+                let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
+                let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
+                let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
+                let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
+                let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
+                let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
+                let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
+                let u0 = _mm256_unpacklo_epi64(t0, t2);
+                let u1 = _mm256_unpackhi_epi64(t0, t2);
+                let u2 = _mm256_unpacklo_epi64(t1, t3);
+                let u3 = _mm256_unpackhi_epi64(t1, t3);
+                let u4 = _mm256_unpacklo_epi64(t4, t6);
+                let u5 = _mm256_unpackhi_epi64(t4, t6);
+                let u6 = _mm256_unpacklo_epi64(t5, t7);
+                let u7 = _mm256_unpackhi_epi64(t5, t7);
+                [
+                    _mm256_permute2x128_si256::<0x20>(u0, u4),
+                    _mm256_permute2x128_si256::<0x20>(u1, u5),
+                    _mm256_permute2x128_si256::<0x20>(u2, u6),
+                    _mm256_permute2x128_si256::<0x20>(u3, u7),
+                    _mm256_permute2x128_si256::<0x31>(u0, u4),
+                    _mm256_permute2x128_si256::<0x31>(u1, u5),
+                    _mm256_permute2x128_si256::<0x31>(u2, u6),
+                    _mm256_permute2x128_si256::<0x31>(u3, u7),
+                ]
+            }
         }
     };
 }
 
-int_kernels!(avx2, "avx2,fma,f16c", |a, b| _mm256_madd_epi16(
-    _mm256_maddubs_epi16(a, b),
-    _mm256_set1_epi16(1)
-));
-int_kernels!(avxvnni, "avx2,fma,f16c,avxvnni", |a, b| {
-    _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b)
-});
-int_kernels!(avx512vnni, "avx2,fma,f16c,avx512vnni,avx512vl", |a, b| {
-    _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b)
-});
+int_kernels!(
+    avx2,
+    "avx2,fma,f16c",
+    false,
+    |a, b| _mm256_madd_epi16(_mm256_maddubs_epi16(a, b), _mm256_set1_epi16(1)),
+    |c, a, b| _mm256_add_epi32(c, dot_u8i8(a, b))
+);
+int_kernels!(
+    avxvnni,
+    "avx2,fma,f16c,avxvnni",
+    true,
+    |a, b| _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), a, b),
+    |c, a, b| _mm256_dpbusd_avx_epi32(c, a, b)
+);
+int_kernels!(
+    avx512vnni,
+    "avx2,fma,f16c,avx512vnni,avx512vl",
+    true,
+    |a, b| _mm256_dpbusd_epi32(_mm256_setzero_si256(), a, b),
+    |c, a, b| _mm256_dpbusd_epi32(c, a, b)
+);
