@@ -13,7 +13,16 @@ use util::*;
 
 checks!(packed_buffers_read_the_same_through_an_import);
 
+/// Held by every test that maps shared memory: one of them counts this process's maps, which
+/// the others would change under it when the tests run in parallel.
+static MAPS: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn maps_lock() -> std::sync::MutexGuard<'static, ()> {
+    MAPS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 fn packed_buffers_read_the_same_through_an_import(gpu: &Gpu) {
+    let _maps = maps_lock();
     let a: Vec<f32> = (0..1000).map(|i| i as f32 * 0.5 - 7.0).collect();
     let b: Vec<u16> = (0..77).map(|i| i * 3).collect();
     let (ba, bb) = (gpu.upload(&a).unwrap(), gpu.upload(&b).unwrap());
@@ -55,6 +64,7 @@ fn shared_maps() -> usize {
 
 #[test]
 fn emu_imported_memory_is_read_only_and_released_with_its_last_view() {
+    let _maps = maps_lock();
     let gpu = Gpu::emulator();
     let other = Gpu::emulator();
     let before = shared_maps();
@@ -82,6 +92,7 @@ fn emu_imported_memory_is_read_only_and_released_with_its_last_view() {
 
 #[test]
 fn emu_a_short_handle_is_refused() {
+    let _maps = maps_lock();
     let gpu = Gpu::emulator();
     let region = SharedRegion::export(&gpu, 4096).unwrap();
     let e = SharedRegion::import(&gpu, region.handle().unwrap(), 8192)
