@@ -11,8 +11,8 @@ use rayon::prelude::*;
 
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use super::features::{cpu_isa, Isa};
-use super::kquant::MAX_XK;
 use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
+use super::kquant::{max_xk, MAX_XK_WIDE};
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
 use crate::{KernelError, QMatrix};
@@ -24,8 +24,8 @@ const Q8_SUB_ROWS: usize = 64;
 /// Weight rows the integer kernels take per pass (at most); task sizes are multiples of it.
 const ROW_PASS: usize = 8;
 const _: () = assert!(Q8_SUB_ROWS.is_multiple_of(ROW_PASS));
-// The stack buffer holds `MAX_X` activation rows, enough for either kernel family.
-const _: () = assert!(MAX_XK <= MAX_X);
+// The stack buffer holds `MAX_XK_WIDE` activation rows, enough for every kernel.
+const _: () = assert!(MAX_X <= MAX_XK_WIDE);
 /// Weight rows the f32 path walks before moving to the next group of activation rows.
 const F32_SUB_ROWS: usize = 16;
 
@@ -290,8 +290,12 @@ fn fused_q8(
         let dtype = w.dtype();
         let row_bytes = dtype.row_bytes(k);
         let super_block = is_super_block(dtype);
-        let x_max = if super_block { MAX_XK } else { MAX_X };
-        let mut vals = [0f32; Q8_SUB_ROWS * MAX_X];
+        let x_max = if super_block {
+            max_xk(isa, dtype)
+        } else {
+            MAX_X
+        };
+        let mut vals = [0f32; Q8_SUB_ROWS * MAX_XK_WIDE];
         let mut row = r0;
         while row < r1 {
             let wr = (r1 - row).min(Q8_SUB_ROWS);

@@ -36,9 +36,11 @@ mod q45k_lanes;
 mod q6k_lanes;
 mod q8k;
 #[cfg(target_arch = "x86_64")]
+mod vnni;
+#[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub(crate) use q8k::{dot_q8k, Q8KArgs, MAX_XK};
+pub(crate) use q8k::{dot_q8k, max_xk, Q8KArgs, MAX_XK_WIDE};
 pub use q8k::{quantize_row_q8k, Q8KBlock};
 
 /// Weights per super-block.

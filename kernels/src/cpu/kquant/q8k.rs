@@ -68,13 +68,28 @@ pub(crate) struct Q8KArgs<'a> {
     pub nb: usize,
 }
 
-/// Most activation rows one kernel call handles.
+/// Most activation rows one kernel call handles, on every level.
 pub(crate) const MAX_XK: usize = 8;
 
-/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows`, `j < x_rows` (at most [`MAX_XK`]).
+/// Most activation rows one kernel call handles on any level.
+pub(crate) const MAX_XK_WIDE: usize = 64;
+
+/// Most activation rows one kernel call handles for `dtype` on `isa`'s level: AVX-512 VNNI's
+/// kernel unpacks each super-block once for up to 64.
+pub(crate) fn max_xk(isa: Isa, dtype: DType) -> usize {
+    match isa.level() {
+        #[cfg(target_arch = "x86_64")]
+        CpuLevel::Avx512Vnni if super::vnni::takes(dtype) => MAX_XK_WIDE,
+        _ => MAX_XK,
+    }
+}
+
+/// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows`, `j < x_rows` (at most
+/// [`max_xk`]).
 ///
-/// Every level above scalar runs the AVX2 kernels: there are no AVX-VNNI or AVX-512 versions
-/// of these types yet.
+/// AVX-512 VNNI takes its own kernel for three or more activation rows of Q2_K, Q3_K, Q4_K
+/// and IQ4_XS; every other case above scalar runs the AVX2 kernels (there is no AVX-VNNI
+/// version).
 ///
 /// # Panics
 /// If `a.dtype` is not a super-block type, or the slices are shorter than the arguments claim
@@ -85,7 +100,10 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
         "dot_q8k: {} weights",
         a.dtype
     );
-    assert!((1..=MAX_XK).contains(&x_rows), "dot_q8k: {x_rows} rows");
+    assert!(
+        (1..=max_xk(isa, a.dtype)).contains(&x_rows),
+        "dot_q8k: {x_rows} rows"
+    );
     let row_bytes = a.nb * a.dtype.block_bytes();
     assert!(
         a.w_stride >= row_bytes
@@ -98,6 +116,11 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
         CpuLevel::Scalar => scalar(a, w_rows, x_rows, out),
         // SAFETY: every level above Scalar has AVX2, FMA and F16C, and `isa` says this CPU
         // runs its level; the bounds the kernels read within were asserted above.
+        #[cfg(target_arch = "x86_64")]
+        CpuLevel::Avx512Vnni if x_rows >= 3 && super::vnni::takes(a.dtype) => unsafe {
+            super::vnni::rows(a, w_rows, x_rows, out)
+        },
+        // SAFETY: as above.
         #[cfg(target_arch = "x86_64")]
         _ => unsafe { super::x86::dispatch(a, w_rows, x_rows, out) },
         #[cfg(not(target_arch = "x86_64"))]

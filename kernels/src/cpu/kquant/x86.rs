@@ -100,7 +100,7 @@ unsafe fn rows<const X: usize>(a: &Q8KArgs<'_>, w_rows: usize, out: &mut [f32]) 
 
 #[target_feature(enable = "avx2")]
 #[inline]
-fn load32(b: &[u8]) -> __m256i {
+pub(super) fn load32(b: &[u8]) -> __m256i {
     assert!(b.len() >= 32);
     // SAFETY: 32 bytes are there (checked above); unaligned loads are allowed.
     unsafe { _mm256_loadu_si256(b.as_ptr() as *const __m256i) }
@@ -108,7 +108,7 @@ fn load32(b: &[u8]) -> __m256i {
 
 #[target_feature(enable = "avx2")]
 #[inline]
-fn load16(b: &[u8]) -> __m128i {
+pub(super) fn load16(b: &[u8]) -> __m128i {
     assert!(b.len() >= 16);
     // SAFETY: 16 bytes are there (checked above).
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
@@ -168,7 +168,7 @@ fn finish<const X: usize>(d: f32, x: &[&Q8KBlock; X], sumi: &[__m256i; X], acc: 
 /// Bits `2s..2s + 2` of each byte of `q` (a variable shift: `s` comes from a loop).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn crumbs(q: __m256i, s: i32) -> __m256i {
+pub(super) fn crumbs(q: __m256i, s: i32) -> __m256i {
     _mm256_and_si256(
         _mm256_srl_epi16(q, _mm_cvtsi32_si128(2 * s)),
         _mm256_set1_epi8(3),
@@ -178,14 +178,14 @@ fn crumbs(q: __m256i, s: i32) -> __m256i {
 /// Bits `2s..2s + 2` of each byte of `h`, moved to bits 4 and 5.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn high2(h: __m256i, s: i32) -> __m256i {
+pub(super) fn high2(h: __m256i, s: i32) -> __m256i {
     _mm256_slli_epi16::<4>(crumbs(h, s))
 }
 
 /// `val` in each byte of `bits` whose bit `mask` is set, 0 elsewhere.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn where_bit(bits: __m256i, mask: u8, val: i8) -> __m256i {
+pub(super) fn where_bit(bits: __m256i, mask: u8, val: i8) -> __m256i {
     let m = _mm256_set1_epi8(mask as i8);
     _mm256_and_si256(
         _mm256_cmpeq_epi8(_mm256_and_si256(bits, m), m),

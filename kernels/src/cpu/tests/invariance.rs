@@ -7,9 +7,9 @@ use crate::cpu::features::Isa;
 use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
 use crate::{DType, MatmulJob, QMatrix};
 
-/// Past the kernels' row groups (8 f32 rows, 4 quantised rows) several times over, with
-/// ragged last groups.
-const M_MAX: usize = 37;
+/// Past the kernels' row groups (8 f32 rows, 8 quantised rows, 64 on AVX-512 VNNI's
+/// super-block kernel) several times over, with ragged last groups.
+const M_MAX: usize = 70;
 
 fn rows_are_batch_invariant(isa: Isa) {
     let mut rng = Rng(0x5EED_1234);
@@ -34,7 +34,7 @@ fn rows_are_batch_invariant(isa: Isa) {
                 out
             };
             let alone: Vec<Vec<f32>> = (0..M_MAX).map(|r| run(&x[r * k..(r + 1) * k], 1)).collect();
-            let sizes = (1..=10).chain([15, 16, 17, 23, 31, 32, 33, M_MAX]);
+            let sizes = (1..=10).chain([15, 16, 17, 23, 31, 32, 33, 64, 65, M_MAX]);
             for m in sizes {
                 // Rows 0..m of `x`, and the same rows in reverse, so that each row is also
                 // seen at another position and in another group.

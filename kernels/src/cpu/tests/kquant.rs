@@ -1,8 +1,9 @@
 //! The super-block kernels past the reference fixtures' four rows: whole passes of eight
-//! weight rows and every ragged last pass (the lane kernels put eight rows in a vector), each
-//! against the dequantised weights and the quantised activations in f64.
+//! weight rows and every ragged last pass (the lane kernels put eight rows in a vector), and
+//! every activation-row count a level's kernels take, each against the dequantised weights
+//! and the quantised activations in f64.
 
-use super::super::kquant::{dot_q8k, is_super_block, Q8KArgs, MAX_XK};
+use super::super::kquant::{dot_q8k, is_super_block, max_xk, Q8KArgs};
 use super::{random_matrix, Rng};
 use crate::cpu::features::Isa;
 use crate::{dequantize_row, quantize_row_q8k, DType, Q8KBlock};
@@ -21,8 +22,11 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
                 r
             })
             .collect();
-        let x: Vec<f32> = (0..MAX_XK * cols).map(|_| rng.f32() * 2.0).collect();
-        let mut q = vec![Q8KBlock::default(); MAX_XK * nb];
+        // Up to the level's most activation rows per call (64 on AVX-512 VNNI), with ragged
+        // counts past the AVX2 kernels' eight.
+        let x_max = max_xk(isa, dtype);
+        let x: Vec<f32> = (0..x_max * cols).map(|_| rng.f32() * 2.0).collect();
+        let mut q = vec![Q8KBlock::default(); x_max * nb];
         for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
             quantize_row_q8k(xr, qr);
         }
@@ -32,7 +36,7 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
             f64::from(blk.d) * f64::from(blk.qs[t % 256])
         };
         for w_rows in [1, 3, 7, 8, 9, 16, 17, 19] {
-            for x_rows in 1..=MAX_XK {
+            for x_rows in (1..=8).chain([13, 33, 64]).filter(|&r| r <= x_max) {
                 let args = Q8KArgs {
                     dtype,
                     w: &w,
