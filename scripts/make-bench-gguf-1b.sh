@@ -43,6 +43,10 @@ types="Q4_K_M Q6_K IQ4_XS"
 [ -x "$quantize" ] || { echo "$quantize is missing: run scripts/make-llamacpp-quants.sh" >&2; exit 1; }
 mkdir -p "$out"
 export OMP_NUM_THREADS=2
+# The vocabulary step (scripts/make_tiny_gguf.py) reads SentencePiece models; the torch venv
+# does not come with the package.
+"$python" -c "import sentencepiece" 2>/dev/null \
+  || "$python" -m pip install --quiet --disable-pip-version-check sentencepiece==0.2.3 >&2
 
 if [ ! -f "$hf/config.json" ]; then
   echo "writing the HF checkpoint $hf" >&2
