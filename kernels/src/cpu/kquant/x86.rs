@@ -16,7 +16,7 @@
 use std::arch::x86_64::*;
 
 use super::q8k::{Q8KArgs, Q8KBlock};
-use super::{iq4xs_scales, q3k_scales, scale_min_k4, IQ4_LEVELS};
+use super::{iq4xs_scales, q3k_scales, scales_mins_k4, IQ4_LEVELS};
 use crate::cpu::dequant::f16_at;
 use crate::DType;
 
@@ -263,16 +263,12 @@ fn q45k<const X: usize>(
     offs: &mut [f32; X],
 ) {
     let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
-    let mut sc = [0i16; 8];
-    let mut mn = [0i16; 16];
-    for k in 0..8 {
-        let (s, m) = scale_min_k4(k, &blk[4..16]);
-        sc[k] = i16::from(s);
-        mn[2 * k] = i16::from(m);
-        mn[2 * k + 1] = i16::from(m);
-    }
-    // SAFETY: `mn` is 16 i16, 32 bytes.
-    let mins = unsafe { _mm256_loadu_si256(mn.as_ptr() as *const __m256i) };
+    let (s8, m8) = scales_mins_k4(&blk[4..16]);
+    let sc = s8.map(i16::from);
+    // Each minimum twice, as i16: the minimums of the 16-value groups the activation sums
+    // come in.
+    let m = _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(m8)));
+    let mins = _mm256_set_m128i(_mm_unpackhi_epi16(m, m), _mm_unpacklo_epi16(m, m));
     for j in 0..X {
         let m = hsum_i32(_mm256_madd_epi16(bsums(x[j]), mins));
         offs[j] -= dmin * x[j].d * m as f32;
