@@ -25,6 +25,7 @@ use super::q8k::{Q8KArgs, Q8KBlock};
 use super::x86::{crumbs, load16, load32, where_bit};
 use super::{iq4xs_scales, q3k_scales, scales_mins_k4, IQ4_LEVELS};
 use crate::cpu::dequant::f16_at;
+use crate::cpu::x86::transpose8;
 use crate::DType;
 
 /// Rows per pass: one per f32 lane.
@@ -166,38 +167,6 @@ unsafe fn unpack_row<const T: u8>(
             (q, f16_at(blk, 0), 0.0)
         }
     }
-}
-
-/// Eight vectors of eight dwords transposed: lane `i` of output `c` is lane `c` of input `i`.
-#[target_feature(enable = "avx2")]
-#[inline]
-fn transpose8(r: [__m256i; LANES]) -> [__m256i; LANES] {
-    let t0 = _mm256_unpacklo_epi32(r[0], r[1]);
-    let t1 = _mm256_unpackhi_epi32(r[0], r[1]);
-    let t2 = _mm256_unpacklo_epi32(r[2], r[3]);
-    let t3 = _mm256_unpackhi_epi32(r[2], r[3]);
-    let t4 = _mm256_unpacklo_epi32(r[4], r[5]);
-    let t5 = _mm256_unpackhi_epi32(r[4], r[5]);
-    let t6 = _mm256_unpacklo_epi32(r[6], r[7]);
-    let t7 = _mm256_unpackhi_epi32(r[6], r[7]);
-    let u0 = _mm256_unpacklo_epi64(t0, t2);
-    let u1 = _mm256_unpackhi_epi64(t0, t2);
-    let u2 = _mm256_unpacklo_epi64(t1, t3);
-    let u3 = _mm256_unpackhi_epi64(t1, t3);
-    let u4 = _mm256_unpacklo_epi64(t4, t6);
-    let u5 = _mm256_unpackhi_epi64(t4, t6);
-    let u6 = _mm256_unpacklo_epi64(t5, t7);
-    let u7 = _mm256_unpackhi_epi64(t5, t7);
-    [
-        _mm256_permute2x128_si256::<0x20>(u0, u4),
-        _mm256_permute2x128_si256::<0x20>(u1, u5),
-        _mm256_permute2x128_si256::<0x20>(u2, u6),
-        _mm256_permute2x128_si256::<0x20>(u3, u7),
-        _mm256_permute2x128_si256::<0x31>(u0, u4),
-        _mm256_permute2x128_si256::<0x31>(u1, u5),
-        _mm256_permute2x128_si256::<0x31>(u2, u6),
-        _mm256_permute2x128_si256::<0x31>(u3, u7),
-    ]
 }
 
 /// The activation quants of `xb` as dwords, offset to unsigned for the [`signed`] types.
