@@ -120,9 +120,10 @@ pub(crate) struct Q8Args<'a> {
 
 /// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`.
 ///
-/// Above scalar, every level runs the eight-row lane kernels; AVX-512 VNNI and AVX-VNNI
-/// take `vpdpbusd` for the byte products of Q8_0 and IQ4_NL, whose pair sums would not fit
-/// `maddubs`'s `i16`.
+/// Above scalar, every level runs the eight-row lane kernels. AVX-512 VNNI and AVX-VNNI take
+/// `vpdpbusd` for the byte products of Q8_0 and IQ4_NL (whose pair sums would not fit
+/// `maddubs`'s `i16`), and for three or more activation rows the broadcast form of every
+/// type; all of them give the same bits for a row.
 ///
 /// # Panics
 /// If the shape is not one the kernels are built for, or the slices are shorter than the
