@@ -12,20 +12,18 @@ use rayon::prelude::*;
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use super::features::{cpu_isa, Isa};
 use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
-use super::kquant::{max_xk, MAX_XK_WIDE};
+use super::kquant::max_xk;
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
 use crate::{KernelError, QMatrix};
 
 /// Weight rows per task (at least).
 const FUSED_CHUNK_MIN: usize = 16;
-/// Weight rows per integer-kernel call (its outputs go through a stack buffer).
+/// Weight rows per integer-kernel call (its outputs go through a per-task buffer).
 const Q8_SUB_ROWS: usize = 64;
 /// Weight rows the integer kernels take per pass (at most); task sizes are multiples of it.
 const ROW_PASS: usize = 8;
 const _: () = assert!(Q8_SUB_ROWS.is_multiple_of(ROW_PASS));
-// The stack buffer holds `MAX_XK_WIDE` activation rows, enough for every kernel.
-const _: () = assert!(MAX_X <= MAX_XK_WIDE);
 /// Weight rows the f32 path walks before moving to the next group of activation rows.
 const F32_SUB_ROWS: usize = 16;
 
@@ -295,7 +293,16 @@ fn fused_q8(
         } else {
             MAX_X
         };
-        let mut vals = [0f32; Q8_SUB_ROWS * MAX_XK_WIDE];
+        // Zeroing a buffer for 64 activation rows on every decode task would cost more than
+        // some of the products: the small one on the stack, the wide one (prefill) on the heap.
+        let mut small = [0f32; Q8_SUB_ROWS * MAX_X];
+        let mut wide = Vec::new();
+        let vals: &mut [f32] = if x_max > MAX_X {
+            wide.resize(Q8_SUB_ROWS * x_max, 0f32);
+            &mut wide
+        } else {
+            &mut small
+        };
         let mut row = r0;
         while row < r1 {
             let wr = (r1 - row).min(Q8_SUB_ROWS);
@@ -311,7 +318,7 @@ fn fused_q8(
                         x: &xqk[g * nbk..(g + xr) * nbk],
                         nb: nbk,
                     };
-                    dot_q8k(isa, &args, wr, xr, &mut vals);
+                    dot_q8k(isa, &args, wr, xr, vals);
                 } else {
                     let args = Q8Args {
                         dtype,
@@ -320,7 +327,7 @@ fn fused_q8(
                         x: &xq[g * nb..(g + xr) * nb],
                         nb,
                     };
-                    dot_q8(isa, &args, wr, xr, &mut vals);
+                    dot_q8(isa, &args, wr, xr, vals);
                 }
                 for i in 0..wr {
                     for jx in 0..xr {

@@ -40,7 +40,7 @@ mod vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub(crate) use q8k::{dot_q8k, max_xk, Q8KArgs, MAX_XK_WIDE};
+pub(crate) use q8k::{dot_q8k, max_xk, Q8KArgs};
 pub use q8k::{quantize_row_q8k, Q8KBlock};
 
 /// Weights per super-block.
