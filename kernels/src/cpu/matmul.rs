@@ -11,8 +11,8 @@ use rayon::prelude::*;
 
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use super::features::{cpu_isa, Isa};
-use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::kquant::max_xk;
+use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
 use crate::{KernelError, QMatrix};

@@ -169,24 +169,22 @@ unsafe fn unpack_row<const T: u8>(
     }
 }
 
-/// The activation quants of `xb` as dwords, offset to unsigned for the [`signed`] types.
+/// The activation quants of `xb`, offset to unsigned (`x + 128`), as dwords: what the
+/// [`signed`] types multiply by their quants.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn x_dwords<const T: u8>(xb: &Q8KBlock) -> [i32; 64] {
-    let mut out = [0i32; 64];
+fn x_offset(xb: &Q8KBlock, out: &mut [i32; 64]) {
     let high = _mm256_set1_epi8(-128);
     for v in 0..8 {
-        // SAFETY: 32 of the block's 256 quants.
-        let x = unsafe { _mm256_loadu_si256(xb.qs[32 * v..].as_ptr() as *const __m256i) };
-        let x = if signed(T) {
-            _mm256_xor_si256(x, high)
-        } else {
-            x
-        };
-        // SAFETY: eight dwords at `8v`.
-        unsafe { _mm256_storeu_si256(out[8 * v..].as_mut_ptr() as *mut __m256i, x) };
+        // SAFETY: 32 of the block's 256 quants, and eight dwords of `out` at `8v`.
+        unsafe {
+            let x = _mm256_loadu_si256(xb.qs[32 * v..].as_ptr() as *const __m256i);
+            _mm256_storeu_si256(
+                out[8 * v..].as_mut_ptr() as *mut __m256i,
+                _mm256_xor_si256(x, high),
+            );
+        }
     }
-    out
 }
 
 /// Rows `r0..r0 + n` (`n` at most [`LANES`]) of type `T` against `x_rows` activation rows.
@@ -206,6 +204,7 @@ unsafe fn pass<const T: u8>(a: &Q8KArgs<'_>, r0: usize, n: usize, x_rows: usize,
     let mut mn = [[0i32; LANES]; 16];
     let mut d = [0f32; LANES];
     let mut dmin = [0f32; LANES];
+    let mut xo = [0i32; 64];
     for b in 0..a.nb {
         for i in 0..n {
             let at = (r0 + i) * a.w_stride + b * bb;
@@ -239,12 +238,14 @@ unsafe fn pass<const T: u8>(a: &Q8KArgs<'_>, r0: usize, n: usize, x_rows: usize,
         }
         for j in 0..x_rows {
             let xb = &a.x[j * a.nb + b];
-            let xd = if signed(T) {
-                x_dwords::<T>(xb)
+            // The activation dwords the products broadcast: offset for the signed types, as
+            // they are for the others.
+            let xp = if signed(T) {
+                x_offset(xb, &mut xo);
+                xo.as_ptr()
             } else {
-                [0; 64]
+                xb.qs.as_ptr() as *const i32
             };
-            let xp = xb.qs.as_ptr() as *const i32;
             let mut sumi = _mm256_setzero_si256();
             for g in 0..16 {
                 let (v, c0) = (g / 2, 4 * (g % 2));
@@ -252,20 +253,20 @@ unsafe fn pass<const T: u8>(a: &Q8KArgs<'_>, r0: usize, n: usize, x_rows: usize,
                 let mut s1 = _mm256_setzero_si256();
                 for k in [0, 2] {
                     let at = 8 * v + c0 + k;
+                    // SAFETY: dwords `at`, `at + 1` of the block's 64.
+                    let (x0, x1) = unsafe {
+                        (
+                            _mm256_set1_epi32(xp.add(at).read_unaligned()),
+                            _mm256_set1_epi32(xp.add(at + 1).read_unaligned()),
+                        )
+                    };
+                    let (t0, t1) = (t[v][c0 + k], t[v][c0 + k + 1]);
                     if signed(T) {
-                        let (x0, x1) = (_mm256_set1_epi32(xd[at]), _mm256_set1_epi32(xd[at + 1]));
-                        s0 = _mm256_dpbusd_epi32(s0, x0, t[v][c0 + k]);
-                        s1 = _mm256_dpbusd_epi32(s1, x1, t[v][c0 + k + 1]);
+                        s0 = _mm256_dpbusd_epi32(s0, x0, t0);
+                        s1 = _mm256_dpbusd_epi32(s1, x1, t1);
                     } else {
-                        // SAFETY: dwords `at`, `at + 1` of the block's 64.
-                        let (x0, x1) = unsafe {
-                            (
-                                _mm256_set1_epi32(xp.add(at).read_unaligned()),
-                                _mm256_set1_epi32(xp.add(at + 1).read_unaligned()),
-                            )
-                        };
-                        s0 = _mm256_dpbusd_epi32(s0, t[v][c0 + k], x0);
-                        s1 = _mm256_dpbusd_epi32(s1, t[v][c0 + k + 1], x1);
+                        s0 = _mm256_dpbusd_epi32(s0, t0, x0);
+                        s1 = _mm256_dpbusd_epi32(s1, t1, x1);
                     }
                 }
                 let mut s = _mm256_add_epi32(s0, s1);

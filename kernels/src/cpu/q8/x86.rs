@@ -137,25 +137,16 @@ macro_rules! int_kernels {
                 let mut r = 0;
                 // The type and a full pass are compile-time constants, so that each block's
                 // unpacking stays in registers.
-                // Three or more activation rows, where `dot_u8i8` sums four products
-                // exactly (`vpdpbusd`), take the broadcast form.
-                let bcast = EXACT4 && X >= 3;
                 macro_rules! by_type {
                     ($full:expr, $n:expr) => {{
                         let o = &mut out[r * X..(r + $n) * X];
-                        match (a.dtype, bcast) {
-                            (DType::Q4_0, false) => dot::<X, 0, $full>(a, r, $n, o),
-                            (DType::Q4_0, true) => dot_bcast::<X, 0, $full>(a, r, $n, o),
-                            (DType::Q4_1, false) => dot::<X, 1, $full>(a, r, $n, o),
-                            (DType::Q4_1, true) => dot_bcast::<X, 1, $full>(a, r, $n, o),
-                            (DType::Q5_0, false) => dot::<X, 2, $full>(a, r, $n, o),
-                            (DType::Q5_0, true) => dot_bcast::<X, 2, $full>(a, r, $n, o),
-                            (DType::Q5_1, false) => dot::<X, 3, $full>(a, r, $n, o),
-                            (DType::Q5_1, true) => dot_bcast::<X, 3, $full>(a, r, $n, o),
-                            (DType::Q8_0, false) => dot::<X, 4, $full>(a, r, $n, o),
-                            (DType::Q8_0, true) => dot_bcast::<X, 4, $full>(a, r, $n, o),
-                            (_, false) => dot::<X, 5, $full>(a, r, $n, o),
-                            (_, true) => dot_bcast::<X, 5, $full>(a, r, $n, o),
+                        match a.dtype {
+                            DType::Q4_0 => dot::<X, 0, $full>(a, r, $n, o),
+                            DType::Q4_1 => dot::<X, 1, $full>(a, r, $n, o),
+                            DType::Q5_0 => dot::<X, 2, $full>(a, r, $n, o),
+                            DType::Q5_1 => dot::<X, 3, $full>(a, r, $n, o),
+                            DType::Q8_0 => dot::<X, 4, $full>(a, r, $n, o),
+                            _ => dot::<X, 5, $full>(a, r, $n, o),
                         }
                     }};
                 }
@@ -323,6 +314,43 @@ macro_rules! int_kernels {
                 )
             }
 
+            /// The eight rows' block sums with activation block `xq` in the broadcast form
+            /// (see [`dot`]), from the transposed quants `t` and the signed types' `128·Σw`.
+            #[target_feature(enable = $features)]
+            #[inline]
+            fn bcast_sums<const T: u8>(
+                t: &[__m256i; LANES],
+                xq: __m256i,
+                high: __m256i,
+                corr: __m256i,
+            ) -> __m256i {
+                let xv = if has_min(T) {
+                    xq
+                } else {
+                    // `x + 128` as unsigned bytes.
+                    _mm256_xor_si256(xq, high)
+                };
+                let mut xd = [0i32; 8];
+                // SAFETY: eight dwords.
+                unsafe { _mm256_storeu_si256(xd.as_mut_ptr() as *mut __m256i, xv) };
+                let mut s0 = _mm256_setzero_si256();
+                let mut s1 = _mm256_setzero_si256();
+                for c in 0..4 {
+                    let (x0, x1) = (
+                        _mm256_set1_epi32(xd[2 * c]),
+                        _mm256_set1_epi32(xd[2 * c + 1]),
+                    );
+                    if has_min(T) {
+                        s0 = dot_acc(s0, t[2 * c], x0);
+                        s1 = dot_acc(s1, t[2 * c + 1], x1);
+                    } else {
+                        s0 = dot_acc(s0, x0, t[2 * c]);
+                        s1 = dot_acc(s1, x1, t[2 * c + 1]);
+                    }
+                }
+                _mm256_sub_epi32(_mm256_add_epi32(s0, s1), corr)
+            }
+
             /// `out[i * X + j] = w_{r0 + i} · x_j` for `n` (at most [`LANES`]) weight rows
             /// from `r0` and `X` activation rows; `FULL`: `n` is `LANES`.
             ///
@@ -333,6 +361,16 @@ macro_rules! int_kernels {
             /// same way. So an output's value comes from the same operations whatever `X`,
             /// `n` and the row's lane are: a row gives the same result in any batch. Each
             /// block of the eight weight rows is unpacked once for all the activation rows.
+            ///
+            /// A row's block sums come one of two ways. Per activation row, eight `part`s
+            /// summed across rows by [`reduce`]; or, for three or more activation rows where
+            /// [`EXACT4`] holds, the broadcast form: the eight rows' bytes transposed once per
+            /// block so that lane `i` of vector `c` holds bytes `4c..4c + 4` of row `i`, and
+            /// each activation dword, broadcast, meets all eight rows in one `vpdpbusd`, with
+            /// no sign moves and no horizontal sums. There the types with a minimum multiply
+            /// their unsigned quants by the activations as they are; the signed types multiply
+            /// the activations offset to unsigned (`x + 128`) by the signed quants and take
+            /// `128·Σw` off each row's sum. Both give the same exact sums, so the same bits.
             ///
             /// # Safety
             /// As for [`rows`], with `r0 + n` at most its `rows`.
@@ -352,6 +390,9 @@ macro_rules! int_kernels {
                 let x = a.x.as_ptr();
                 let nb = a.nb;
                 let bb = block_bytes(T);
+                let bcast = EXACT4 && X >= 3;
+                let ones = _mm256_set1_epi8(1);
+                let high = _mm256_set1_epi8(-128);
                 // SAFETY (whole block): block `b` of weight row `i` is the bytes
                 // `i * w_stride + b * bb..+ bb`, and activation block `j * nb + b`, both
                 // inside what `dot_q8` asserted for `b < nb`, `i < n`, `j < X`. Rows past `n`
@@ -390,108 +431,27 @@ macro_rules! int_kernels {
                         } else {
                             (_mm256_loadu_ps(dw.as_ptr()), _mm256_loadu_ps(mw.as_ptr()))
                         };
-                        for j in 0..X {
-                            let xb = &*x.add(j * nb + b);
-                            let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                            let p = std::array::from_fn(|i| part::<T>(wu[i], ws[i], xq));
-                            let sums = reduce::<T>(&p);
-                            let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
-                            acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
-                            if has_min(T) {
-                                offs[j] = _mm256_fmadd_ps(mwv, _mm256_set1_ps(xb.s), offs[j]);
-                            }
-                        }
-                    }
-                }
-                lanes_out(&acc, &offs, n, out);
-            }
-
-            /// [`dot`] where [`EXACT4`] holds: the eight rows' bytes are transposed once per
-            /// block so that lane `i` of vector `c` holds bytes `4c..4c + 4` of row `i`, and
-            /// each activation dword, broadcast, meets all eight rows in one `vpdpbusd`.
-            /// The types with a minimum multiply their unsigned quants by the activations as
-            /// they are; the signed types multiply the activations offset to unsigned
-            /// (`x + 128`) by the signed quants and take `128·Σw` off each row's sum. Either
-            /// way the sums are the exact ones [`dot`] gets and the floating-point operations
-            /// after them are the same: the two give the same bits. Fewer operations per
-            /// activation row than [`dot`] (no sign moves, no horizontal sums), more per
-            /// block: for three or more rows.
-            ///
-            /// # Safety
-            /// As for [`dot`].
-            #[target_feature(enable = $features)]
-            #[inline]
-            unsafe fn dot_bcast<const X: usize, const T: u8, const FULL: bool>(
-                a: &Q8Args<'_>,
-                r0: usize,
-                n: usize,
-                out: &mut [f32],
-            ) {
-                let n = if FULL { LANES } else { n };
-                let mut acc = [_mm256_setzero_ps(); X];
-                let mut offs = [_mm256_setzero_ps(); X];
-                // SAFETY: row `r0` is inside the checked rows.
-                let w = unsafe { a.w.as_ptr().add(r0 * a.w_stride) };
-                let x = a.x.as_ptr();
-                let nb = a.nb;
-                let bb = block_bytes(T);
-                let ones = _mm256_set1_epi8(1);
-                let high = _mm256_set1_epi8(-128);
-                // SAFETY (whole block): as in `dot`; rows past `n` stay zero.
-                unsafe {
-                    let mut q = [_mm256_setzero_si256(); LANES];
-                    let mut dw = [0f32; LANES];
-                    let mut mw = [0f32; LANES];
-                    for b in 0..nb {
-                        for i in 0..n {
-                            let (wu, ws, d, m) = unpack::<T>(w.add(i * a.w_stride + b * bb));
-                            q[i] = if has_min(T) { wu } else { ws };
-                            dw[i] = d;
-                            mw[i] = m;
-                        }
-                        let (dwv, mwv) = if FULL {
-                            scales8::<T>(w.add(b * bb), a.w_stride)
-                        } else {
-                            (_mm256_loadu_ps(dw.as_ptr()), _mm256_loadu_ps(mw.as_ptr()))
-                        };
-                        let t = transpose8(q);
-                        // The signed types: Σw of each row (lane), times 128.
-                        let corr = if has_min(T) {
-                            _mm256_setzero_si256()
-                        } else {
-                            let mut wsum = _mm256_setzero_si256();
-                            for tc in &t {
-                                wsum = dot_acc(wsum, ones, *tc);
-                            }
-                            _mm256_slli_epi32::<7>(wsum)
-                        };
-                        for j in 0..X {
-                            let xb = &*x.add(j * nb + b);
-                            let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
-                            let xv = if has_min(T) {
-                                xq
-                            } else {
-                                // `x + 128` as unsigned bytes.
-                                _mm256_xor_si256(xq, high)
-                            };
-                            let mut xd = [0i32; 8];
-                            _mm256_storeu_si256(xd.as_mut_ptr() as *mut __m256i, xv);
-                            let mut s0 = _mm256_setzero_si256();
-                            let mut s1 = _mm256_setzero_si256();
-                            for c in 0..4 {
-                                let (x0, x1) = (
-                                    _mm256_set1_epi32(xd[2 * c]),
-                                    _mm256_set1_epi32(xd[2 * c + 1]),
-                                );
-                                if has_min(T) {
-                                    s0 = dot_acc(s0, t[2 * c], x0);
-                                    s1 = dot_acc(s1, t[2 * c + 1], x1);
-                                } else {
-                                    s0 = dot_acc(s0, x0, t[2 * c]);
-                                    s1 = dot_acc(s1, x1, t[2 * c + 1]);
+                        // The broadcast form's transposed quants, and for the signed types
+                        // `128·Σw` of each row (lane).
+                        let mut t = [_mm256_setzero_si256(); LANES];
+                        let mut corr = _mm256_setzero_si256();
+                        if bcast {
+                            t = transpose8(if has_min(T) { wu } else { ws });
+                            if !has_min(T) {
+                                for tc in &t {
+                                    corr = dot_acc(corr, ones, *tc);
                                 }
+                                corr = _mm256_slli_epi32::<7>(corr);
                             }
-                            let sums = _mm256_sub_epi32(_mm256_add_epi32(s0, s1), corr);
+                        }
+                        for j in 0..X {
+                            let xb = &*x.add(j * nb + b);
+                            let xq = _mm256_loadu_si256(xb.qs.as_ptr() as *const __m256i);
+                            let sums = if bcast {
+                                bcast_sums::<T>(&t, xq, high, corr)
+                            } else {
+                                reduce::<T>(&std::array::from_fn(|i| part::<T>(wu[i], ws[i], xq)))
+                            };
                             let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
                             acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
                             if has_min(T) {
