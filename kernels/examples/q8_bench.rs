@@ -7,11 +7,12 @@
 //! TYPE is any quantised type by name (`q4_1`, `q4_k`, `iq4_xs`, ...). Defaults: 1536 x 576
 //! (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread. The K-quants need COLS a
 //! multiple of 256 (SmolLM2's FFN down: 576 x 1536).
-//! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level.
+//! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level;
+//! `KERNELS_INTERLEAVE=1` interleaves Q4_K and Q6_K weights as loaders do where it pays.
 
 use std::time::Instant;
 
-use kernels::{matmul, matmul_q8, DType, QMatrix};
+use kernels::{interleave_rows, matmul, matmul_q8, DType, QMatrix};
 
 fn arg<T: std::str::FromStr>(args: &[String], i: usize, default: T) -> Result<T, String> {
     args.get(i).map_or(Ok(default), |v| {
@@ -53,7 +54,17 @@ fn run() -> Result<(), String> {
             }
         })
         .collect();
-    let w = QMatrix::new(dtype, n, k, &bytes).map_err(|e| e.to_string())?;
+    // `KERNELS_INTERLEAVE=1` puts the weights in the interleaved layout where this CPU's
+    // kernels read it.
+    let interleave = std::env::var("KERNELS_INTERLEAVE").is_ok_and(|v| v == "1");
+    let mut packed = vec![0u8; bytes.len()];
+    let w = if interleave {
+        interleave_rows(dtype, n, k, &bytes, &mut packed).map_err(|e| e.to_string())?;
+        QMatrix::interleaved(dtype, n, k, &packed)
+    } else {
+        QMatrix::new(dtype, n, k, &bytes)
+    }
+    .map_err(|e| e.to_string())?;
     let x: Vec<f32> = (0..m * k).map(|i| (i as f32 * 0.37).sin()).collect();
     let mut out = vec![0f32; m * n];
     let (mut best, mut total) = ([f64::MAX; 2], [0f64; 2]);

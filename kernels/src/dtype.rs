@@ -144,14 +144,16 @@ impl std::fmt::Display for DType {
     }
 }
 
-/// A row-major weight matrix (`rows` output features × `cols` input features) in its storage
-/// type, borrowed from wherever the bytes live (usually a memory map).
+/// A weight matrix (`rows` output features × `cols` input features) in its storage type,
+/// borrowed from wherever the bytes live (usually a memory map): row-major as files store it,
+/// or in the interleaved layout of [`QMatrix::interleaved`].
 #[derive(Debug, Clone, Copy)]
 pub struct QMatrix<'a> {
     dtype: DType,
     rows: usize,
     cols: usize,
     data: &'a [u8],
+    interleaved: bool,
 }
 
 impl<'a> QMatrix<'a> {
@@ -181,7 +183,29 @@ impl<'a> QMatrix<'a> {
             rows,
             cols,
             data,
+            interleaved: false,
         })
+    }
+
+    /// A matrix whose bytes [`interleave_rows`] reordered (groups of eight rows side by side),
+    /// the layout the AVX-512 VNNI kernels of Q4_K and Q6_K read best; every other kernel
+    /// reads it too (a group at a time brought back to rows), with the same results.
+    pub fn interleaved(
+        dtype: DType,
+        rows: usize,
+        cols: usize,
+        data: &'a [u8],
+    ) -> Result<Self, KernelError> {
+        check_interleavable(dtype, rows, cols)?;
+        Ok(QMatrix {
+            interleaved: true,
+            ..Self::new(dtype, rows, cols, data)?
+        })
+    }
+
+    /// Whether the bytes are in the interleaved layout.
+    pub fn is_interleaved(&self) -> bool {
+        self.interleaved
     }
 
     pub fn dtype(&self) -> DType {
@@ -198,13 +222,69 @@ impl<'a> QMatrix<'a> {
     }
 
     /// The bytes of row `r`.
+    ///
+    /// # Panics
+    /// If the matrix is interleaved (its rows are not contiguous: a bug in the caller).
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert!(!self.interleaved, "QMatrix::row on an interleaved matrix");
         let rb = self.dtype.row_bytes(self.cols);
         &self.data[r * rb..(r + 1) * rb]
     }
 
     /// Dequantise row `r` into `out` (length `cols`).
     pub fn dequantize_row_into(&self, r: usize, out: &mut [f32]) {
-        crate::dequantize_row(self.dtype, self.row(r), out);
+        if self.interleaved {
+            crate::cpu::dequantize_interleaved_row(self.dtype, self.data, self.cols, r, out);
+        } else {
+            crate::dequantize_row(self.dtype, self.row(r), out);
+        }
     }
+}
+
+/// Whether a `rows x cols` matrix of `dtype` can take the interleaved layout.
+fn check_interleavable(dtype: DType, rows: usize, cols: usize) -> Result<(), KernelError> {
+    if !crate::cpu::has_interleaved_layout(dtype)
+        || !rows.is_multiple_of(8)
+        || !cols.is_multiple_of(dtype.block_elems())
+    {
+        return Err(KernelError::Shape(format!(
+            "a {rows} x {cols} {dtype} matrix has no interleaved layout (Q4_K and Q6_K \
+             with rows in multiples of eight)"
+        )));
+    }
+    Ok(())
+}
+
+/// Reorder the bytes of a row-major `rows x cols` matrix of `dtype` (`src`) into the
+/// interleaved layout of [`QMatrix::interleaved`] (`dst`, the same length).
+pub fn interleave_rows(
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    src: &[u8],
+    dst: &mut [u8],
+) -> Result<(), KernelError> {
+    check_interleavable(dtype, rows, cols)?;
+    let expected = rows * dtype.row_bytes(cols);
+    if src.len() != expected || dst.len() != expected {
+        return Err(KernelError::SizeMismatch {
+            dtype,
+            rows,
+            cols,
+            expected,
+            got: if src.len() != expected {
+                src.len()
+            } else {
+                dst.len()
+            },
+        });
+    }
+    crate::cpu::interleave(dtype, rows, cols, src, dst);
+    Ok(())
+}
+
+/// Whether this CPU's kernels read `dtype` faster interleaved (AVX-512 VNNI, Q4_K and Q6_K):
+/// where a loader should call [`interleave_rows`].
+pub fn interleaving_pays(dtype: DType) -> bool {
+    crate::cpu::interleaving_pays(dtype)
 }

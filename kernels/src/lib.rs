@@ -38,4 +38,4 @@ pub use cpu::{
     quantize_row_q8k, softmax_rows, Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob,
     PackedB, PackedCols, Q8Block, Q8KBlock, CPU_LEVEL_VAR, Q8_BLOCK, QK_K,
 };
-pub use dtype::{DType, KernelError, QMatrix};
+pub use dtype::{interleave_rows, interleaving_pays, DType, KernelError, QMatrix};

@@ -12,7 +12,9 @@ use rayon::prelude::*;
 use super::dot::{block_sums, dot_rows, needs_block_sums, DotArgs, MAX_R};
 use super::features::{cpu_isa, Isa};
 use super::kquant::max_xk;
-use super::kquant::{dot_q8k, is_super_block, quantize_row_q8k, Q8KArgs, Q8KBlock, QK_K};
+use super::kquant::{
+    dot_q8k, is_super_block, quantize_row_q8k, unpack_interleaved_group, Q8KArgs, Q8KBlock, QK_K,
+};
 use super::q8::Q8_BLOCK;
 use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
 use crate::{KernelError, QMatrix};
@@ -195,8 +197,11 @@ fn fused(
     }
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.w.rows()).sum();
-    // About four tasks per thread over all jobs, for load balance.
-    let target = (total_rows / (threads * 4)).max(FUSED_CHUNK_MIN);
+    // About four tasks per thread over all jobs, for load balance, in whole groups of an
+    // interleaved matrix's rows.
+    let target = (total_rows / (threads * 4))
+        .max(FUSED_CHUNK_MIN)
+        .next_multiple_of(ROW_PASS);
     let tasks = split_rows(jobs, |_| target);
     let ws: Vec<(QMatrix<'_>, usize, OutPtr)> = jobs
         .iter_mut()
@@ -206,16 +211,26 @@ fn fused(
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
         let mut vals = [0f32; MAX_R];
+        let row_bytes = w.dtype().row_bytes(k);
+        let mut unpacked = Vec::new();
         let mut sub = r0;
         while sub < r1 {
             let sub_end = (sub + F32_SUB_ROWS).min(r1);
+            // The rows `sub..sub_end` as stored row by row.
+            let rows_here: &[u8] = if w.is_interleaved() {
+                unpacked.resize((sub_end - sub) * row_bytes, 0);
+                interleaved_rows(&w, sub, sub_end, &mut unpacked);
+                &unpacked
+            } else {
+                &w.data()[sub * row_bytes..sub_end * row_bytes]
+            };
             let mut g = 0;
             while g < m {
                 let rows = (m - g).min(MAX_R);
                 for row in sub..sub_end {
                     let args = DotArgs {
                         dtype: w.dtype(),
-                        w: w.row(row),
+                        w: &rows_here[(row - sub) * row_bytes..][..row_bytes],
                         k,
                         x: &x[g * k..],
                         x_stride: k,
@@ -243,6 +258,17 @@ fn fused(
             sub = sub_end;
         }
     });
+}
+
+/// Rows `r0..r1` (whole groups) of an interleaved matrix, brought back to rows, into `out`.
+fn interleaved_rows(w: &QMatrix<'_>, r0: usize, r1: usize, out: &mut [u8]) {
+    const GROUP: usize = 8;
+    let row_bytes = w.dtype().row_bytes(w.cols());
+    let nb = w.cols() / QK_K;
+    for (g, o) in (r0 / GROUP..r1.div_ceil(GROUP)).zip(out.chunks_mut(GROUP * row_bytes)) {
+        let tiles = &w.data()[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
+        unpack_interleaved_group(w.dtype(), nb, tiles, o);
+    }
 }
 
 fn fused_q8(
@@ -289,7 +315,7 @@ fn fused_q8(
         let row_bytes = dtype.row_bytes(k);
         let super_block = is_super_block(dtype);
         let x_max = if super_block {
-            max_xk(isa, dtype)
+            max_xk(isa, dtype, w.is_interleaved())
         } else {
             MAX_X
         };
@@ -317,6 +343,7 @@ fn fused_q8(
                         w_stride: row_bytes,
                         x: &xqk[g * nbk..(g + xr) * nbk],
                         nb: nbk,
+                        interleaved: w.is_interleaved(),
                     };
                     dot_q8k(isa, &args, wr, xr, vals);
                 } else {

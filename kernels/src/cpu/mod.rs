@@ -77,6 +77,9 @@ pub use dequant::dequantize_row;
 pub use encoder::{add_layer_norm, erf, softmax_rows, Activation};
 pub use features::{cpu_features, cpu_isa, cpu_level, CpuFeatures, CpuLevel, Isa, CPU_LEVEL_VAR};
 pub use gemm::{gemm_packed, gemm_packed_cols, gemm_packed_post, Epilogue, PackedB, PackedCols};
+pub(crate) use kquant::{
+    dequantize_interleaved_row, has_interleaved_layout, interleave, interleaving_pays,
+};
 pub use kquant::{quantize_row_q8k, Q8KBlock, QK_K};
 pub use matmul::{matmul, matmul_multi, matmul_multi_q8, matmul_q8, MatmulJob};
 pub use q8::{q8_supports, quantize_row_q8, Q8Block, Q8_BLOCK};

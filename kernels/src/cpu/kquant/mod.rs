@@ -35,6 +35,9 @@ mod q45k_lanes;
 #[cfg(target_arch = "x86_64")]
 mod q6k_lanes;
 mod q8k;
+mod rows8;
+#[cfg(target_arch = "x86_64")]
+mod rows8_vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 #[cfg(target_arch = "x86_64")]
@@ -42,6 +45,17 @@ mod x86;
 
 pub(crate) use q8k::{dot_q8k, max_xk, Q8KArgs};
 pub use q8k::{quantize_row_q8k, Q8KBlock};
+pub(crate) use rows8::{
+    dequantize_row as dequantize_interleaved_row, has_layout as has_interleaved_layout,
+    pack as interleave, unpack_group as unpack_interleaved_group,
+};
+
+/// Whether this CPU's kernels read `dtype` faster in the interleaved layout (`rows8`): only
+/// AVX-512 VNNI has kernels for it; elsewhere it would be brought back to rows on every use.
+pub(crate) fn interleaving_pays(dtype: DType) -> bool {
+    has_interleaved_layout(dtype)
+        && crate::cpu::features::cpu_isa().level() == crate::cpu::features::CpuLevel::Avx512Vnni
+}
 
 /// Weights per super-block.
 pub const QK_K: usize = 256;

@@ -5,6 +5,7 @@
 //! `d_x·(d·Σ_g sc[g]·Σ_{i∈g} q_i·x_i − dmin·Σ_g m[g]·bsum[g])`: the group sums of the
 //! activations (`bsums`) carry the minimums, so the inner loops are integer only.
 
+use super::rows8::GROUP;
 use super::{unpack, Unpacked, QK_K};
 use crate::cpu::features::{CpuLevel, Isa};
 use crate::cpu::q8::{block_scale, round_to_i8};
@@ -66,6 +67,10 @@ pub(crate) struct Q8KArgs<'a> {
     pub x: &'a [Q8KBlock],
     /// Super-blocks per row (`k / 256`).
     pub nb: usize,
+    /// The weights are in the interleaved layout (`super::rows8`): `w` starts at a group of
+    /// eight rows, `w_stride` is the bytes of a row as stored, and the call takes whole
+    /// groups.
+    pub interleaved: bool,
 }
 
 /// Most activation rows one kernel call handles, on every level.
@@ -74,10 +79,12 @@ pub(crate) const MAX_XK: usize = 8;
 /// Most activation rows one kernel call handles on any level.
 pub(crate) const MAX_XK_WIDE: usize = 64;
 
-/// Most activation rows one kernel call handles for `dtype` on `isa`'s level: AVX-512 VNNI's
-/// kernel unpacks each super-block once for up to 64.
-pub(crate) fn max_xk(isa: Isa, dtype: DType) -> usize {
+/// Most activation rows one kernel call handles for `dtype` (`interleaved` or not) on
+/// `isa`'s level: AVX-512 VNNI's kernels unpack each super-block once for up to 64.
+pub(crate) fn max_xk(isa: Isa, dtype: DType, interleaved: bool) -> usize {
     match isa.level() {
+        #[cfg(target_arch = "x86_64")]
+        CpuLevel::Avx512Vnni if interleaved => MAX_XK_WIDE,
         #[cfg(target_arch = "x86_64")]
         CpuLevel::Avx512Vnni if super::vnni::takes(dtype) => MAX_XK_WIDE,
         _ => MAX_XK,
@@ -101,7 +108,7 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
         a.dtype
     );
     assert!(
-        (1..=max_xk(isa, a.dtype)).contains(&x_rows),
+        (1..=max_xk(isa, a.dtype, a.interleaved)).contains(&x_rows),
         "dot_q8k: {x_rows} rows"
     );
     let row_bytes = a.nb * a.dtype.block_bytes();
@@ -112,6 +119,9 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
     );
     assert!(a.x.len() >= x_rows * a.nb, "dot_q8k: activations too short");
     assert!(out.len() >= w_rows * x_rows, "dot_q8k: output too short");
+    if a.interleaved {
+        return interleaved(isa, a, w_rows, x_rows, out);
+    }
     match isa.level() {
         CpuLevel::Scalar => scalar(a, w_rows, x_rows, out),
         // SAFETY: every level above Scalar has AVX2, FMA and F16C, and `isa` says this CPU
@@ -125,6 +135,37 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
         _ => unsafe { super::x86::dispatch(a, w_rows, x_rows, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar(a, w_rows, x_rows, out),
+    }
+}
+
+/// [`dot_q8k`] on interleaved weights: AVX-512 VNNI's kernel, or each group brought back to
+/// rows for the level's row kernels.
+fn interleaved(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
+    assert!(
+        super::rows8::has_layout(a.dtype)
+            && w_rows.is_multiple_of(GROUP)
+            && a.w_stride == a.nb * a.dtype.block_bytes(),
+        "dot_q8k: {w_rows} interleaved rows of {}",
+        a.dtype
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == CpuLevel::Avx512Vnni {
+        // SAFETY: the level says the CPU has the kernel's features; the bounds were checked
+        // by `dot_q8k` and above (whole groups of whole rows).
+        unsafe { super::rows8_vnni::rows(a, w_rows, x_rows, out) };
+        return;
+    }
+    let group_bytes = GROUP * a.w_stride;
+    let mut rows = vec![0u8; group_bytes];
+    for (g, tiles) in a.w.chunks(group_bytes).take(w_rows / GROUP).enumerate() {
+        super::rows8::unpack_group(a.dtype, a.nb, tiles, &mut rows);
+        let args = Q8KArgs {
+            w: &rows,
+            interleaved: false,
+            ..*a
+        };
+        let o = &mut out[g * GROUP * x_rows..(g + 1) * GROUP * x_rows];
+        dot_q8k(isa, &args, GROUP, x_rows, o);
     }
 }
 

@@ -24,7 +24,7 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
             .collect();
         // Up to the level's most activation rows per call (64 on AVX-512 VNNI), with ragged
         // counts past the AVX2 kernels' eight.
-        let x_max = max_xk(isa, dtype);
+        let x_max = max_xk(isa, dtype, false);
         let x: Vec<f32> = (0..x_max * cols).map(|_| rng.f32() * 2.0).collect();
         let mut q = vec![Q8KBlock::default(); x_max * nb];
         for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
@@ -43,6 +43,7 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
                     w_stride: rb,
                     x: &q,
                     nb,
+                    interleaved: false,
                 };
                 let mut out = vec![f32::NAN; w_rows * x_rows];
                 dot_q8k(isa, &args, w_rows, x_rows, &mut out);
@@ -66,4 +67,98 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
 
 mod super_block_kernels_match_dequantised {
     level_tests!(super::super_block_kernels_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
+}
+
+/// Q4_K and Q6_K matrices in the interleaved layout give the bits the same matrices give by
+/// rows: the kernels' products for every activation-row count the level takes, the f32 and
+/// q8 matmul paths, and each row's dequantisation (the row kernels are checked against
+/// references above and in `reference`).
+fn interleaved_matrices_match_rows(isa: Isa) {
+    use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
+    use crate::{interleave_rows, MatmulJob, QMatrix};
+    let mut rng = Rng(0x5EED_2612);
+    for dtype in [DType::Q4_K, DType::Q6_K] {
+        for (rows, cols) in [(8usize, 256usize), (24, 768), (40, 512)] {
+            let nb = cols / 256;
+            let w = random_matrix(&mut rng, dtype, rows, cols);
+            let mut packed = vec![0u8; w.len()];
+            interleave_rows(dtype, rows, cols, &w, &mut packed).expect("interleavable");
+            let by_rows = QMatrix::new(dtype, rows, cols, &w).expect("shape");
+            let inter = QMatrix::interleaved(dtype, rows, cols, &packed).expect("shape");
+            let (mut a, mut b) = (vec![0f32; cols], vec![0f32; cols]);
+            for r in 0..rows {
+                by_rows.dequantize_row_into(r, &mut a);
+                inter.dequantize_row_into(r, &mut b);
+                assert_eq!(a, b, "{dtype} row {r} dequantised");
+            }
+            let x_max = max_xk(isa, dtype, true);
+            let x: Vec<f32> = (0..x_max.max(17) * cols).map(|_| rng.f32() * 2.0).collect();
+            let mut q = vec![Q8KBlock::default(); x_max * nb];
+            for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
+                quantize_row_q8k(xr, qr);
+            }
+            for x_rows in (1..=9).chain([13, 33, 64]).filter(|&r| r <= x_max) {
+                let args = Q8KArgs {
+                    dtype,
+                    w: &packed,
+                    w_stride: dtype.row_bytes(cols),
+                    x: &q,
+                    nb,
+                    interleaved: true,
+                };
+                let mut got = vec![f32::NAN; rows * x_rows];
+                dot_q8k(isa, &args, rows, x_rows, &mut got);
+                // The row kernels, a few activation rows at a time.
+                let per = max_xk(isa, dtype, false);
+                let mut want = vec![f32::NAN; rows * x_rows];
+                let mut j0 = 0;
+                while j0 < x_rows {
+                    let xn = (x_rows - j0).min(per);
+                    let args = Q8KArgs {
+                        dtype,
+                        w: &w,
+                        w_stride: dtype.row_bytes(cols),
+                        x: &q[j0 * nb..],
+                        nb,
+                        interleaved: false,
+                    };
+                    let mut part = vec![f32::NAN; rows * xn];
+                    dot_q8k(isa, &args, rows, xn, &mut part);
+                    for i in 0..rows {
+                        for j in 0..xn {
+                            want[i * x_rows + j0 + j] = part[i * xn + j];
+                        }
+                    }
+                    j0 += xn;
+                }
+                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(
+                    bits(&got),
+                    bits(&want),
+                    "{dtype} {isa:?} {rows}x{cols}, {x_rows} x"
+                );
+            }
+            for m in [1, 3, 17] {
+                let xs = &x[..m * cols];
+                for q8 in [false, true] {
+                    let run = |w: QMatrix<'_>| {
+                        let mut out = vec![f32::NAN; m * rows];
+                        let jobs = &mut [MatmulJob { w, out: &mut out }];
+                        if q8 {
+                            matmul_multi_q8_at(isa, xs, m, jobs, false)
+                        } else {
+                            matmul_multi_at(isa, xs, m, jobs, false)
+                        }
+                        .expect("shapes");
+                        out.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
+                    };
+                    assert_eq!(run(inter), run(by_rows), "{dtype} {isa:?} m={m} q8={q8}");
+                }
+            }
+        }
+    }
+}
+
+mod interleaved_matrices_match_rows {
+    level_tests!(super::interleaved_matrices_match_rows => Scalar, Avx2, AvxVnni, Avx512Vnni);
 }

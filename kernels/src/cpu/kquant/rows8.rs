@@ -1,0 +1,190 @@
+//! The eight-row interleaved layout of Q4_K and Q6_K matrices, which the AVX-512 VNNI kernels
+//! (`super::rows8_vnni`) read: the same bytes as the file, reordered at load so that one
+//! 32-byte load holds four quants of each of eight rows, and the rows' scales sit side by
+//! side. Nothing is widened: a matrix keeps its size.
+//!
+//! Rows come in groups of eight; a group's super-block `b` (the eight rows' blocks `b`) is one
+//! *tile* of `8 · block_bytes` bytes, and a group is its `nb` tiles in order. A tile:
+//!
+//! - `Q4_K` (1152 bytes): the rows' `d` (eight f16), their `dmin`, then the rows' three
+//!   little-endian words of packed scales (bytes 0-3 of each row, then 4-7, then 8-11: 32
+//!   bytes each), then the quants: for each 32-byte chunk `c` of a row's `qs` and each
+//!   `t < 8`, bytes `4t..4t + 4` of that chunk of rows 0..8 (32 bytes).
+//! - `Q6_K` (1680 bytes): the rows' `d`, their 16 scales by group (group `g` of rows 0..8 at
+//!   `16 + 8g`), then `ql` as four 32-byte quarters (`h`) and `qh` as two halves (`n`), each
+//!   as bytes `4t..4t + 4` of rows 0..8 for `t < 8`.
+//!
+//! Packing and unpacking are exact inverses; a matrix in this layout gives the same results,
+//! bit for bit, as the same matrix in rows (the kernels end every super-block with the same
+//! operations), so whether a matrix was packed is invisible in the outputs.
+
+use super::QK_K;
+use crate::DType;
+
+/// Rows per group.
+pub(crate) const GROUP: usize = 8;
+
+/// Whether `dtype` has this layout.
+pub(crate) fn has_layout(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_K | DType::Q6_K)
+}
+
+/// Where each byte of a tile comes from, in tile order: `(row, offset in the row's block)`.
+fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
+    let mut src = Vec::with_capacity(GROUP * dtype.block_bytes());
+    let four = |src: &mut Vec<(usize, usize)>, at: usize| {
+        for r in 0..GROUP {
+            for i in 0..4 {
+                src.push((r, at + i));
+            }
+        }
+    };
+    match dtype {
+        DType::Q4_K => {
+            // d, dmin.
+            for field in [0, 2] {
+                for r in 0..GROUP {
+                    src.push((r, field));
+                    src.push((r, field + 1));
+                }
+            }
+            // The three words of scales.
+            for word in 0..3 {
+                four(&mut src, 4 + 4 * word);
+            }
+            for c in 0..4 {
+                for t in 0..8 {
+                    four(&mut src, 16 + 32 * c + 4 * t);
+                }
+            }
+        }
+        DType::Q6_K => {
+            for r in 0..GROUP {
+                src.push((r, 208));
+                src.push((r, 209));
+            }
+            for g in 0..16 {
+                for r in 0..GROUP {
+                    src.push((r, 192 + g));
+                }
+            }
+            for h in 0..4 {
+                for t in 0..8 {
+                    four(&mut src, 32 * h + 4 * t);
+                }
+            }
+            for n in 0..2 {
+                for t in 0..8 {
+                    four(&mut src, 128 + 32 * n + 4 * t);
+                }
+            }
+        }
+        other => unreachable!("has_layout checks the type: {other}"),
+    }
+    debug_assert_eq!(src.len(), GROUP * dtype.block_bytes());
+    src
+}
+
+/// Reorder a `rows x cols` matrix of `dtype` stored by rows (`src`) into the interleaved
+/// layout (`dst`, the same length).
+///
+/// # Panics
+/// If `dtype` has no such layout, `rows` is not a multiple of eight, `cols` of 256, or the
+/// lengths do not match the shape (bugs in the caller: [`crate::QMatrix::interleaved`]'s
+/// checks come first).
+pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    let (bb, nb) = check(dtype, rows, cols, src.len(), dst.len());
+    let map = tile_sources(dtype);
+    let row_bytes = nb * bb;
+    for (s, d) in src
+        .chunks_exact(GROUP * row_bytes)
+        .zip(dst.chunks_exact_mut(GROUP * row_bytes))
+    {
+        for (b, tile) in d.chunks_exact_mut(GROUP * bb).enumerate() {
+            for (o, &(r, at)) in tile.iter_mut().zip(&map) {
+                *o = s[r * row_bytes + b * bb + at];
+            }
+        }
+    }
+}
+
+/// Bring eight rows back from one group of the interleaved layout: `tiles` is the group's
+/// `nb` tiles, `rows_out` receives the eight rows as stored (`8 · nb · block_bytes` bytes).
+///
+/// # Panics
+/// If the lengths disagree (a bug in the caller).
+pub(crate) fn unpack_group(dtype: DType, nb: usize, tiles: &[u8], rows_out: &mut [u8]) {
+    let bb = dtype.block_bytes();
+    assert!(
+        has_layout(dtype) && tiles.len() >= GROUP * nb * bb && rows_out.len() >= GROUP * nb * bb,
+        "unpack_group: {} bytes of {dtype}",
+        tiles.len()
+    );
+    let map = tile_sources(dtype);
+    let row_bytes = nb * bb;
+    for (b, tile) in tiles.chunks_exact(GROUP * bb).take(nb).enumerate() {
+        for (&v, &(r, at)) in tile.iter().zip(&map) {
+            rows_out[r * row_bytes + b * bb + at] = v;
+        }
+    }
+}
+
+/// Dequantise row `r` of an interleaved matrix of `cols` columns into `out`.
+pub(crate) fn dequantize_row(dtype: DType, data: &[u8], cols: usize, r: usize, out: &mut [f32]) {
+    let (bb, nb) = (dtype.block_bytes(), cols / QK_K);
+    let group = &data[(r / GROUP) * GROUP * nb * bb..][..GROUP * nb * bb];
+    let map = tile_sources(dtype);
+    let mut row = vec![0u8; nb * bb];
+    for (b, tile) in group.chunks_exact(GROUP * bb).enumerate() {
+        for (&v, &(from, at)) in tile.iter().zip(&map) {
+            if from == r % GROUP {
+                row[b * bb + at] = v;
+            }
+        }
+    }
+    super::dequantize(dtype, &row, out);
+}
+
+fn check(dtype: DType, rows: usize, cols: usize, src: usize, dst: usize) -> (usize, usize) {
+    let bb = dtype.block_bytes();
+    assert!(
+        has_layout(dtype)
+            && rows.is_multiple_of(GROUP)
+            && cols.is_multiple_of(QK_K)
+            && src == rows * (cols / QK_K) * bb
+            && dst == src,
+        "rows8::pack: {rows} x {cols} {dtype} from {src} into {dst} bytes"
+    );
+    (bb, cols / QK_K)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_are_a_permutation_and_unpacking_inverts_packing() {
+        for dtype in [DType::Q4_K, DType::Q6_K] {
+            let bb = dtype.block_bytes();
+            let mut seen = vec![false; GROUP * bb];
+            for (r, at) in tile_sources(dtype) {
+                assert!(!seen[r * bb + at], "{dtype}: byte {at} of row {r} twice");
+                seen[r * bb + at] = true;
+            }
+            assert!(seen.iter().all(|&s| s), "{dtype}: a byte left out");
+            let (rows, cols) = (16, 512);
+            let src: Vec<u8> = (0..rows * 2 * bb).map(|i| (i * 131 % 251) as u8).collect();
+            let mut packed = vec![0u8; src.len()];
+            pack(dtype, rows, cols, &src, &mut packed);
+            assert_ne!(packed, src);
+            let mut back = vec![0u8; src.len()];
+            for (p, b) in packed
+                .chunks_exact(GROUP * 2 * bb)
+                .zip(back.chunks_exact_mut(GROUP * 2 * bb))
+            {
+                unpack_group(dtype, 2, p, b);
+            }
+            assert_eq!(back, src, "{dtype}");
+        }
+    }
+}
