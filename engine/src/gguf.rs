@@ -247,6 +247,8 @@ impl TensorInfo {
 pub struct GgufFile {
     path: String,
     mmap: Arc<Mmap>,
+    /// `mmap` maps the file itself (not the weight cache's shared memory or a copy).
+    file_map: bool,
     pub version: u32,
     pub alignment: u64,
     metadata: HashMap<String, MetaValue>,
@@ -276,7 +278,10 @@ impl GgufFile {
         // as for every mmap-based loader).
         let mmap = unsafe { Mmap::map(&file) }
             .map_err(|e| EngineError::load(&file_name, format!("cannot map: {e}")))?;
-        Self::parse(file_name, Arc::new(mmap))
+        Ok(GgufFile {
+            file_map: true,
+            ..Self::parse(file_name, Arc::new(mmap))?
+        })
     }
 
     /// Parse GGUF bytes already mapped (the weight cache's shared memory); `name` is the
@@ -429,12 +434,18 @@ impl GgufFile {
             metadata,
             tensors,
             by_name,
+            file_map: false,
         })
     }
 
     /// The file name, for error messages.
     pub fn path(&self) -> &str {
         &self.path
+    }
+
+    /// Whether the map is the file's own pages (opened by [`GgufFile::open`]).
+    pub fn is_file_map(&self) -> bool {
+        self.file_map
     }
 
     /// The whole memory map (tensor data is addressed by [`TensorInfo::start`]).

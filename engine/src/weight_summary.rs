@@ -8,6 +8,7 @@ use std::fmt;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct WeightSummary {
     bytes: BTreeMap<String, u64>,
+    interleaved: u64,
 }
 
 impl WeightSummary {
@@ -19,6 +20,17 @@ impl WeightSummary {
     /// Bytes of type `ty` (0 for a type the model does not hold).
     pub fn bytes_of(&self, ty: &str) -> u64 {
         self.bytes.get(ty).copied().unwrap_or(0)
+    }
+
+    /// Of the bytes held, how many the CPU kernels' interleaved layout holds (a copy made at
+    /// load in place of the file's pages: the same size).
+    pub fn set_interleaved(&mut self, bytes: u64) {
+        self.interleaved = bytes;
+    }
+
+    /// See [`WeightSummary::set_interleaved`].
+    pub fn interleaved(&self) -> u64 {
+        self.interleaved
     }
 
     /// Every weight byte held.

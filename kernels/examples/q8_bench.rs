@@ -8,7 +8,8 @@
 //! (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread. The K-quants need COLS a
 //! multiple of 256 (SmolLM2's FFN down: 576 x 1536).
 //! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level;
-//! `KERNELS_INTERLEAVE=1` interleaves Q4_K and Q6_K weights as loaders do where it pays.
+//! Q4_K and Q6_K weights are interleaved as loaders do (`KERNELS_INTERLEAVE=never|always`
+//! overrides).
 
 use std::time::Instant;
 
@@ -54,9 +55,7 @@ fn run() -> Result<(), String> {
             }
         })
         .collect();
-    // `KERNELS_INTERLEAVE=1` puts the weights in the interleaved layout where this CPU's
-    // kernels read it.
-    let interleave = std::env::var("KERNELS_INTERLEAVE").is_ok_and(|v| v == "1");
+    let interleave = kernels::interleaving_pays(dtype);
     let mut packed = vec![0u8; bytes.len()];
     let w = if interleave {
         interleave_rows(dtype, n, k, &bytes, &mut packed).map_err(|e| e.to_string())?;

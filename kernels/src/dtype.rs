@@ -283,8 +283,8 @@ pub fn interleave_rows(
     Ok(())
 }
 
-/// Whether this CPU's kernels read `dtype` faster interleaved (AVX-512 VNNI, Q4_K and Q6_K):
-/// where a loader should call [`interleave_rows`].
+/// Whether a loader should call [`interleave_rows`] for `dtype`: where this CPU's kernels read
+/// it faster (AVX-512 VNNI, Q4_K and Q6_K), unless [`crate::INTERLEAVE_VAR`] says otherwise.
 pub fn interleaving_pays(dtype: DType) -> bool {
     crate::cpu::interleaving_pays(dtype)
 }

@@ -36,6 +36,6 @@ pub use cpu::{
     fused_attention_available, gemm_ab, gemm_abt, gemm_packed, gemm_packed_cols, gemm_packed_post,
     matmul, matmul_multi, matmul_multi_q8, matmul_q8, q8_supports, quantize_row_q8,
     quantize_row_q8k, softmax_rows, Activation, CpuFeatures, CpuLevel, Epilogue, Isa, MatmulJob,
-    PackedB, PackedCols, Q8Block, Q8KBlock, CPU_LEVEL_VAR, Q8_BLOCK, QK_K,
+    PackedB, PackedCols, Q8Block, Q8KBlock, CPU_LEVEL_VAR, INTERLEAVE_VAR, Q8_BLOCK, QK_K,
 };
 pub use dtype::{interleave_rows, interleaving_pays, DType, KernelError, QMatrix};

@@ -123,6 +123,7 @@ pub(super) fn start_decoder(
         device = %device,
         types = %weights,
         resident = %crate::model::human_bytes(weights.total()),
+        interleaved = %crate::model::human_bytes(weights.interleaved()),
         "weights held"
     );
     let metrics = Arc::new(ModelMetrics::new(&spec.served_name));

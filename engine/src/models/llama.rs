@@ -30,6 +30,7 @@ mod gguf;
 mod gpu;
 mod hf;
 mod hf_config;
+mod interleave;
 mod rope_scaling;
 mod rules;
 mod weights;
@@ -159,6 +160,11 @@ pub struct LlamaModel {
     info: DecoderInfo,
     cfg: LlamaConfig,
     maps: Vec<Arc<Mmap>>,
+    /// The copy of the matrices in the kernels' interleaved layout, while the q8 activation
+    /// path uses it.
+    interleaved: Option<interleave::Interleaved>,
+    /// `maps[0]` is a file's own pages (a copied range may leave the resident set).
+    file_pages: bool,
     token_embd: Weight,
     output: Weight,
     output_norm: Vec<f32>,
@@ -249,12 +255,12 @@ impl LlamaModel {
     }
 
     fn qm(&self, w: &Weight) -> Result<QMatrix<'_>> {
-        QMatrix::new(
-            w.dtype,
-            w.rows,
-            w.cols,
-            &self.maps[w.file][w.start..w.start + w.len],
-        )
+        let bytes = &self.maps[w.file][w.start..w.start + w.len];
+        if w.interleaved {
+            QMatrix::interleaved(w.dtype, w.rows, w.cols, bytes)
+        } else {
+            QMatrix::new(w.dtype, w.rows, w.cols, bytes)
+        }
         .map_err(internal)
     }
 
@@ -313,6 +319,7 @@ impl CausalLm for LlamaModel {
         for l in &self.layers {
             l.count(&mut s);
         }
+        s.set_interleaved(self.interleaved.as_ref().map_or(0, |i| i.bytes as u64));
         s
     }
 
@@ -322,6 +329,15 @@ impl CausalLm for LlamaModel {
 
     fn set_activation_mode(&mut self, mode: ActivationMode) {
         self.activation_mode = mode;
+        match mode {
+            ActivationMode::F32 => self.deinterleave(),
+            ActivationMode::Q8 => {
+                if let Err(e) = self.interleave() {
+                    // The matrices stay as the file stores them: slower, the same results.
+                    tracing::warn!(error = %e, "matrices not interleaved");
+                }
+            }
+        }
     }
 
     fn fit_context(&mut self, max_len: usize) {

@@ -356,21 +356,18 @@ fn fused_q8(
                     };
                     dot_q8(isa, &args, wr, xr, vals);
                 }
-                for i in 0..wr {
-                    for jx in 0..xr {
-                        let v = vals[i * xr + jx];
-                        let idx = (g + jx) * n + row + i;
-                        // SAFETY: `idx < m * n` (the output length checked by
-                        // `check_shapes`), and no other task writes column `row + i` of this
-                        // job's output.
-                        unsafe {
-                            let p = out.0.add(idx);
-                            if accumulate {
-                                *p += v;
-                            } else {
-                                *p = v;
-                            }
-                        }
+                for jx in 0..xr {
+                    // SAFETY: elements `row..row + wr` of output row `g + jx` are inside the
+                    // output (its length `m * n` was checked by `check_shapes`), and no other
+                    // task writes these columns of this job's output.
+                    let dst = unsafe {
+                        std::slice::from_raw_parts_mut(out.0.add((g + jx) * n + row), wr)
+                    };
+                    let src = vals[jx..].iter().step_by(xr);
+                    if accumulate {
+                        dst.iter_mut().zip(src).for_each(|(d, v)| *d += v);
+                    } else {
+                        dst.iter_mut().zip(src).for_each(|(d, v)| *d = *v);
                     }
                 }
                 g += xr;

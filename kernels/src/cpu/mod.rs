@@ -77,6 +77,7 @@ pub use dequant::dequantize_row;
 pub use encoder::{add_layer_norm, erf, softmax_rows, Activation};
 pub use features::{cpu_features, cpu_isa, cpu_level, CpuFeatures, CpuLevel, Isa, CPU_LEVEL_VAR};
 pub use gemm::{gemm_packed, gemm_packed_cols, gemm_packed_post, Epilogue, PackedB, PackedCols};
+pub use kquant::INTERLEAVE_VAR;
 pub(crate) use kquant::{
     dequantize_interleaved_row, has_interleaved_layout, interleave, interleaving_pays,
 };

@@ -110,6 +110,7 @@ impl Loader<'_> {
             cols,
             start: t.start,
             len: t.len,
+            interleaved: false,
         };
         QMatrix::new(dtype, rows, cols, self.g.tensor_data(t))
             .map_err(|e| self.g.error(format!("tensor '{name}': {e}")))?;
@@ -342,6 +343,8 @@ impl LlamaModel {
             info,
             cfg,
             maps: vec![Arc::clone(g.mmap())],
+            interleaved: None,
+            file_pages: g.is_file_map(),
             token_embd,
             output,
             output_norm,
@@ -353,6 +356,9 @@ impl LlamaModel {
         };
         let max_position = model.cfg.max_position;
         crate::model::CausalLm::fit_context(&mut model, max_position);
+        if model.activation_mode == ActivationMode::Q8 {
+            model.interleave()?;
+        }
         Ok(model)
     }
 }

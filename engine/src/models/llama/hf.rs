@@ -109,6 +109,7 @@ impl WeightSource for HfLoader<'_> {
             cols,
             start: raw.start,
             len: raw.len,
+            interleaved: false,
         })
     }
 
@@ -254,6 +255,8 @@ impl LlamaModel {
             info,
             cfg,
             maps: weights.maps(),
+            interleaved: None,
+            file_pages: false,
             token_embd,
             output,
             output_norm,

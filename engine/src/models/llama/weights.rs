@@ -17,6 +17,8 @@ pub(super) struct Weight {
     pub(super) cols: usize,
     pub(super) start: usize,
     pub(super) len: usize,
+    /// The bytes are in the kernels' interleaved layout (`super::interleave`).
+    pub(super) interleaved: bool,
 }
 
 impl Weight {
@@ -28,6 +30,10 @@ impl Weight {
     /// Rows `first..first + rows` of this row-major matrix, as a view of the same bytes (the
     /// parts of a fused `qkv` or `gate_up` matrix).
     pub(super) fn rows_view(&self, first: usize, rows: usize) -> Weight {
+        debug_assert!(
+            !self.interleaved,
+            "views are taken at load, before interleaving"
+        );
         let row_bytes = self.len / self.rows.max(1);
         Weight {
             rows,

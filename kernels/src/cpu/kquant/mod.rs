@@ -50,11 +50,32 @@ pub(crate) use rows8::{
     pack as interleave, unpack_group as unpack_interleaved_group,
 };
 
-/// Whether this CPU's kernels read `dtype` faster in the interleaved layout (`rows8`): only
-/// AVX-512 VNNI has kernels for it; elsewhere it would be brought back to rows on every use.
+/// The variable that overrides where loaders interleave: `never` (keep every matrix as the
+/// file stores it: no copy, the weight cache's pages stay shared), `always` (wherever the
+/// layout exists, even where only the portable path reads it: tests), unset or `auto` where
+/// this CPU's kernels read it faster.
+pub const INTERLEAVE_VAR: &str = "KERNELS_INTERLEAVE";
+
+/// Whether a loader should interleave `dtype` (see [`INTERLEAVE_VAR`]): by default where this
+/// CPU's kernels read it faster, only AVX-512 VNNI having kernels for it (elsewhere each group
+/// would be brought back to rows on every use). Read at each call: loaders ask once per model.
 pub(crate) fn interleaving_pays(dtype: DType) -> bool {
+    let auto =
+        || crate::cpu::features::cpu_isa().level() == crate::cpu::features::CpuLevel::Avx512Vnni;
     has_interleaved_layout(dtype)
-        && crate::cpu::features::cpu_isa().level() == crate::cpu::features::CpuLevel::Avx512Vnni
+        && match std::env::var(INTERLEAVE_VAR).as_deref().map(str::trim) {
+            Ok("never") => false,
+            Ok("always") => true,
+            Ok("auto") | Ok("") | Err(_) => auto(),
+            Ok(other) => {
+                tracing::warn!(
+                    variable = INTERLEAVE_VAR,
+                    value = other,
+                    "unknown value ignored (never|always|auto): interleaving where it pays"
+                );
+                auto()
+            }
+        }
 }
 
 /// Weights per super-block.

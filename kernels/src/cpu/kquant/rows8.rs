@@ -11,8 +11,9 @@
 //!   bytes each), then the quants: for each 32-byte chunk `c` of a row's `qs` and each
 //!   `t < 8`, bytes `4t..4t + 4` of that chunk of rows 0..8 (32 bytes).
 //! - `Q6_K` (1680 bytes): the rows' `d`, their 16 scales by group (group `g` of rows 0..8 at
-//!   `16 + 8g`), then `ql` as four 32-byte quarters (`h`) and `qh` as two halves (`n`), each
-//!   as bytes `4t..4t + 4` of rows 0..8 for `t < 8`.
+//!   `16 + 8g`), then for each half `n` of the block and `t < 8`, 96 bytes: bytes `4t..4t + 4`
+//!   of `ql`'s quarters `2n` and `2n + 1` and of `qh`'s half `n`, each of rows 0..8. The
+//!   kernel reads a tile front to back (the hardware prefetchers follow it).
 //!
 //! Packing and unpacking are exact inverses; a matrix in this layout gives the same results,
 //! bit for bit, as the same matrix in rows (the kernels end every super-block with the same
@@ -68,13 +69,12 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
                     src.push((r, 192 + g));
                 }
             }
-            for h in 0..4 {
-                for t in 0..8 {
-                    four(&mut src, 32 * h + 4 * t);
-                }
-            }
+            // In the order the kernel reads them: per half `n` of the block and `t < 8`, the
+            // two `ql` quarters' and the `qh` half's bytes `4t..4t + 4` of rows 0..8.
             for n in 0..2 {
                 for t in 0..8 {
+                    four(&mut src, 64 * n + 4 * t);
+                    four(&mut src, 64 * n + 32 + 4 * t);
                     four(&mut src, 128 + 32 * n + 4 * t);
                 }
             }
@@ -85,25 +85,60 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
     src
 }
 
+/// For each row of a group and byte of its block, where that byte sits in the tile: the
+/// inverse of [`tile_sources`], `GROUP · block_bytes` offsets, row by row.
+fn tile_offsets(dtype: DType) -> &'static [u32] {
+    use std::sync::OnceLock;
+    static Q4K: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q6K: OnceLock<Vec<u32>> = OnceLock::new();
+    let cell = if dtype == DType::Q4_K { &Q4K } else { &Q6K };
+    cell.get_or_init(|| {
+        let bb = dtype.block_bytes();
+        let mut inv = vec![0u32; GROUP * bb];
+        for (o, (r, at)) in tile_sources(dtype).into_iter().enumerate() {
+            inv[r * bb + at] = o as u32;
+        }
+        inv
+    })
+}
+
 /// Reorder a `rows x cols` matrix of `dtype` stored by rows (`src`) into the interleaved
-/// layout (`dst`, the same length).
+/// layout (`dst`, the same length), a group of rows per task on the current rayon pool.
 ///
 /// # Panics
 /// If `dtype` has no such layout, `rows` is not a multiple of eight, `cols` of 256, or the
-/// lengths do not match the shape (bugs in the caller: [`crate::QMatrix::interleaved`]'s
-/// checks come first).
+/// lengths do not match the shape (bugs in the caller: [`crate::interleave_rows`] checks
+/// first).
 pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    use rayon::prelude::*;
     let (bb, nb) = check(dtype, rows, cols, src.len(), dst.len());
-    let map = tile_sources(dtype);
+    let inv = tile_offsets(dtype);
     let row_bytes = nb * bb;
-    for (s, d) in src
-        .chunks_exact(GROUP * row_bytes)
-        .zip(dst.chunks_exact_mut(GROUP * row_bytes))
-    {
-        for (b, tile) in d.chunks_exact_mut(GROUP * bb).enumerate() {
-            for (o, &(r, at)) in tile.iter_mut().zip(&map) {
-                *o = s[r * row_bytes + b * bb + at];
+    src.par_chunks_exact(GROUP * row_bytes)
+        .zip(dst.par_chunks_exact_mut(GROUP * row_bytes))
+        .for_each(|(s, d)| {
+            for (r, row) in s.chunks_exact(row_bytes).enumerate() {
+                let at = &inv[r * bb..(r + 1) * bb];
+                for (blk, tile) in row.chunks_exact(bb).zip(d.chunks_exact_mut(GROUP * bb)) {
+                    for (&v, &o) in blk.iter().zip(at) {
+                        tile[o as usize] = v;
+                    }
+                }
             }
+        });
+}
+
+/// Row `r` (of eight) of one group of `nb` tiles, as stored, into `row_out`.
+fn unpack_row(dtype: DType, nb: usize, tiles: &[u8], r: usize, row_out: &mut [u8]) {
+    let bb = dtype.block_bytes();
+    let at = &tile_offsets(dtype)[r * bb..(r + 1) * bb];
+    for (tile, blk) in tiles
+        .chunks_exact(GROUP * bb)
+        .zip(row_out.chunks_exact_mut(bb))
+        .take(nb)
+    {
+        for (v, &o) in blk.iter_mut().zip(at) {
+            *v = tile[o as usize];
         }
     }
 }
@@ -114,18 +149,16 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut
 /// # Panics
 /// If the lengths disagree (a bug in the caller).
 pub(crate) fn unpack_group(dtype: DType, nb: usize, tiles: &[u8], rows_out: &mut [u8]) {
-    let bb = dtype.block_bytes();
+    let row_bytes = nb * dtype.block_bytes();
     assert!(
-        has_layout(dtype) && tiles.len() >= GROUP * nb * bb && rows_out.len() >= GROUP * nb * bb,
+        has_layout(dtype)
+            && tiles.len() >= GROUP * row_bytes
+            && rows_out.len() >= GROUP * row_bytes,
         "unpack_group: {} bytes of {dtype}",
         tiles.len()
     );
-    let map = tile_sources(dtype);
-    let row_bytes = nb * bb;
-    for (b, tile) in tiles.chunks_exact(GROUP * bb).take(nb).enumerate() {
-        for (&v, &(r, at)) in tile.iter().zip(&map) {
-            rows_out[r * row_bytes + b * bb + at] = v;
-        }
+    for (r, row) in rows_out.chunks_exact_mut(row_bytes).take(GROUP).enumerate() {
+        unpack_row(dtype, nb, tiles, r, row);
     }
 }
 
@@ -133,15 +166,8 @@ pub(crate) fn unpack_group(dtype: DType, nb: usize, tiles: &[u8], rows_out: &mut
 pub(crate) fn dequantize_row(dtype: DType, data: &[u8], cols: usize, r: usize, out: &mut [f32]) {
     let (bb, nb) = (dtype.block_bytes(), cols / QK_K);
     let group = &data[(r / GROUP) * GROUP * nb * bb..][..GROUP * nb * bb];
-    let map = tile_sources(dtype);
     let mut row = vec![0u8; nb * bb];
-    for (b, tile) in group.chunks_exact(GROUP * bb).enumerate() {
-        for (&v, &(from, at)) in tile.iter().zip(&map) {
-            if from == r % GROUP {
-                row[b * bb + at] = v;
-            }
-        }
-    }
+    unpack_row(dtype, nb, group, r % GROUP, &mut row);
     super::dequantize(dtype, &row, out);
 }
 

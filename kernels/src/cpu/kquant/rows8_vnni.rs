@@ -70,9 +70,6 @@ pub(super) unsafe fn rows(a: &Q8KArgs<'_>, rows: usize, x_rows: usize, out: &mut
     }
 }
 
-/// How far ahead, in bytes, one activation row (decode) prefetches the weights.
-const PREFETCH_AHEAD: usize = 4096;
-
 #[target_feature(enable = "avx2")]
 #[inline]
 unsafe fn load(p: *const u8) -> __m256i {
@@ -96,18 +93,6 @@ fn bcast(x: &Q8KBlock, at: usize) -> __m256i {
 fn bsum_pair(x: &Q8KBlock, p: usize) -> __m256i {
     let (lo, hi) = (x.bsums[2 * p] as u16, x.bsums[2 * p + 1] as u16);
     _mm256_set1_epi32((u32::from(lo) | (u32::from(hi) << 16)) as i32)
-}
-
-/// Prefetch the tile `PREFETCH_AHEAD` bytes past `p` (harmless past the end: never read).
-#[target_feature(enable = "avx2")]
-#[inline]
-fn prefetch(p: *const u8, bytes: usize) {
-    let ahead = p.wrapping_add(PREFETCH_AHEAD);
-    let mut line = 0;
-    while line < bytes {
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(line) as *const i8);
-        line += 64;
-    }
 }
 
 /// Byte `j` of each dword's bytes as that dword (`pair`: as both i16 halves).
@@ -146,9 +131,6 @@ unsafe fn q4k<const X: usize>(w: &[u8], x: &[Q8KBlock], nb: usize, vals: &mut [f
     let mut offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
         let t = w[b * TILE..(b + 1) * TILE].as_ptr();
-        if X == 1 {
-            prefetch(t, TILE);
-        }
         // SAFETY: every offset below is inside the tile.
         unsafe {
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(t as *const __m128i));
@@ -227,9 +209,6 @@ unsafe fn q6k<const X: usize>(w: &[u8], x: &[Q8KBlock], nb: usize, vals: &mut [f
     let offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
         let t = w[b * TILE..(b + 1) * TILE].as_ptr();
-        if X == 1 {
-            prefetch(t, TILE);
-        }
         // SAFETY: every offset below is inside the tile.
         unsafe {
             let dv = _mm256_cvtph_ps(_mm_loadu_si128(t as *const __m128i));
@@ -253,9 +232,9 @@ unsafe fn q6k<const X: usize>(w: &[u8], x: &[Q8KBlock], nb: usize, vals: &mut [f
                 for half in 0..2 {
                     let mut a = [[_mm256_setzero_si256(); X]; 4];
                     for s in 4 * half..4 * half + 4 {
-                        let l0 = load(t.add(144 + 256 * (2 * n) + 32 * s));
-                        let l1 = load(t.add(144 + 256 * (2 * n + 1) + 32 * s));
-                        let h = load(t.add(1168 + 256 * n + 32 * s));
+                        let at = 144 + 96 * (8 * n + s);
+                        let (l0, l1, h) =
+                            (load(t.add(at)), load(t.add(at + 32)), load(t.add(at + 64)));
                         let q = [
                             _mm256_or_si256(
                                 _mm256_and_si256(l0, nib),
