@@ -188,7 +188,7 @@ impl<'a> QMatrix<'a> {
     }
 
     /// A matrix whose bytes [`interleave_rows`] reordered (groups of eight rows side by side),
-    /// the layout the AVX-512 VNNI kernels of Q4_K and Q6_K read best; every other kernel
+    /// the layout the AVX-512 VNNI kernels of Q4_K, Q6_K and IQ4_XS read best; every other kernel
     /// reads it too (a group at a time brought back to rows), with the same results.
     pub fn interleaved(
         dtype: DType,
@@ -248,8 +248,8 @@ fn check_interleavable(dtype: DType, rows: usize, cols: usize) -> Result<(), Ker
         || !cols.is_multiple_of(dtype.block_elems())
     {
         return Err(KernelError::Shape(format!(
-            "a {rows} x {cols} {dtype} matrix has no interleaved layout (Q4_K and Q6_K \
-             with rows in multiples of eight)"
+            "a {rows} x {cols} {dtype} matrix has no interleaved layout (Q4_K, Q6_K and \
+             IQ4_XS with rows in multiples of eight)"
         )));
     }
     Ok(())
@@ -284,7 +284,7 @@ pub fn interleave_rows(
 }
 
 /// Whether a loader should call [`interleave_rows`] for `dtype`: where this CPU's kernels read
-/// it faster (AVX-512 VNNI, Q4_K and Q6_K), unless [`crate::INTERLEAVE_VAR`] says otherwise.
+/// it faster (AVX-512 VNNI: Q4_K, Q6_K and IQ4_XS), unless [`crate::INTERLEAVE_VAR`] says otherwise.
 pub fn interleaving_pays(dtype: DType) -> bool {
     crate::cpu::interleaving_pays(dtype)
 }

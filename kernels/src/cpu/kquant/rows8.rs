@@ -1,4 +1,5 @@
-//! The eight-row interleaved layout of Q4_K and Q6_K matrices, which the AVX-512 VNNI kernels
+//! The eight-row interleaved layout of Q4_K, Q6_K and IQ4_XS matrices, which the AVX-512 VNNI
+//! kernels
 //! (`super::rows8_vnni`) read: the same bytes as the file, reordered at load so that one
 //! 32-byte load holds four quants of each of eight rows, and the rows' scales sit side by
 //! side. Nothing is widened: a matrix keeps its size.
@@ -14,6 +15,9 @@
 //!   `16 + 8g`), then for each half `n` of the block and `t < 8`, 96 bytes: bytes `4t..4t + 4`
 //!   of `ql`'s quarters `2n` and `2n + 1` and of `qh`'s half `n`, each of rows 0..8. The
 //!   kernel reads a tile front to back (the hardware prefetchers follow it).
+//! - `IQ4_XS` (1088 bytes): the rows' `d`, their `scales_h` (eight u16), their `scales_l`
+//!   (eight 4-byte words), then for each 32-weight sub-block `b` and `t < 4`, bytes
+//!   `16b + 4t..16b + 4t + 4` of `qs` of rows 0..8.
 //!
 //! Packing and unpacking are exact inverses; a matrix in this layout gives the same results,
 //! bit for bit, as the same matrix in rows (the kernels end every super-block with the same
@@ -27,7 +31,7 @@ pub(crate) const GROUP: usize = 8;
 
 /// Whether `dtype` has this layout.
 pub(crate) fn has_layout(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_K | DType::Q6_K)
+    matches!(dtype, DType::Q4_K | DType::Q6_K | DType::IQ4_XS)
 }
 
 /// Where each byte of a tile comes from, in tile order: `(row, offset in the row's block)`.
@@ -79,6 +83,21 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
                 }
             }
         }
+        DType::IQ4_XS => {
+            // d, scales_h.
+            for field in [0, 2] {
+                for r in 0..GROUP {
+                    src.push((r, field));
+                    src.push((r, field + 1));
+                }
+            }
+            four(&mut src, 4);
+            for b in 0..8 {
+                for t in 0..4 {
+                    four(&mut src, 8 + 16 * b + 4 * t);
+                }
+            }
+        }
         other => unreachable!("has_layout checks the type: {other}"),
     }
     debug_assert_eq!(src.len(), GROUP * dtype.block_bytes());
@@ -91,7 +110,12 @@ fn tile_offsets(dtype: DType) -> &'static [u32] {
     use std::sync::OnceLock;
     static Q4K: OnceLock<Vec<u32>> = OnceLock::new();
     static Q6K: OnceLock<Vec<u32>> = OnceLock::new();
-    let cell = if dtype == DType::Q4_K { &Q4K } else { &Q6K };
+    static IQ4XS: OnceLock<Vec<u32>> = OnceLock::new();
+    let cell = match dtype {
+        DType::Q4_K => &Q4K,
+        DType::Q6_K => &Q6K,
+        _ => &IQ4XS,
+    };
     cell.get_or_init(|| {
         let bb = dtype.block_bytes();
         let mut inv = vec![0u32; GROUP * bb];
@@ -190,7 +214,7 @@ mod tests {
 
     #[test]
     fn tiles_are_a_permutation_and_unpacking_inverts_packing() {
-        for dtype in [DType::Q4_K, DType::Q6_K] {
+        for dtype in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
             let bb = dtype.block_bytes();
             let mut seen = vec![false; GROUP * bb];
             for (r, at) in tile_sources(dtype) {
