@@ -1,9 +1,9 @@
-//! The interleaved copy of Q4_K and Q6_K matrices (made at load where the kernels read it
-//! faster) changes nothing in the answers: SmolLM2 requantised by llama.cpp's `llama-quantize`
-//! (Q4_K_M and Q6_K mixes) gives the same logits, bit for bit, loaded with every matrix as the
-//! file stores it and with the layout forced on (on a CPU without AVX-512 VNNI the portable
-//! path reads it), over a chunked prefill and decode steps; switching to f32 activations
-//! returns to the file's bytes, and back to q8 interleaves again.
+//! The interleaved copy of Q4_K, Q5_K, Q6_K and IQ4_XS matrices (made at load where the
+//! kernels read it faster) changes nothing in the answers: SmolLM2 requantised by llama.cpp's
+//! `llama-quantize` (its Q4_K_M, Q5_K_M, Q6_K and IQ4_XS mixes) gives the same logits, bit for
+//! bit, loaded with every matrix as the file stores it and with the layout forced on (on a CPU
+//! without AVX-512 VNNI the portable path reads it), over a chunked prefill and decode steps;
+//! switching to f32 activations returns to the file's bytes, and back to q8 interleaves again.
 //!
 //! One test in this file: it sets `KERNELS_INTERLEAVE` for the process.
 
@@ -76,7 +76,7 @@ fn logits(m: &mut LoadedDecoder) -> Vec<u32> {
 
 #[test]
 fn interleaved_matrices_give_the_same_logits() {
-    for ty in ["Q4_K_M", "Q6_K"] {
+    for ty in ["Q4_K_M", "Q5_K_M", "Q6_K", "IQ4_XS"] {
         let mut rows = load(ty, "never");
         assert_eq!(rows.model.weight_summary().interleaved(), 0, "{ty}");
         let want_q8 = logits(&mut rows);
@@ -85,7 +85,12 @@ fn interleaved_matrices_give_the_same_logits() {
         let copied = inter.model.weight_summary().interleaved();
         let held = inter.model.weight_summary();
         assert!(
-            copied > 0 && copied <= held.bytes_of("Q4_K") + held.bytes_of("Q6_K"),
+            copied > 0
+                && copied
+                    <= ["Q4_K", "Q5_K", "Q6_K", "IQ4_XS"]
+                        .iter()
+                        .map(|t| held.bytes_of(t))
+                        .sum::<u64>(),
             "{ty}: {copied} bytes interleaved of {held}"
         );
         assert!(logits(&mut inter) == want_q8, "{ty}: q8 logits differ");

@@ -2,14 +2,15 @@
 //! that both see the same machine load. Prints the best and mean time of each.
 //!
 //! ```text
-//! cargo run --release -p kernels --example q8_bench -- [ROWS] [COLS] [REPS] [TYPE] [M] [THREADS] [q8]
+//! cargo run --release -p kernels --example q8_bench -- \
+//!     [ROWS] [COLS] [REPS] [TYPE] [M] [THREADS] [q8]
 //! ```
 //! TYPE is any quantised type by name (`q4_1`, `q4_k`, `iq4_xs`, ...). Defaults: 1536 x 576
 //! (SmolLM2's FFN up), 200 reps, Q4_1, one activation row, one thread. The K-quants need COLS a
 //! multiple of 256 (SmolLM2's FFN down: 576 x 1536).
 //! `KERNELS_CPU_LEVEL=scalar|avx2|avxvnni|avx512|avx512vnni` caps the kernels' level;
-//! Q4_K and Q6_K weights are interleaved as loaders do (`KERNELS_INTERLEAVE=never|always`
-//! overrides).
+//! Q4_K, Q5_K, Q6_K and IQ4_XS weights are interleaved as loaders do
+//! (`KERNELS_INTERLEAVE=never|always` overrides).
 
 use std::time::Instant;
 

@@ -1,8 +1,7 @@
-//! The eight-row interleaved layout of Q4_K, Q6_K and IQ4_XS matrices, which the AVX-512 VNNI
-//! kernels
-//! (`super::rows8_vnni`) read: the same bytes as the file, reordered at load so that one
-//! 32-byte load holds four quants of each of eight rows, and the rows' scales sit side by
-//! side. Nothing is widened: a matrix keeps its size.
+//! The eight-row interleaved layout of Q4_K, Q5_K, Q6_K and IQ4_XS matrices, which the
+//! AVX-512 VNNI kernels (`super::rows8_vnni`) read: the same bytes as the file, reordered at
+//! load so that one 32-byte load holds four quants of each of eight rows, and the rows'
+//! scales sit side by side. Nothing is widened: a matrix keeps its size.
 //!
 //! Rows come in groups of eight; a group's super-block `b` (the eight rows' blocks `b`) is one
 //! *tile* of `8 · block_bytes` bytes, and a group is its `nb` tiles in order. A tile:
@@ -11,6 +10,8 @@
 //!   little-endian words of packed scales (bytes 0-3 of each row, then 4-7, then 8-11: 32
 //!   bytes each), then the quants: for each 32-byte chunk `c` of a row's `qs` and each
 //!   `t < 8`, bytes `4t..4t + 4` of that chunk of rows 0..8 (32 bytes).
+//! - `Q5_K` (1408 bytes): as Q4_K, with bytes `4t..4t + 4` of the rows' `qh` (`t < 8`)
+//!   between the scales and the quants.
 //! - `Q6_K` (1680 bytes): the rows' `d`, their 16 scales by group (group `g` of rows 0..8 at
 //!   `16 + 8g`), then for each half `n` of the block and `t < 8`, 96 bytes: bytes `4t..4t + 4`
 //!   of `ql`'s quarters `2n` and `2n + 1` and of `qh`'s half `n`, each of rows 0..8. The
@@ -31,7 +32,10 @@ pub(crate) const GROUP: usize = 8;
 
 /// Whether `dtype` has this layout.
 pub(crate) fn has_layout(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_K | DType::Q6_K | DType::IQ4_XS)
+    matches!(
+        dtype,
+        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS
+    )
 }
 
 /// Where each byte of a tile comes from, in tile order: `(row, offset in the row's block)`.
@@ -45,7 +49,7 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
         }
     };
     match dtype {
-        DType::Q4_K => {
+        DType::Q4_K | DType::Q5_K => {
             // d, dmin.
             for field in [0, 2] {
                 for r in 0..GROUP {
@@ -57,9 +61,18 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
             for word in 0..3 {
                 four(&mut src, 4 + 4 * word);
             }
+            // Q5_K's fifth bits: bytes `4t..4t + 4` of `qh` of rows 0..8.
+            let qs = if dtype == DType::Q5_K {
+                for t in 0..8 {
+                    four(&mut src, 16 + 4 * t);
+                }
+                48
+            } else {
+                16
+            };
             for c in 0..4 {
                 for t in 0..8 {
-                    four(&mut src, 16 + 32 * c + 4 * t);
+                    four(&mut src, qs + 32 * c + 4 * t);
                 }
             }
         }
@@ -110,9 +123,11 @@ fn tile_offsets(dtype: DType) -> &'static [u32] {
     use std::sync::OnceLock;
     static Q4K: OnceLock<Vec<u32>> = OnceLock::new();
     static Q6K: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q5K: OnceLock<Vec<u32>> = OnceLock::new();
     static IQ4XS: OnceLock<Vec<u32>> = OnceLock::new();
     let cell = match dtype {
         DType::Q4_K => &Q4K,
+        DType::Q5_K => &Q5K,
         DType::Q6_K => &Q6K,
         _ => &IQ4XS,
     };
@@ -214,7 +229,7 @@ mod tests {
 
     #[test]
     fn tiles_are_a_permutation_and_unpacking_inverts_packing() {
-        for dtype in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
+        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS] {
             let bb = dtype.block_bytes();
             let mut seen = vec![false; GROUP * bb];
             for (r, at) in tile_sources(dtype) {

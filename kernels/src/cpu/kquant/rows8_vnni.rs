@@ -1,5 +1,5 @@
-//! The AVX-512 VNNI kernels of [`super::dot_q8k`] for Q4_K, Q6_K and IQ4_XS matrices in the
-//! interleaved layout (`super::rows8`): eight weight rows in the eight lanes of a vector.
+//! The AVX-512 VNNI kernels of [`super::dot_q8k`] for Q4_K, Q5_K, Q6_K and IQ4_XS matrices in
+//! the interleaved layout (`super::rows8`): eight weight rows in the eight lanes of a vector.
 //!
 //! A tile's 32-byte loads each hold four quants of every row, so one activation dword,
 //! broadcast, meets the eight rows in one `vpdpbusd`: per 32 weights of eight rows, a load, a
@@ -81,6 +81,7 @@ pub(super) unsafe fn rows(a: &Q8KArgs<'_>, rows: usize, x_rows: usize, out: &mut
                 }
                 match a.dtype {
                     DType::Q4_K => pick!(q4k),
+                    DType::Q5_K => pick!(q5k),
                     DType::Q6_K => pick!(q6k),
                     DType::IQ4_XS => pick!(iq4xs),
                     other => unreachable!("only the interleaved types come here: {other}"),
@@ -138,27 +139,31 @@ fn spread(j: usize, pair: bool) -> __m256i {
     unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
 }
 
-/// `G` groups of Q4_K rows (`group` bytes apart) against `X` activation rows:
-/// `vals[(8g + i) * X + j]`.
+/// `G` groups of Q4_K rows (Q5_K with `FIVE`; `group` bytes apart) against `X` activation
+/// rows: `vals[(8g + i) * X + j]`.
 ///
 /// # Safety
-/// As for [`rows`]: `w` holds `G` groups of `nb` Q4_K tiles, `x` `X` rows of `nb` blocks.
+/// As for [`rows`]: `w` holds `G` groups of `nb` Q4_K (Q5_K) tiles, `x` `X` rows of `nb`
+/// blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4k<const X: usize, const G: usize>(
+unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
     w: &[u8],
     group: usize,
     x: &[Q8KBlock],
     nb: usize,
     vals: &mut [f32],
 ) {
-    const TILE: usize = GROUP * 144;
+    let tile = GROUP * if FIVE { 176 } else { 144 };
+    // Where the quants start in a tile: Q5_K's fifth bits come before them.
+    let qs = if FIVE { 384 } else { 128 };
     assert!(
-        group == nb * TILE
+        group == nb * tile
             && w.len() >= G * group
             && x.len() >= X * nb
             && vals.len() >= G * GROUP * X
     );
     let nib = _mm256_set1_epi8(0x0F);
+    let sixteen = _mm256_set1_epi8(16);
     let (low6, low4, low2) = (
         _mm256_set1_epi8(0x3F),
         _mm256_set1_epi8(0x0F),
@@ -169,7 +174,7 @@ unsafe fn q4k<const X: usize, const G: usize>(
     let mut acc = [[_mm256_setzero_ps(); X]; G];
     let mut offs = [[_mm256_setzero_ps(); X]; G];
     for b in 0..nb {
-        let t: [*const u8; G] = std::array::from_fn(|g| w[g * group + b * TILE..][..TILE].as_ptr());
+        let t: [*const u8; G] = std::array::from_fn(|g| w[g * group + b * tile..][..tile].as_ptr());
         let xb: [&Q8KBlock; X] = std::array::from_fn(|j| &x[j * nb + b]);
         // SAFETY: every offset below is inside a tile.
         unsafe {
@@ -216,9 +221,15 @@ unsafe fn q4k<const X: usize, const G: usize>(
                     let mut wl = [_mm256_setzero_si256(); G];
                     let mut wh = [_mm256_setzero_si256(); G];
                     for g in 0..G {
-                        let v = load(t[g].add(128 + 256 * c + 32 * s));
+                        let v = load(t[g].add(qs + 256 * c + 32 * s));
                         wl[g] = _mm256_and_si256(v, nib);
                         wh[g] = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib);
+                        if FIVE {
+                            // Bits `2c` and `2c + 1` of the rows' `qh` bytes, to bit 4.
+                            let h = load(t[g].add(128 + 32 * s));
+                            wl[g] = _mm256_or_si256(wl[g], fifth(h, 2 * c, sixteen));
+                            wh[g] = _mm256_or_si256(wh[g], fifth(h, 2 * c + 1, sixteen));
+                        }
                     }
                     for j in 0..X {
                         let (xl, xh) = (
@@ -257,6 +268,56 @@ unsafe fn q4k<const X: usize, const G: usize>(
     for g in 0..G {
         lanes_out(&acc[g], &offs[g], GROUP, &mut vals[g * GROUP * X..]);
     }
+}
+
+/// [`q45k`] for Q4_K.
+///
+/// # Safety
+/// As for [`q45k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q4k<const X: usize, const G: usize>(
+    w: &[u8],
+    group: usize,
+    x: &[Q8KBlock],
+    nb: usize,
+    vals: &mut [f32],
+) {
+    // SAFETY: forwarded.
+    unsafe { q45k::<X, G, false>(w, group, x, nb, vals) }
+}
+
+/// [`q45k`] for Q5_K.
+///
+/// # Safety
+/// As for [`q45k`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn q5k<const X: usize, const G: usize>(
+    w: &[u8],
+    group: usize,
+    x: &[Q8KBlock],
+    nb: usize,
+    vals: &mut [f32],
+) {
+    // SAFETY: forwarded.
+    unsafe { q45k::<X, G, true>(w, group, x, nb, vals) }
+}
+
+/// 16 in each byte whose bit `bit` is set, else 0 (a 16-bit shift: only each byte's own bit
+/// lands on bit 4).
+#[target_feature(enable = "avx2")]
+#[inline]
+fn fifth(h: __m256i, bit: usize, sixteen: __m256i) -> __m256i {
+    let at4 = match bit {
+        0 => _mm256_slli_epi16::<4>(h),
+        1 => _mm256_slli_epi16::<3>(h),
+        2 => _mm256_slli_epi16::<2>(h),
+        3 => _mm256_slli_epi16::<1>(h),
+        4 => h,
+        5 => _mm256_srli_epi16::<1>(h),
+        6 => _mm256_srli_epi16::<2>(h),
+        _ => _mm256_srli_epi16::<3>(h),
+    };
+    _mm256_and_si256(at4, sixteen)
 }
 
 /// `G` groups of Q6_K rows against `X` activation rows: `vals[(8g + i) * X + j]`.

@@ -69,15 +69,15 @@ mod super_block_kernels_match_dequantised {
     level_tests!(super::super_block_kernels_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
 }
 
-/// Q4_K, Q6_K and IQ4_XS matrices in the interleaved layout give the bits the same matrices give by
-/// rows: the kernels' products for every activation-row count the level takes, the f32 and
-/// q8 matmul paths, and each row's dequantisation (the row kernels are checked against
-/// references above and in `reference`).
+/// Q4_K, Q5_K, Q6_K and IQ4_XS matrices in the interleaved layout give the bits the same
+/// matrices give by rows: the kernels' products for every activation-row count the level
+/// takes, the f32 and q8 matmul paths, and each row's dequantisation (the row kernels are
+/// checked against references above and in `reference`).
 fn interleaved_matrices_match_rows(isa: Isa) {
     use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
     use crate::{interleave_rows, MatmulJob, QMatrix};
     let mut rng = Rng(0x5EED_2612);
-    for dtype in [DType::Q4_K, DType::Q6_K, DType::IQ4_XS] {
+    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS] {
         for (rows, cols) in [(8usize, 256usize), (24, 768), (40, 512)] {
             let nb = cols / 256;
             let w = random_matrix(&mut rng, dtype, rows, cols);
