@@ -444,6 +444,8 @@ unsafe fn q6k<const X: usize, const G: usize>(
 ///
 /// # Safety
 /// As for [`q4k`], with IQ4_XS tiles.
+// The sub-block index is an offset as well as an index: a range loop says both.
+#[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn iq4xs<const X: usize, const G: usize>(
     w: &[u8],
