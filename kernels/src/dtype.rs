@@ -188,8 +188,8 @@ impl<'a> QMatrix<'a> {
     }
 
     /// A matrix whose bytes [`interleave_rows`] reordered (groups of eight rows side by side),
-    /// the layout the AVX-512 VNNI kernels of Q4_K, Q5_K, Q6_K and IQ4_XS read best; every
-    /// other kernel reads it too (a group at a time brought back to rows), with the same
+    /// the layout the AVX-512 VNNI kernels of the quantised types but Q2_K and Q3_K read best;
+    /// every other kernel reads it too (a group at a time brought back to rows), with the same
     /// results.
     pub fn interleaved(
         dtype: DType,
@@ -285,8 +285,8 @@ pub fn interleave_rows(
 }
 
 /// Whether a loader should call [`interleave_rows`] for `dtype`: where this CPU's kernels read
-/// it faster (AVX-512 VNNI: Q4_K, Q5_K, Q6_K and IQ4_XS), unless [`crate::INTERLEAVE_VAR`]
-/// says otherwise.
+/// it faster (AVX-512 VNNI: the quantised types but Q2_K and Q3_K), unless
+/// [`crate::INTERLEAVE_VAR`] says otherwise.
 pub fn interleaving_pays(dtype: DType) -> bool {
     crate::cpu::interleaving_pays(dtype)
 }

@@ -264,7 +264,7 @@ fn fused(
 fn interleaved_rows(w: &QMatrix<'_>, r0: usize, r1: usize, out: &mut [u8]) {
     const GROUP: usize = 8;
     let row_bytes = w.dtype().row_bytes(w.cols());
-    let nb = w.cols() / QK_K;
+    let nb = w.cols() / w.dtype().block_elems();
     for (g, o) in (r0 / GROUP..r1.div_ceil(GROUP)).zip(out.chunks_mut(GROUP * row_bytes)) {
         let tiles = &w.data()[g * GROUP * row_bytes..(g + 1) * GROUP * row_bytes];
         unpack_interleaved_group(w.dtype(), nb, tiles, o);
@@ -353,6 +353,7 @@ fn fused_q8(
                         w_stride: row_bytes,
                         x: &xq[g * nb..(g + xr) * nb],
                         nb,
+                        interleaved: w.is_interleaved(),
                     };
                     dot_q8(isa, &args, wr, xr, vals);
                 }

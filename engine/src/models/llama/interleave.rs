@@ -1,6 +1,6 @@
-//! The matrices the CPU's kernels read faster interleaved (Q4_K, Q5_K, Q6_K and IQ4_XS on
-//! AVX-512 VNNI: eight rows side by side, see [`kernels::interleave_rows`]), copied once at
-//! load into an anonymous map of the same size, in place of their pages of the file.
+//! The matrices the CPU's kernels read faster interleaved (every quantised type but Q2_K and
+//! Q3_K, on AVX-512 VNNI: eight rows side by side, see [`kernels::interleave_rows`]), copied
+//! once at load into an anonymous map of the same size, in place of their pages of the file.
 //!
 //! Only the integer (q8) activation path gains: the f32 path would bring every group back to
 //! rows on each use, so switching to f32 activations returns to the file's bytes and frees the
@@ -62,7 +62,7 @@ impl LlamaModel {
         self.for_each_weight(|w| {
             let gains = kernels::interleaving_pays(w.dtype)
                 && w.rows.is_multiple_of(8)
-                && w.cols.is_multiple_of(kernels::QK_K);
+                && w.cols.is_multiple_of(w.dtype.block_elems());
             if gains && !place.contains_key(&(w.file, w.start, w.len)) {
                 place.insert((w.file, w.start, w.len), total);
                 todo.push(*w);
@@ -121,7 +121,7 @@ impl LlamaModel {
             matrices = todo.len(),
             bytes = total,
             elapsed_ms = t0.elapsed().as_millis() as u64,
-            "interleaved Q4_K / Q5_K / Q6_K / IQ4_XS matrices for the AVX-512 VNNI kernels"
+            "interleaved the quantised matrices for the AVX-512 VNNI kernels"
         );
         Ok(())
     }

@@ -1,5 +1,6 @@
-//! The eight-row interleaved layout of Q4_K, Q5_K, Q6_K and IQ4_XS matrices, which the
-//! AVX-512 VNNI kernels (`super::rows8_vnni`) read: the same bytes as the file, reordered at
+//! The eight-row interleaved layout of quantised matrices (Q4_K, Q5_K, Q6_K, IQ4_XS and the
+//! 32-weight types), which the AVX-512 VNNI kernels (`super::rows8_vnni`,
+//! `crate::cpu::q8::rows8_vnni`) read: the same bytes as the file, reordered at
 //! load so that one 32-byte load holds four quants of each of eight rows, and the rows'
 //! scales sit side by side. Nothing is widened: a matrix keeps its size.
 //!
@@ -19,12 +20,14 @@
 //! - `IQ4_XS` (1088 bytes): the rows' `d`, their `scales_h` (eight u16), their `scales_l`
 //!   (eight 4-byte words), then for each 32-weight sub-block `b` and `t < 4`, bytes
 //!   `16b + 4t..16b + 4t + 4` of `qs` of rows 0..8.
+//! - The 32-weight types (eight times their block): the rows' `d` (and `m` for Q4_1 and
+//!   Q5_1), their `qh` words (Q5_0, Q5_1), then each dword of the rows' quants (four for the
+//!   nibble types, eight for Q8_0) as 32 bytes: dword `c` of rows 0..8.
 //!
 //! Packing and unpacking are exact inverses; a matrix in this layout gives the same results,
-//! bit for bit, as the same matrix in rows (the kernels end every super-block with the same
+//! bit for bit, as the same matrix in rows (the kernels end every block with the same
 //! operations), so whether a matrix was packed is invisible in the outputs.
 
-use super::QK_K;
 use crate::DType;
 
 /// Rows per group.
@@ -34,7 +37,16 @@ pub(crate) const GROUP: usize = 8;
 pub(crate) fn has_layout(dtype: DType) -> bool {
     matches!(
         dtype,
-        DType::Q4_K | DType::Q5_K | DType::Q6_K | DType::IQ4_XS
+        DType::Q4_K
+            | DType::Q5_K
+            | DType::Q6_K
+            | DType::IQ4_XS
+            | DType::Q4_0
+            | DType::Q4_1
+            | DType::Q5_0
+            | DType::Q5_1
+            | DType::Q8_0
+            | DType::IQ4_NL
     )
 }
 
@@ -111,6 +123,26 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
                 }
             }
         }
+        DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4_NL => {
+            // The f16 scale (and minimum), Q5's fifth bits, then the quants by dword.
+            let min = matches!(dtype, DType::Q4_1 | DType::Q5_1);
+            let five = matches!(dtype, DType::Q5_0 | DType::Q5_1);
+            let head = if min { 4 } else { 2 };
+            for field in (0..head).step_by(2) {
+                for r in 0..GROUP {
+                    src.push((r, field));
+                    src.push((r, field + 1));
+                }
+            }
+            if five {
+                four(&mut src, head);
+            }
+            let qs = head + if five { 4 } else { 0 };
+            let dwords = if dtype == DType::Q8_0 { 8 } else { 4 };
+            for c in 0..dwords {
+                four(&mut src, qs + 4 * c);
+            }
+        }
         other => unreachable!("has_layout checks the type: {other}"),
     }
     debug_assert_eq!(src.len(), GROUP * dtype.block_bytes());
@@ -125,11 +157,23 @@ fn tile_offsets(dtype: DType) -> &'static [u32] {
     static Q6K: OnceLock<Vec<u32>> = OnceLock::new();
     static Q5K: OnceLock<Vec<u32>> = OnceLock::new();
     static IQ4XS: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q40: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q41: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q50: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q51: OnceLock<Vec<u32>> = OnceLock::new();
+    static Q80: OnceLock<Vec<u32>> = OnceLock::new();
+    static IQ4NL: OnceLock<Vec<u32>> = OnceLock::new();
     let cell = match dtype {
         DType::Q4_K => &Q4K,
         DType::Q5_K => &Q5K,
         DType::Q6_K => &Q6K,
-        _ => &IQ4XS,
+        DType::IQ4_XS => &IQ4XS,
+        DType::Q4_0 => &Q40,
+        DType::Q4_1 => &Q41,
+        DType::Q5_0 => &Q50,
+        DType::Q5_1 => &Q51,
+        DType::Q8_0 => &Q80,
+        _ => &IQ4NL,
     };
     cell.get_or_init(|| {
         let bb = dtype.block_bytes();
@@ -145,7 +189,7 @@ fn tile_offsets(dtype: DType) -> &'static [u32] {
 /// layout (`dst`, the same length), a group of rows per task on the current rayon pool.
 ///
 /// # Panics
-/// If `dtype` has no such layout, `rows` is not a multiple of eight, `cols` of 256, or the
+/// If `dtype` has no such layout, `rows` is not a multiple of eight, `cols` of the block, or the
 /// lengths do not match the shape (bugs in the caller: [`crate::interleave_rows`] checks
 /// first).
 pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
@@ -203,24 +247,24 @@ pub(crate) fn unpack_group(dtype: DType, nb: usize, tiles: &[u8], rows_out: &mut
 
 /// Dequantise row `r` of an interleaved matrix of `cols` columns into `out`.
 pub(crate) fn dequantize_row(dtype: DType, data: &[u8], cols: usize, r: usize, out: &mut [f32]) {
-    let (bb, nb) = (dtype.block_bytes(), cols / QK_K);
+    let (bb, nb) = (dtype.block_bytes(), cols / dtype.block_elems());
     let group = &data[(r / GROUP) * GROUP * nb * bb..][..GROUP * nb * bb];
     let mut row = vec![0u8; nb * bb];
     unpack_row(dtype, nb, group, r % GROUP, &mut row);
-    super::dequantize(dtype, &row, out);
+    crate::cpu::dequant::dequantize_row(dtype, &row, out);
 }
 
 fn check(dtype: DType, rows: usize, cols: usize, src: usize, dst: usize) -> (usize, usize) {
-    let bb = dtype.block_bytes();
+    let (bb, be) = (dtype.block_bytes(), dtype.block_elems());
     assert!(
         has_layout(dtype)
             && rows.is_multiple_of(GROUP)
-            && cols.is_multiple_of(QK_K)
-            && src == rows * (cols / QK_K) * bb
+            && cols.is_multiple_of(be)
+            && src == rows * (cols / be) * bb
             && dst == src,
         "rows8::pack: {rows} x {cols} {dtype} from {src} into {dst} bytes"
     );
-    (bb, cols / QK_K)
+    (bb, cols / be)
 }
 
 #[cfg(test)]
@@ -229,7 +273,7 @@ mod tests {
 
     #[test]
     fn tiles_are_a_permutation_and_unpacking_inverts_packing() {
-        for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS] {
+        for dtype in DType::ALL.into_iter().filter(|&d| has_layout(d)) {
             let bb = dtype.block_bytes();
             let mut seen = vec![false; GROUP * bb];
             for (r, at) in tile_sources(dtype) {
@@ -237,7 +281,7 @@ mod tests {
                 seen[r * bb + at] = true;
             }
             assert!(seen.iter().all(|&s| s), "{dtype}: a byte left out");
-            let (rows, cols) = (16, 512);
+            let (rows, cols) = (16, 2 * dtype.block_elems());
             let src: Vec<u8> = (0..rows * 2 * bb).map(|i| (i * 131 % 251) as u8).collect();
             let mut packed = vec![0u8; src.len()];
             pack(dtype, rows, cols, &src, &mut packed);

@@ -16,8 +16,9 @@
 //! `128·127·2` stay inside the `i16` pair sums of `maddubs`); only the order of the final f32
 //! accumulation differs between levels. The AVX2 kernels put eight weight rows in the eight
 //! lanes of a vector: each block's whole integer sum, then one multiply-add per block into the
-//! row's lane, so decode and prefill run the same operations per output. The 256-weight types pair with 256-value activation
-//! blocks instead (`super::kquant`).
+//! row's lane, so decode and prefill run the same operations per output; AVX-512 VNNI reads
+//! matrices interleaved at load (`rows8_vnni`) with the same operations. The 256-weight types
+//! pair with 256-value activation blocks instead (`super::kquant`).
 //!
 //! Rounding is half-to-even through the `1.5·2^23` trick, which is plain f32 arithmetic and so
 //! gives the same quants in any implementation.
@@ -116,6 +117,10 @@ pub(crate) struct Q8Args<'a> {
     pub x: &'a [Q8Block],
     /// Blocks per row (`k / 32`).
     pub nb: usize,
+    /// The weights are in the interleaved layout (`crate::cpu::kquant::rows8`): `w` starts at
+    /// a group of eight rows, `w_stride` is the bytes of a row as stored, and the call takes
+    /// whole groups.
+    pub interleaved: bool,
 }
 
 /// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`.
@@ -142,6 +147,9 @@ pub(crate) fn dot_q8(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out
     );
     assert!(a.x.len() >= x_rows * a.nb, "dot_q8: activations too short");
     assert!(out.len() >= w_rows * x_rows, "dot_q8: output too short");
+    if a.interleaved {
+        return interleaved(isa, a, w_rows, x_rows, out);
+    }
     match isa.level() {
         CpuLevel::Scalar => scalar(a, w_rows, x_rows, out),
         // SAFETY: `isa` says this CPU runs the level whose features the chosen kernels
@@ -150,6 +158,38 @@ pub(crate) fn dot_q8(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out
         level => unsafe { x86::dispatch(level, a, w_rows, x_rows, out) },
         #[cfg(not(target_arch = "x86_64"))]
         _ => scalar(a, w_rows, x_rows, out),
+    }
+}
+
+/// [`dot_q8`] on interleaved weights: AVX-512 VNNI's kernel, or each group brought back to
+/// rows for the level's row kernels.
+fn interleaved(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
+    const GROUP: usize = 8;
+    assert!(
+        crate::cpu::has_interleaved_layout(a.dtype)
+            && w_rows.is_multiple_of(GROUP)
+            && a.w_stride == a.nb * a.dtype.block_bytes(),
+        "dot_q8: {w_rows} interleaved rows of {}",
+        a.dtype
+    );
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == CpuLevel::Avx512Vnni {
+        // SAFETY: the level says the CPU has the kernel's features; the bounds were checked
+        // by `dot_q8` and above (whole groups of whole rows).
+        unsafe { rows8_vnni::rows(a, w_rows, x_rows, out) };
+        return;
+    }
+    let group_bytes = GROUP * a.w_stride;
+    let mut rows = vec![0u8; group_bytes];
+    for (g, tiles) in a.w.chunks(group_bytes).take(w_rows / GROUP).enumerate() {
+        crate::cpu::kquant::unpack_interleaved_group(a.dtype, a.nb, tiles, &mut rows);
+        let args = Q8Args {
+            w: &rows,
+            interleaved: false,
+            ..*a
+        };
+        let o = &mut out[g * GROUP * x_rows..(g + 1) * GROUP * x_rows];
+        dot_q8(isa, &args, GROUP, x_rows, o);
     }
 }
 
@@ -239,5 +279,7 @@ fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
     }
 }
 
+#[cfg(target_arch = "x86_64")]
+mod rows8_vnni;
 #[cfg(target_arch = "x86_64")]
 mod x86;

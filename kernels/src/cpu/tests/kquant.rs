@@ -69,15 +69,19 @@ mod super_block_kernels_match_dequantised {
     level_tests!(super::super_block_kernels_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
 }
 
-/// Q4_K, Q5_K, Q6_K and IQ4_XS matrices in the interleaved layout give the bits the same
-/// matrices give by rows: the kernels' products for every activation-row count the level
-/// takes, the f32 and q8 matmul paths, and each row's dequantisation (the row kernels are
-/// checked against references above and in `reference`).
+/// Matrices in the interleaved layout (the K-quants but Q2_K and Q3_K, IQ4_XS and the
+/// 32-weight types) give the bits the same matrices give by rows: the super-block kernels'
+/// products for every activation-row count the level takes, the f32 and q8 matmul paths, and
+/// each row's dequantisation (the row kernels are checked against references above and in
+/// `reference`).
 fn interleaved_matrices_match_rows(isa: Isa) {
     use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
     use crate::{interleave_rows, MatmulJob, QMatrix};
     let mut rng = Rng(0x5EED_2612);
-    for dtype in [DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::IQ4_XS] {
+    let types = DType::ALL
+        .into_iter()
+        .filter(|&d| crate::cpu::has_interleaved_layout(d));
+    for dtype in types {
         for (rows, cols) in [(8usize, 256usize), (24, 768), (40, 512)] {
             let nb = cols / 256;
             let w = random_matrix(&mut rng, dtype, rows, cols);
@@ -91,8 +95,12 @@ fn interleaved_matrices_match_rows(isa: Isa) {
                 inter.dequantize_row_into(r, &mut b);
                 assert_eq!(a, b, "{dtype} row {r} dequantised");
             }
-            let x_max = max_xk(isa, dtype, true);
-            let x: Vec<f32> = (0..x_max.max(17) * cols).map(|_| rng.f32() * 2.0).collect();
+            let x: Vec<f32> = (0..64 * cols).map(|_| rng.f32() * 2.0).collect();
+            let x_max = if is_super_block(dtype) {
+                max_xk(isa, dtype, true)
+            } else {
+                0
+            };
             let mut q = vec![Q8KBlock::default(); x_max * nb];
             for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
                 quantize_row_q8k(xr, qr);
@@ -138,7 +146,7 @@ fn interleaved_matrices_match_rows(isa: Isa) {
                     "{dtype} {isa:?} {rows}x{cols}, {x_rows} x"
                 );
             }
-            for m in [1, 3, 17] {
+            for m in [1, 3, 5, 17] {
                 let xs = &x[..m * cols];
                 for q8 in [false, true] {
                     let run = |w: QMatrix<'_>| {

@@ -125,6 +125,7 @@ fn q8_kernels_exact(isa: Isa) {
                     w_stride: rb,
                     x: &x,
                     nb,
+                    interleaved: false,
                 };
                 dot_q8(isa, &args, w_rows, x_rows, &mut out);
                 for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {

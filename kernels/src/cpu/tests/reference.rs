@@ -236,6 +236,7 @@ fn integer_kernels_match(isa: Isa) {
                     w_stride: f.dtype.row_bytes(COLS),
                     x: &q,
                     nb,
+                    interleaved: false,
                 };
                 dot_q8(isa, &args, ROWS, rows, &mut out);
             }
