@@ -9,6 +9,7 @@ use std::fmt;
 pub struct WeightSummary {
     bytes: BTreeMap<String, u64>,
     interleaved: u64,
+    released: u64,
 }
 
 impl WeightSummary {
@@ -31,6 +32,17 @@ impl WeightSummary {
     /// See [`WeightSummary::set_interleaved`].
     pub fn interleaved(&self) -> u64 {
         self.interleaved
+    }
+
+    /// Of the weight files' bytes, how many the load released from the resident set (the
+    /// file's pages of the matrices it copied): the memory bound counts the copy instead.
+    pub fn set_released(&mut self, bytes: u64) {
+        self.released = bytes;
+    }
+
+    /// See [`WeightSummary::set_released`].
+    pub fn released(&self) -> u64 {
+        self.released
     }
 
     /// Every weight byte held.

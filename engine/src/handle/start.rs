@@ -78,6 +78,9 @@ pub(super) fn start_decoder(
     let info = d.model.info().clone();
     let device = d.model.device();
     let max_model_len = resolve_max_len(config, info.max_position);
+    // The file pages a copy made at load replaced are not resident: the copy, measured around
+    // the load, counts instead.
+    let weights = weights.saturating_sub(d.model.weight_summary().released());
     let mut memory = footprint::decoder(
         &d,
         &footprint::DecoderShape {

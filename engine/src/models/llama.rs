@@ -9,7 +9,8 @@
 //! [`LlamaConfig::windows`], and the one forward pass honours each.
 //!
 //! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
-//! fly. In [`ActivationMode::Q8`] (the default) every step quantises the activations to 8-bit
+//! fly. Where the CPU's kernels read quantised matrices faster interleaved (AVX-512 VNNI), the
+//! q8 mode copies them once into that layout, at the same size (`interleave`). In [`ActivationMode::Q8`] (the default) every step quantises the activations to 8-bit
 //! blocks and uses integer dot products against quantised weights (float weights take f32
 //! activations); [`ActivationMode::F32`] keeps f32 activations throughout. The path depends on
 //! the mode and the weights only, never on the step's size: a token's numbers are the same
@@ -319,7 +320,11 @@ impl CausalLm for LlamaModel {
         for l in &self.layers {
             l.count(&mut s);
         }
-        s.set_interleaved(self.interleaved.as_ref().map_or(0, |i| i.bytes as u64));
+        let interleaved = self.interleaved.as_ref().map_or(0, |i| i.bytes as u64);
+        s.set_interleaved(interleaved);
+        if self.file_pages {
+            s.set_released(interleaved);
+        }
         s
     }
 
