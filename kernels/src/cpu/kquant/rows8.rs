@@ -149,40 +149,75 @@ fn tile_sources(dtype: DType) -> Vec<(usize, usize)> {
     src
 }
 
-/// For each row of a group and byte of its block, where that byte sits in the tile: the
-/// inverse of [`tile_sources`], `GROUP · block_bytes` offsets, row by row.
-fn tile_offsets(dtype: DType) -> &'static [u32] {
+/// A row's bytes `at..at + len` of a block, at `o..o + len` in the tile.
+#[derive(Debug, Clone, Copy)]
+struct Run {
+    at: u16,
+    o: u16,
+    len: u8,
+}
+
+/// For each row of a group, where its block's bytes go in the tile, as runs of up to four
+/// bytes that stay together (the inverse of [`tile_sources`]): copied a word at a time.
+fn tile_runs(dtype: DType) -> &'static [Vec<Run>; GROUP] {
     use std::sync::OnceLock;
-    static Q4K: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q6K: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q5K: OnceLock<Vec<u32>> = OnceLock::new();
-    static IQ4XS: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q40: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q41: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q50: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q51: OnceLock<Vec<u32>> = OnceLock::new();
-    static Q80: OnceLock<Vec<u32>> = OnceLock::new();
-    static IQ4NL: OnceLock<Vec<u32>> = OnceLock::new();
-    let cell = match dtype {
-        DType::Q4_K => &Q4K,
-        DType::Q5_K => &Q5K,
-        DType::Q6_K => &Q6K,
-        DType::IQ4_XS => &IQ4XS,
-        DType::Q4_0 => &Q40,
-        DType::Q4_1 => &Q41,
-        DType::Q5_0 => &Q50,
-        DType::Q5_1 => &Q51,
-        DType::Q8_0 => &Q80,
-        _ => &IQ4NL,
+    type Cell = OnceLock<[Vec<Run>; GROUP]>;
+    static CELLS: [Cell; 10] = [const { OnceLock::new() }; 10];
+    let at = match dtype {
+        DType::Q4_K => 0,
+        DType::Q5_K => 1,
+        DType::Q6_K => 2,
+        DType::IQ4_XS => 3,
+        DType::Q4_0 => 4,
+        DType::Q4_1 => 5,
+        DType::Q5_0 => 6,
+        DType::Q5_1 => 7,
+        DType::Q8_0 => 8,
+        _ => 9,
     };
-    cell.get_or_init(|| {
+    CELLS[at].get_or_init(|| {
         let bb = dtype.block_bytes();
-        let mut inv = vec![0u32; GROUP * bb];
+        let mut inv = vec![0usize; GROUP * bb];
         for (o, (r, at)) in tile_sources(dtype).into_iter().enumerate() {
-            inv[r * bb + at] = o as u32;
+            inv[r * bb + at] = o;
         }
-        inv
+        std::array::from_fn(|r| {
+            let row = &inv[r * bb..(r + 1) * bb];
+            let mut runs = Vec::new();
+            let mut at = 0;
+            while at < bb {
+                let mut len = 1;
+                while len < 4 && at + len < bb && row[at + len] == row[at] + len {
+                    len += 1;
+                }
+                runs.push(Run {
+                    at: at as u16,
+                    o: row[at] as u16,
+                    len: len as u8,
+                });
+                at += len;
+            }
+            runs
+        })
     })
+}
+
+/// `to[o..o + len] = from[at..at + len]` for each run (`forward`), or the reverse.
+#[inline]
+fn copy_runs(runs: &[Run], from: &[u8], to: &mut [u8], forward: bool) {
+    for r in runs {
+        let (a, o) = (usize::from(r.at), usize::from(r.o));
+        let (src, dst) = if forward { (a, o) } else { (o, a) };
+        match r.len {
+            4 => to[dst..dst + 4].copy_from_slice(&from[src..src + 4]),
+            2 => to[dst..dst + 2].copy_from_slice(&from[src..src + 2]),
+            n => {
+                for k in 0..usize::from(n) {
+                    to[dst + k] = from[src + k];
+                }
+            }
+        }
+    }
 }
 
 /// Reorder a `rows x cols` matrix of `dtype` stored by rows (`src`) into the interleaved
@@ -195,17 +230,14 @@ fn tile_offsets(dtype: DType) -> &'static [u32] {
 pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
     use rayon::prelude::*;
     let (bb, nb) = check(dtype, rows, cols, src.len(), dst.len());
-    let inv = tile_offsets(dtype);
+    let runs = tile_runs(dtype);
     let row_bytes = nb * bb;
     src.par_chunks_exact(GROUP * row_bytes)
         .zip(dst.par_chunks_exact_mut(GROUP * row_bytes))
         .for_each(|(s, d)| {
             for (r, row) in s.chunks_exact(row_bytes).enumerate() {
-                let at = &inv[r * bb..(r + 1) * bb];
                 for (blk, tile) in row.chunks_exact(bb).zip(d.chunks_exact_mut(GROUP * bb)) {
-                    for (&v, &o) in blk.iter().zip(at) {
-                        tile[o as usize] = v;
-                    }
+                    copy_runs(&runs[r], blk, tile, true);
                 }
             }
         });
@@ -214,15 +246,13 @@ pub(crate) fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut
 /// Row `r` (of eight) of one group of `nb` tiles, as stored, into `row_out`.
 fn unpack_row(dtype: DType, nb: usize, tiles: &[u8], r: usize, row_out: &mut [u8]) {
     let bb = dtype.block_bytes();
-    let at = &tile_offsets(dtype)[r * bb..(r + 1) * bb];
+    let runs = &tile_runs(dtype)[r];
     for (tile, blk) in tiles
         .chunks_exact(GROUP * bb)
         .zip(row_out.chunks_exact_mut(bb))
         .take(nb)
     {
-        for (v, &o) in blk.iter_mut().zip(at) {
-            *v = tile[o as usize];
-        }
+        copy_runs(runs, tile, blk, false);
     }
 }
 
