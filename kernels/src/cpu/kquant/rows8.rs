@@ -212,9 +212,8 @@ fn copy_runs(runs: &[Run], from: &[u8], to: &mut [u8], forward: bool) {
             4 => to[dst..dst + 4].copy_from_slice(&from[src..src + 4]),
             2 => to[dst..dst + 2].copy_from_slice(&from[src..src + 2]),
             n => {
-                for k in 0..usize::from(n) {
-                    to[dst + k] = from[src + k];
-                }
+                let n = usize::from(n);
+                to[dst..dst + n].copy_from_slice(&from[src..src + n]);
             }
         }
     }
