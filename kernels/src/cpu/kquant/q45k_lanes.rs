@@ -179,7 +179,7 @@ unsafe fn pass<const X: usize, const FIVE: bool>(
 /// 0: the bit shifted to bit 4 (a 16-bit shift, but only each byte's own bit lands there).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn fifth_bit(qh: __m256i, g: usize, sixteen: __m256i) -> __m256i {
+pub(super) fn fifth_bit(qh: __m256i, g: usize, sixteen: __m256i) -> __m256i {
     let at4 = match g {
         0 => _mm256_slli_epi16::<4>(qh),
         1 => _mm256_slli_epi16::<3>(qh),

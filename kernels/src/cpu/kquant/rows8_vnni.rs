@@ -12,6 +12,7 @@
 
 use std::arch::x86_64::*;
 
+use super::q45k_lanes::fifth_bit;
 use super::q8k::{Q8KArgs, Q8KBlock};
 use super::rows8::GROUP;
 use super::IQ4_LEVELS;
@@ -66,22 +67,22 @@ pub(super) unsafe fn rows(a: &Q8KArgs<'_>, rows: usize, x_rows: usize, out: &mut
             // SAFETY: `w` is `gn` whole groups, `x` holds `xn` rows of `a.nb` blocks.
             unsafe {
                 macro_rules! pick {
-                    ($kernel:ident) => {
+                    ($kernel:ident $(, $five:expr)?) => {
                         match (gn, xn) {
-                            (1, 1) => $kernel::<1, 1>(w, group, x, a.nb, &mut vals),
-                            (1, 2) => $kernel::<2, 1>(w, group, x, a.nb, &mut vals),
-                            (1, 3) => $kernel::<3, 1>(w, group, x, a.nb, &mut vals),
-                            (1, _) => $kernel::<4, 1>(w, group, x, a.nb, &mut vals),
-                            (_, 1) => $kernel::<1, 2>(w, group, x, a.nb, &mut vals),
-                            (_, 2) => $kernel::<2, 2>(w, group, x, a.nb, &mut vals),
-                            (_, 3) => $kernel::<3, 2>(w, group, x, a.nb, &mut vals),
-                            (_, _) => $kernel::<4, 2>(w, group, x, a.nb, &mut vals),
+                            (1, 1) => $kernel::<1, 1 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (1, 2) => $kernel::<2, 1 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (1, 3) => $kernel::<3, 1 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (1, _) => $kernel::<4, 1 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (_, 1) => $kernel::<1, 2 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (_, 2) => $kernel::<2, 2 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (_, 3) => $kernel::<3, 2 $(, $five)?>(w, group, x, a.nb, &mut vals),
+                            (_, _) => $kernel::<4, 2 $(, $five)?>(w, group, x, a.nb, &mut vals),
                         }
                     };
                 }
                 match a.dtype {
-                    DType::Q4_K => pick!(q4k),
-                    DType::Q5_K => pick!(q5k),
+                    DType::Q4_K => pick!(q45k, false),
+                    DType::Q5_K => pick!(q45k, true),
                     DType::Q6_K => pick!(q6k),
                     DType::IQ4_XS => pick!(iq4xs),
                     other => unreachable!("only the interleaved types come here: {other}"),
@@ -227,8 +228,8 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
                         if FIVE {
                             // Bits `2c` and `2c + 1` of the rows' `qh` bytes, to bit 4.
                             let h = load(t[g].add(128 + 32 * s));
-                            wl[g] = _mm256_or_si256(wl[g], fifth(h, 2 * c, sixteen));
-                            wh[g] = _mm256_or_si256(wh[g], fifth(h, 2 * c + 1, sixteen));
+                            wl[g] = _mm256_or_si256(wl[g], fifth_bit(h, 2 * c, sixteen));
+                            wh[g] = _mm256_or_si256(wh[g], fifth_bit(h, 2 * c + 1, sixteen));
                         }
                     }
                     for j in 0..X {
@@ -252,17 +253,7 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
                     }
                 }
             }
-            for g in 0..G {
-                let dv = _mm256_cvtph_ps(_mm_loadu_si128(t[g] as *const __m128i));
-                for j in 0..X {
-                    let dx = _mm256_set1_ps(xb[j].d);
-                    acc[g][j] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[g][j]),
-                        _mm256_mul_ps(dv, dx),
-                        acc[g][j],
-                    );
-                }
-            }
+            end_block(&t, &xb, &sumi, &mut acc);
         }
     }
     for g in 0..G {
@@ -270,60 +261,37 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
     }
 }
 
-/// [`q45k`] for Q4_K.
+/// The end of a super-block, as in every kernel: each row's exact sum times `d·d_x` into its
+/// lane in one fused multiply-add (`d` the tile's first eight f16).
 ///
 /// # Safety
-/// As for [`q45k`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q4k<const X: usize, const G: usize>(
-    w: &[u8],
-    group: usize,
-    x: &[Q8KBlock],
-    nb: usize,
-    vals: &mut [f32],
-) {
-    // SAFETY: forwarded.
-    unsafe { q45k::<X, G, false>(w, group, x, nb, vals) }
-}
-
-/// [`q45k`] for Q5_K.
-///
-/// # Safety
-/// As for [`q45k`].
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn q5k<const X: usize, const G: usize>(
-    w: &[u8],
-    group: usize,
-    x: &[Q8KBlock],
-    nb: usize,
-    vals: &mut [f32],
-) {
-    // SAFETY: forwarded.
-    unsafe { q45k::<X, G, true>(w, group, x, nb, vals) }
-}
-
-/// 16 in each byte whose bit `bit` is set, else 0 (a 16-bit shift: only each byte's own bit
-/// lands on bit 4).
-#[target_feature(enable = "avx2")]
+/// Each `t[g]` must point to a tile.
+#[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-fn fifth(h: __m256i, bit: usize, sixteen: __m256i) -> __m256i {
-    let at4 = match bit {
-        0 => _mm256_slli_epi16::<4>(h),
-        1 => _mm256_slli_epi16::<3>(h),
-        2 => _mm256_slli_epi16::<2>(h),
-        3 => _mm256_slli_epi16::<1>(h),
-        4 => h,
-        5 => _mm256_srli_epi16::<1>(h),
-        6 => _mm256_srli_epi16::<2>(h),
-        _ => _mm256_srli_epi16::<3>(h),
-    };
-    _mm256_and_si256(at4, sixteen)
+unsafe fn end_block<const X: usize, const G: usize>(
+    t: &[*const u8; G],
+    xb: &[&Q8KBlock; X],
+    sumi: &[[__m256i; X]; G],
+    acc: &mut [[__m256; X]; G],
+) {
+    for g in 0..G {
+        // SAFETY: a tile starts with its rows' `d`, as the caller vouches.
+        let dv = _mm256_cvtph_ps(unsafe { _mm_loadu_si128(t[g] as *const __m128i) });
+        for j in 0..X {
+            let dx = _mm256_set1_ps(xb[j].d);
+            acc[g][j] = _mm256_fmadd_ps(
+                _mm256_cvtepi32_ps(sumi[g][j]),
+                _mm256_mul_ps(dv, dx),
+                acc[g][j],
+            );
+        }
+    }
 }
 
 /// `G` groups of Q6_K rows against `X` activation rows: `vals[(8g + i) * X + j]`.
 ///
 /// # Safety
-/// As for [`q4k`], with Q6_K tiles.
+/// As for [`q45k`], with Q6_K tiles.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn q6k<const X: usize, const G: usize>(
     w: &[u8],
@@ -418,17 +386,7 @@ unsafe fn q6k<const X: usize, const G: usize>(
                     }
                 }
             }
-            for g in 0..G {
-                let dv = _mm256_cvtph_ps(_mm_loadu_si128(t[g] as *const __m128i));
-                for j in 0..X {
-                    let dx = _mm256_set1_ps(xb[j].d);
-                    acc[g][j] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[g][j]),
-                        _mm256_mul_ps(dv, dx),
-                        acc[g][j],
-                    );
-                }
-            }
+            end_block(&t, &xb, &sumi, &mut acc);
         }
     }
     for g in 0..G {
@@ -443,7 +401,7 @@ unsafe fn q6k<const X: usize, const G: usize>(
 /// so the integer sum is the exact `Σ_b sc[b]·Σ_{i∈b} q_i·x_i` of the other kernels.
 ///
 /// # Safety
-/// As for [`q4k`], with IQ4_XS tiles.
+/// As for [`q45k`], with IQ4_XS tiles.
 // The sub-block index is an offset as well as an index: a range loop says both.
 #[allow(clippy::needless_range_loop)]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
@@ -543,17 +501,7 @@ unsafe fn iq4xs<const X: usize, const G: usize>(
                     }
                 }
             }
-            for g in 0..G {
-                let dv = _mm256_cvtph_ps(_mm_loadu_si128(t[g] as *const __m128i));
-                for j in 0..X {
-                    let dx = _mm256_set1_ps(xb[j].d);
-                    acc[g][j] = _mm256_fmadd_ps(
-                        _mm256_cvtepi32_ps(sumi[g][j]),
-                        _mm256_mul_ps(dv, dx),
-                        acc[g][j],
-                    );
-                }
-            }
+            end_block(&t, &xb, &sumi, &mut acc);
         }
     }
     for g in 0..G {
