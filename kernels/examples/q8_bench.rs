@@ -91,8 +91,9 @@ fn run() -> Result<(), String> {
     let blocks = (n * k / 32) as f64;
     for (i, name) in ["f32", "q8"].iter().enumerate() {
         println!(
-            "{name} activations, {dtype} {n}x{k}, m={m}, {threads} thread(s), {}: best {:.1} us \
+            "{name} activations, {dtype} {n}x{k}{}, m={m}, {threads} thread(s), {}: best {:.1} us \
              ({:.2} ns/weight block, {:.1} GB/s of weights), mean {:.1} us",
+            if interleave { " interleaved" } else { "" },
             kernels::cpu_level(),
             best[i] * 1e6,
             best[i] * 1e9 / blocks / m as f64,
