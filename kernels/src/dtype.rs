@@ -249,8 +249,8 @@ fn check_interleavable(dtype: DType, rows: usize, cols: usize) -> Result<(), Ker
         || !cols.is_multiple_of(dtype.block_elems())
     {
         return Err(KernelError::Shape(format!(
-            "a {rows} x {cols} {dtype} matrix has no interleaved layout (Q4_K, Q6_K and \
-             IQ4_XS with rows in multiples of eight)"
+            "a {rows} x {cols} {dtype} matrix has no interleaved layout (the quantised types \
+             but Q2_K and Q3_K, in whole blocks, with rows in multiples of eight)"
         )));
     }
     Ok(())
