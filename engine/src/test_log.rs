@@ -31,7 +31,12 @@ pub(crate) fn capture<T>(f: impl FnOnce() -> T) -> (T, String) {
         .with_ansi(false)
         .with_writer(move || writer.clone())
         .finish();
-    let out = tracing::subscriber::with_default(subscriber, f);
+    let out = tracing::subscriber::with_default(subscriber, || {
+        // A callsite another test's thread registered while this subscriber did not exist yet
+        // may have cached "nobody listens": ask every callsite again now that it does.
+        tracing::callsite::rebuild_interest_cache();
+        f()
+    });
     let text =
         String::from_utf8_lossy(&buffer.0.lock().unwrap_or_else(|e| e.into_inner())).into_owned();
     (out, text)
