@@ -45,6 +45,7 @@ mod x86;
 
 pub(crate) use q8k::{dot_q8k, max_xk, Q8KArgs};
 pub use q8k::{quantize_row_q8k, Q8KBlock};
+pub(crate) use rows8::by_groups;
 pub(crate) use rows8::{
     dequantize_row as dequantize_interleaved_row, has_layout as has_interleaved_layout,
     pack as interleave, unpack_group as unpack_interleaved_group,

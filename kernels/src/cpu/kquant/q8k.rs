@@ -155,18 +155,14 @@ fn interleaved(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out: &mu
         unsafe { super::rows8_vnni::rows(a, w_rows, x_rows, out) };
         return;
     }
-    let group_bytes = GROUP * a.w_stride;
-    let mut rows = vec![0u8; group_bytes];
-    for (g, tiles) in a.w.chunks(group_bytes).take(w_rows / GROUP).enumerate() {
-        super::rows8::unpack_group(a.dtype, a.nb, tiles, &mut rows);
+    super::rows8::by_groups(a.dtype, a.nb, a.w, w_rows, x_rows, out, |rows, o| {
         let args = Q8KArgs {
-            w: &rows,
+            w: rows,
             interleaved: false,
             ..*a
         };
-        let o = &mut out[g * GROUP * x_rows..(g + 1) * GROUP * x_rows];
         dot_q8k(isa, &args, GROUP, x_rows, o);
-    }
+    });
 }
 
 /// One super-block (unpacked) times one activation block.

@@ -274,6 +274,30 @@ pub(crate) fn unpack_group(dtype: DType, nb: usize, tiles: &[u8], rows_out: &mut
     }
 }
 
+/// The products of `w_rows` interleaved rows (whole groups from the start of `w`) for a
+/// level without a kernel on the layout: each group brought back to rows, then
+/// `dot(rows, out)` with that group's `8 · x_rows` outputs.
+pub(crate) fn by_groups(
+    dtype: DType,
+    nb: usize,
+    w: &[u8],
+    w_rows: usize,
+    x_rows: usize,
+    out: &mut [f32],
+    mut dot: impl FnMut(&[u8], &mut [f32]),
+) {
+    let group_bytes = GROUP * nb * dtype.block_bytes();
+    let mut rows = vec![0u8; group_bytes];
+    for (tiles, o) in w
+        .chunks(group_bytes)
+        .zip(out.chunks_mut(GROUP * x_rows))
+        .take(w_rows / GROUP)
+    {
+        unpack_group(dtype, nb, tiles, &mut rows);
+        dot(&rows, o);
+    }
+}
+
 /// Dequantise row `r` of an interleaved matrix of `cols` columns into `out`.
 pub(crate) fn dequantize_row(dtype: DType, data: &[u8], cols: usize, r: usize, out: &mut [f32]) {
     let (bb, nb) = (dtype.block_bytes(), cols / dtype.block_elems());

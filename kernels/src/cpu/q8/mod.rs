@@ -179,18 +179,14 @@ fn interleaved(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut
         unsafe { rows8_vnni::rows(a, w_rows, x_rows, out) };
         return;
     }
-    let group_bytes = GROUP * a.w_stride;
-    let mut rows = vec![0u8; group_bytes];
-    for (g, tiles) in a.w.chunks(group_bytes).take(w_rows / GROUP).enumerate() {
-        crate::cpu::kquant::unpack_interleaved_group(a.dtype, a.nb, tiles, &mut rows);
+    crate::cpu::kquant::by_groups(a.dtype, a.nb, a.w, w_rows, x_rows, out, |rows, o| {
         let args = Q8Args {
-            w: &rows,
+            w: rows,
             interleaved: false,
             ..*a
         };
-        let o = &mut out[g * GROUP * x_rows..(g + 1) * GROUP * x_rows];
         dot_q8(isa, &args, GROUP, x_rows, o);
-    }
+    });
 }
 
 /// The 32 quants of weight block `blk` as the integer kernels multiply them (unsigned 0..32
@@ -281,5 +277,28 @@ fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 mod rows8_vnni;
+
+/// The 32-weight types as the SIMD kernels number them (a const parameter `T`): 0 Q4_0,
+/// 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 IQ4_NL.
+#[cfg(target_arch = "x86_64")]
+mod type_code {
+    /// Q4_1 and Q5_1 have a minimum term.
+    pub(super) const fn has_min(t: u8) -> bool {
+        t == 1 || t == 3
+    }
+    /// Q5_0 and Q5_1 have fifth bits.
+    pub(super) const fn five(t: u8) -> bool {
+        t == 2 || t == 3
+    }
+    pub(super) const fn block_bytes(t: u8) -> usize {
+        match t {
+            0 | 5 => 18,
+            1 => 20,
+            2 => 22,
+            3 => 24,
+            _ => 34,
+        }
+    }
+}
 #[cfg(target_arch = "x86_64")]
 mod x86;

@@ -13,6 +13,7 @@
 
 use std::arch::x86_64::*;
 
+use super::type_code::{block_bytes, five, has_min};
 use super::{Q8Args, Q8Block};
 use crate::cpu::kquant::IQ4_LEVELS;
 use crate::cpu::x86::lanes_out;
@@ -86,23 +87,6 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
             }
             j0 += xn;
         }
-    }
-}
-
-/// Type `T`: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0, 5 IQ4_NL.
-const fn has_min(t: u8) -> bool {
-    t == 1 || t == 3
-}
-const fn five(t: u8) -> bool {
-    t == 2 || t == 3
-}
-const fn block_bytes(t: u8) -> usize {
-    match t {
-        0 | 5 => 18,
-        1 => 20,
-        2 => 22,
-        3 => 24,
-        _ => 34,
     }
 }
 

@@ -162,23 +162,12 @@ macro_rules! int_kernels {
                 }
             }
 
-            /// Type `T` of the lane kernels: 0 Q4_0, 1 Q4_1, 2 Q5_0, 3 Q5_1, 4 Q8_0,
-            /// 5 IQ4_NL. Q8_0 and IQ4_NL are "wide": their byte products fill the `i16` pair
-            /// sums. Q4_1 and Q5_1 have a minimum term.
+            use super::super::type_code::{block_bytes, has_min};
+
+            /// Type `T` of the lane kernels ([`super::super::type_code`]): Q8_0 and IQ4_NL
+            /// are "wide": their byte products fill the `i16` pair sums.
             const fn wide(t: u8) -> bool {
                 t >= 4
-            }
-            const fn has_min(t: u8) -> bool {
-                t == 1 || t == 3
-            }
-            const fn block_bytes(t: u8) -> usize {
-                match t {
-                    0 | 5 => 18,
-                    1 => 20,
-                    2 => 22,
-                    3 => 24,
-                    _ => 34,
-                }
             }
 
             /// One weight block of type `T`, unpacked: the bytes to multiply (unsigned), the
