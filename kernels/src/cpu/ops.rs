@@ -5,6 +5,11 @@
 
 use super::features::{cpu_isa, CpuLevel, Isa};
 
+mod heads;
+pub use heads::{axpy_rows_heads, dots_heads};
+#[cfg(test)]
+pub(crate) use heads::{axpy_rows_heads_at, dots_heads_at};
+
 /// `out = x / sqrt(mean(x²) + eps) * w` (Llama RMSNorm), for one row.
 ///
 /// # Panics

@@ -5,8 +5,9 @@
 //! with a sliding window `w`), read through the sequence's block table; positions outside the
 //! window are never read, so a window works the same after chunked prefill or a prefix-cache
 //! hit. Every query, in a decode step or a prefill chunk of any length, takes the same path:
-//! direct dot products against the cached keys block by block, a softmax, and the values
-//! summed in position order, parallel over (chunk, KV head, query). A query's output thus
+//! direct dot products against the cached keys block by block (all the query heads of a KV
+//! head at once: each row read once for them), a softmax, and the values summed in position
+//! order, parallel over (chunk, KV head, query). A query's output thus
 //! depends on its position and the cache only, not on how its prompt was split into chunks
 //! or what else ran in the step (batch invariance).
 
@@ -19,73 +20,104 @@ use crate::model::KvBuf;
 
 /// An element type of the host KV cache: rows are read as f32.
 trait KvElem: Copy + Send + Sync {
-    /// `src` as f32: the slice itself for f32, else converted into `scratch`.
-    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32];
+    /// `n` rows of `hd` elements, `stride` apart in `src`, as f32: the rows themselves for
+    /// f32 (with their stride), else converted into `scratch` (stride `hd`).
+    fn rows<'a>(
+        src: &'a [Self],
+        hd: usize,
+        stride: usize,
+        n: usize,
+        scratch: &'a mut [f32],
+    ) -> (&'a [f32], usize);
 
-    /// `out[j] = q · row_j`, row `j` at `src[j * stride..][..q.len()]`, through
-    /// [`ops::dots`] (each score the same whichever rows share the call).
-    fn dots(q: &[f32], src: &[Self], stride: usize, out: &mut [f32], scratch: &mut [f32]) {
-        let hd = q.len();
-        let n = out.len();
-        for j in 0..n {
-            // Converts into the scratch (f32 overrides this method).
-            Self::row(
-                &src[j * stride..j * stride + hd],
-                &mut scratch[j * hd..(j + 1) * hd],
-            );
-        }
-        ops::dots(q, &scratch[..n * hd], hd, out);
+    /// `out[h * out_stride + j] = q_h · row_j` for the heads `q` (`hd` each) and `n` rows,
+    /// through [`ops::dots_heads`] (each score the same whichever heads and rows share the
+    /// call).
+    #[allow(clippy::too_many_arguments)]
+    fn dots_heads(
+        q: &[f32],
+        hd: usize,
+        src: &[Self],
+        stride: usize,
+        n: usize,
+        out: &mut [f32],
+        out_stride: usize,
+        scratch: &mut [f32],
+    ) {
+        let (rows, rs) = Self::rows(src, hd, stride, n, scratch);
+        ops::dots_heads(q, hd, rows, rs, n, out, out_stride);
     }
 
-    /// `acc += Σ_j weights[j] · row_j`, row `j` at `src[j * stride..][..acc.len()]`, as
-    /// `axpy` once per row in order (so every path gives the same bits).
-    fn axpy_rows(
+    /// `acc_h += Σ_j weights[h * w_stride + j] · row_j` for the heads' sums `acc` (`hd`
+    /// each), through [`ops::axpy_rows_heads`] (per element, one multiply-add per row in
+    /// order).
+    #[allow(clippy::too_many_arguments)]
+    fn axpy_rows_heads(
         weights: &[f32],
+        w_stride: usize,
+        n: usize,
         src: &[Self],
         stride: usize,
         acc: &mut [f32],
+        hd: usize,
         scratch: &mut [f32],
     ) {
-        let hd = acc.len();
-        for (j, &w) in weights.iter().enumerate() {
-            ops::axpy(
-                w,
-                Self::row(&src[j * stride..j * stride + hd], scratch),
-                acc,
-            );
-        }
+        let (rows, rs) = Self::rows(src, hd, stride, n, scratch);
+        ops::axpy_rows_heads(weights, w_stride, n, rows, rs, acc, hd);
     }
 }
 
 impl KvElem for f32 {
-    fn row<'a>(src: &'a [f32], _: &'a mut [f32]) -> &'a [f32] {
-        src
-    }
-
-    fn dots(q: &[f32], src: &[f32], stride: usize, out: &mut [f32], _: &mut [f32]) {
-        ops::dots(q, src, stride, out);
-    }
-
-    fn axpy_rows(weights: &[f32], src: &[f32], stride: usize, acc: &mut [f32], _: &mut [f32]) {
-        ops::axpy_rows(weights, src, stride, acc);
+    fn rows<'a>(
+        src: &'a [f32],
+        _: usize,
+        stride: usize,
+        _: usize,
+        _: &'a mut [f32],
+    ) -> (&'a [f32], usize) {
+        (src, stride)
     }
 }
 
+/// Rows of a 16-bit cache converted to f32 into `scratch`.
+fn convert_rows<'a, T>(
+    src: &[T],
+    hd: usize,
+    stride: usize,
+    n: usize,
+    scratch: &'a mut [f32],
+) -> (&'a [f32], usize)
+where
+    [T]: half::slice::HalfFloatSliceExt,
+{
+    use half::slice::HalfFloatSliceExt;
+    for j in 0..n {
+        src[j * stride..j * stride + hd].convert_to_f32_slice(&mut scratch[j * hd..(j + 1) * hd]);
+    }
+    (&scratch[..n * hd], hd)
+}
+
 impl KvElem for half::f16 {
-    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
-        use half::slice::HalfFloatSliceExt;
-        let out = &mut scratch[..src.len()];
-        src.convert_to_f32_slice(out);
-        out
+    fn rows<'a>(
+        src: &'a [Self],
+        hd: usize,
+        stride: usize,
+        n: usize,
+        scratch: &'a mut [f32],
+    ) -> (&'a [f32], usize) {
+        convert_rows(src, hd, stride, n, scratch)
     }
 }
 
 impl KvElem for half::bf16 {
-    fn row<'a>(src: &'a [Self], scratch: &'a mut [f32]) -> &'a [f32] {
-        use half::slice::HalfFloatSliceExt;
-        let out = &mut scratch[..src.len()];
-        src.convert_to_f32_slice(out);
-        out
+    fn rows<'a>(
+        src: &'a [Self],
+        hd: usize,
+        stride: usize,
+        n: usize,
+        scratch: &'a mut [f32],
+    ) -> (&'a [f32], usize) {
+        convert_rows(src, hd, stride, n, scratch)
     }
 }
 
@@ -144,12 +176,12 @@ impl OutPtr {
 
 #[derive(Default)]
 struct TaskScratch {
+    /// The scores of a query's heads, one row of its visible positions each.
     scores: Vec<f32>,
+    /// The heads' weighted sums of the values.
     acc: Vec<f32>,
-    /// One cached row converted to f32 (16- and 8-bit caches).
-    row: Vec<f32>,
-    /// A KV block's keys converted to f32 (16- and 8-bit caches).
-    keys: Vec<f32>,
+    /// A KV block's keys or values converted to f32 (16-bit caches).
+    rows: Vec<f32>,
 }
 
 thread_local! {
@@ -251,70 +283,76 @@ fn direct_task<T: KvElem>(
     let hd = shape.head_dim;
     let q_stride = shape.n_heads * hd;
     let kv_stride = shape.n_kv_heads * hd;
+    // The query heads that share this KV head are side by side in a token's queries: each
+    // key and value row is read once for all of them.
     let group = shape.n_heads / shape.n_kv_heads;
-    let TaskScratch {
-        scores,
-        acc,
-        row,
-        keys,
-        ..
-    } = s;
-    acc.resize(hd, 0.0);
-    row.resize(hd, 0.0);
-    // A KV block's keys as f32 (16-bit caches only).
-    keys.resize(shape.block_size * hd, 0.0);
+    let width = group * hd;
+    let TaskScratch { scores, acc, rows } = s;
+    acc.resize(width, 0.0);
+    rows.resize(shape.block_size * hd, 0.0);
     for i in i0..i1 {
         let ctx = ch.start_pos + i + 1;
         let lo = shape.first_visible(ctx - 1);
-        if scores.len() < ctx - lo {
-            scores.resize(ctx - lo, 0.0);
+        let len = ctx - lo;
+        if scores.len() < group * len {
+            scores.resize(group * len, 0.0);
         }
         let t = ch.row + i;
-        for h in kvh * group..(kvh + 1) * group {
-            let qv = &q[t * q_stride + h * hd..][..hd];
-            let sc = &mut scores[..ctx - lo];
-            for_each_block(
-                ch.block_table,
-                shape.block_size,
-                kv_stride,
-                lo,
-                ctx,
-                |p0, off, n| {
-                    let o = off + kvh * hd;
-                    let span = (n - 1) * kv_stride + hd;
-                    let dst = &mut sc[p0 - lo..p0 - lo + n];
-                    T::dots(qv, &k_cache[o..o + span], kv_stride, dst, keys);
-                    for v in dst.iter_mut() {
-                        *v *= shape.scale;
-                    }
-                },
-            );
-            shape.finish_scores(sc);
-            ops::softmax(sc);
-            acc.fill(0.0);
-            for_each_block(
-                ch.block_table,
-                shape.block_size,
-                kv_stride,
-                lo,
-                ctx,
-                |p0, off, n| {
-                    let o = off + kvh * hd;
-                    let span = (n - 1) * kv_stride + hd;
-                    T::axpy_rows(
-                        &sc[p0 - lo..p0 - lo + n],
-                        &v_cache[o..o + span],
-                        kv_stride,
-                        acc,
-                        row,
-                    );
-                },
-            );
-            // SAFETY: row t, head h is written by this task only; bounds asserted in attend.
-            unsafe {
-                let dst = out.get().add(t * q_stride + h * hd);
-                std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, hd);
-            }
+        let qg = &q[t * q_stride + kvh * width..][..width];
+        let sc = &mut scores[..group * len];
+        for_each_block(
+            ch.block_table,
+            shape.block_size,
+            kv_stride,
+            lo,
+            ctx,
+            |p0, off, n| {
+                let o = off + kvh * hd;
+                let span = (n - 1) * kv_stride + hd;
+                T::dots_heads(
+                    qg,
+                    hd,
+                    &k_cache[o..o + span],
+                    kv_stride,
+                    n,
+                    &mut sc[p0 - lo..],
+                    len,
+                    rows,
+                );
+            },
+        );
+        for head in sc.chunks_exact_mut(len) {
+            head.iter_mut().for_each(|v| *v *= shape.scale);
+            shape.finish_scores(head);
+            ops::softmax(head);
+        }
+        acc.fill(0.0);
+        for_each_block(
+            ch.block_table,
+            shape.block_size,
+            kv_stride,
+            lo,
+            ctx,
+            |p0, off, n| {
+                let o = off + kvh * hd;
+                let span = (n - 1) * kv_stride + hd;
+                T::axpy_rows_heads(
+                    &sc[p0 - lo..],
+                    len,
+                    n,
+                    &v_cache[o..o + span],
+                    kv_stride,
+                    acc,
+                    hd,
+                    rows,
+                );
+            },
+        );
+        // SAFETY: token t's heads of this KV head are written by this task only; bounds
+        // asserted in attend.
+        unsafe {
+            let dst = out.get().add(t * q_stride + kvh * width);
+            std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, width);
         }
     }
 }

@@ -420,3 +420,47 @@ fn dots_are_invariant(isa: Isa) {
 mod dots_are_invariant {
     level_tests!(super::dots_are_invariant => Scalar, Avx2);
 }
+
+/// The heads' scores and weighted sums are bit for bit the one-head operations, for every head
+/// count (tiles of four heads and their leftovers), row count and width (tails included).
+fn heads_match_one_head(isa: Isa) {
+    let mut rng = Rng(5);
+    for &(d, stride) in &[(64usize, 192usize), (72, 80), (13, 16), (128, 128)] {
+        for heads in 1..=9 {
+            for n in [1usize, 2, 3, 5, 8, 16, 17] {
+                let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
+                let x: Vec<f32> = (0..n * stride).map(|_| rng.f32()).collect();
+                let out_stride = n + 3;
+                let mut got = vec![f32::NAN; heads * out_stride];
+                super::ops::dots_heads_at(isa, &q, d, &x, stride, n, &mut got, out_stride);
+                let a_stride = n + 1;
+                let alpha: Vec<f32> = (0..heads * a_stride).map(|_| rng.f32()).collect();
+                let y0: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
+                let mut y = y0.clone();
+                super::ops::axpy_rows_heads_at(isa, &alpha, a_stride, n, &x, stride, &mut y, d);
+                for h in 0..heads {
+                    let mut want = vec![0f32; n];
+                    super::ops::dots_at(isa, &q[h * d..][..d], &x, stride, &mut want);
+                    for r in 0..n {
+                        assert_eq!(
+                            got[h * out_stride + r].to_bits(),
+                            want[r].to_bits(),
+                            "{isa:?} d {d}: head {h} of {heads}, row {r} of {n}"
+                        );
+                    }
+                    let mut yh = y0[h * d..][..d].to_vec();
+                    super::ops::axpy_rows_at(isa, &alpha[h * a_stride..][..n], &x, stride, &mut yh);
+                    let same = yh
+                        .iter()
+                        .zip(&y[h * d..][..d])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{isa:?} d {d}: sums of head {h} of {heads}, {n} rows");
+                }
+            }
+        }
+    }
+}
+
+mod heads_match_one_head {
+    level_tests!(super::heads_match_one_head => Scalar, Avx2);
+}
