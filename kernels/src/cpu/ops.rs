@@ -204,12 +204,13 @@ pub(crate) fn dots_at(isa: Isa, q: &[f32], rows: &[f32], stride: usize, out: &mu
         "dots: rows too short"
     );
     match isa.level() {
+        // One head of the heads' kernel: the same operations.
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: every level above Scalar has the features, and `isa` runs here; the bounds
-        // were checked above.
-        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
-            x86::dots(q, rows, stride, out)
-        },
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni
+            if !q.is_empty() =>
+        {
+            heads::dots_heads_at(isa, q, q.len(), rows, stride, n, out, n)
+        }
         _ => {
             for (r, o) in out.iter_mut().enumerate() {
                 let row = &rows[r * stride..r * stride + q.len()];
@@ -266,11 +267,11 @@ pub(crate) fn axpy_rows_at(isa: Isa, alpha: &[f32], x: &[f32], stride: usize, y:
     );
     match isa.level() {
         #[cfg(target_arch = "x86_64")]
-        // SAFETY: every level above Scalar has the features, and `isa` runs here; the bounds
-        // were checked above.
-        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni => unsafe {
-            x86::axpy_rows(alpha, x, stride, y)
-        },
+        CpuLevel::Avx2 | CpuLevel::AvxVnni | CpuLevel::Avx512 | CpuLevel::Avx512Vnni
+            if !y.is_empty() =>
+        {
+            heads::axpy_rows_heads_at(isa, alpha, n, n, x, stride, y, y.len())
+        }
         _ => {
             for (j, &a) in alpha.iter().enumerate() {
                 let row = &x[j * stride..j * stride + y.len()];
@@ -368,66 +369,6 @@ mod x86 {
         s
     }
 
-    /// # Safety
-    /// `rows` holds `out.len()` rows of `q.len()` floats, `stride` apart (checked by the
-    /// caller).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn dots(q: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
-        let d = q.len();
-        let full = d / 8 * 8;
-        let n = out.len();
-        let mut r = 0;
-        while r < n {
-            let g = (n - r).min(8);
-            let base = rows.as_ptr().wrapping_add(r * stride);
-            let mut acc = [_mm256_setzero_ps(); 8];
-            // SAFETY (both loops): row `r + i` for `i < g` has `d` floats from
-            // `base + i * stride`, inside `rows` as the caller checked.
-            unsafe {
-                if g == 8 {
-                    for c in (0..full).step_by(8) {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                        for (i, a) in acc.iter_mut().enumerate() {
-                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(base.add(i * stride + c)), *a);
-                        }
-                    }
-                } else {
-                    // The missing rows keep zero sums: their lanes are ignored.
-                    for c in (0..full).step_by(8) {
-                        let qv = _mm256_loadu_ps(q.as_ptr().add(c));
-                        for (i, a) in acc.iter_mut().enumerate().take(g) {
-                            *a = _mm256_fmadd_ps(qv, _mm256_loadu_ps(base.add(i * stride + c)), *a);
-                        }
-                    }
-                }
-            }
-            // Lane sums as ((x0 + x1) + (x2 + x3)) + ((x4 + x5) + (x6 + x7)), row `i` in lane
-            // `i`.
-            let h01 = _mm256_hadd_ps(acc[0], acc[1]);
-            let h23 = _mm256_hadd_ps(acc[2], acc[3]);
-            let h45 = _mm256_hadd_ps(acc[4], acc[5]);
-            let h67 = _mm256_hadd_ps(acc[6], acc[7]);
-            let h0123 = _mm256_hadd_ps(h01, h23);
-            let h4567 = _mm256_hadd_ps(h45, h67);
-            let sums = _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(h0123, h4567),
-                _mm256_permute2f128_ps::<0x31>(h0123, h4567),
-            );
-            let mut lanes = [0f32; 8];
-            // SAFETY: eight floats.
-            unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), sums) };
-            for (i, &l) in lanes.iter().enumerate().take(g) {
-                let row = &rows[(r + i) * stride..(r + i) * stride + d];
-                let mut s = l;
-                for e in full..d {
-                    s += q[e] * row[e];
-                }
-                out[r + i] = s;
-            }
-            r += g;
-        }
-    }
-
     #[target_feature(enable = "avx2,fma,f16c")]
     pub(super) fn dot(a: &[f32], b: &[f32]) -> f32 {
         let n = a.len() / 16 * 16;
@@ -453,45 +394,6 @@ mod x86 {
             s += a[i] * b[i];
         }
         s
-    }
-
-    /// # Safety
-    /// `x` holds `alpha.len()` rows of `y.len()` floats, `stride` apart (checked by the
-    /// caller).
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub(super) unsafe fn axpy_rows(alpha: &[f32], x: &[f32], stride: usize, y: &mut [f32]) {
-        // Eight vectors of y at a time stay in registers while every row meets them.
-        const CHUNK: usize = 64;
-        let len = y.len();
-        let full = len / 8 * 8;
-        let xp = x.as_ptr();
-        let mut c0 = 0;
-        while c0 < full {
-            let vecs = ((full - c0) / 8).min(CHUNK / 8);
-            let mut acc = [_mm256_setzero_ps(); CHUNK / 8];
-            // SAFETY (whole block): lanes c0..c0 + 8 * vecs lie inside y and inside each row.
-            unsafe {
-                for (v, a) in acc.iter_mut().enumerate().take(vecs) {
-                    *a = _mm256_loadu_ps(y.as_ptr().add(c0 + 8 * v));
-                }
-                for (j, &w) in alpha.iter().enumerate() {
-                    let wv = _mm256_set1_ps(w);
-                    let row = xp.add(j * stride + c0);
-                    for (v, a) in acc.iter_mut().enumerate().take(vecs) {
-                        *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(row.add(8 * v)), *a);
-                    }
-                }
-                for (v, a) in acc.iter().enumerate().take(vecs) {
-                    _mm256_storeu_ps(y.as_mut_ptr().add(c0 + 8 * v), *a);
-                }
-            }
-            c0 += 8 * vecs;
-        }
-        for i in full..len {
-            for (j, &w) in alpha.iter().enumerate() {
-                y[i] += w * x[j * stride + i];
-            }
-        }
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]

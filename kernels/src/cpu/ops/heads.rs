@@ -3,10 +3,9 @@
 //!
 //! Each key or value row is loaded once for all the heads (a tile of heads by rows keeps its
 //! sums in registers), where a call per head loads every row once per head and pays the
-//! call, the lane reduction and the tails per head. Each value is bit for bit what the
-//! one-head operation gives ([`super::dots`], [`super::axpy_rows`]): the same chain of
-//! multiply-adds per element, the same lane sum, the same tail, so a query's attention is
-//! the same whichever path (or group size) computed it.
+//! call, the lane reduction and the tails per head. The one-head operations
+//! ([`super::dots`], [`super::axpy_rows`]) are these with one head, so a query's attention is
+//! the same bits whichever path (or group size) computed it.
 
 use super::super::features::{cpu_isa, CpuLevel, Isa};
 
