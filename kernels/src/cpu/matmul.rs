@@ -16,7 +16,10 @@ use super::kquant::{
     dot_q8k, is_super_block, quantize_row_q8k, unpack_interleaved_group, Q8KArgs, Q8KBlock, QK_K,
 };
 use super::q8::Q8_BLOCK;
-use super::q8::{dot_q8, q8_blocks, q8_supports, quantize_row_q8, Q8Args, Q8Block, MAX_X};
+use super::q8::{
+    dot_q8, q8_blocks, q8_supports, quantize_row_q8, unsigned_quants, wants_unsigned, Q8Args,
+    Q8Block, MAX_X,
+};
 use crate::{KernelError, QMatrix};
 
 /// Weight rows per task (at least).
@@ -308,7 +311,14 @@ fn fused_q8(
         .iter_mut()
         .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
         .collect();
-    let (xq, xqk) = (&xq, &xqk);
+    let mut xu = Vec::new();
+    if jobs
+        .iter()
+        .any(|j| wants_unsigned(isa, j.w.dtype(), j.w.is_interleaved()))
+    {
+        xu = unsigned_quants(&xq);
+    }
+    let (xq, xqk, xu) = (&xq, &xqk, &xu);
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
         let dtype = w.dtype();
@@ -354,6 +364,11 @@ fn fused_q8(
                         x: &xq[g * nb..(g + xr) * nb],
                         nb,
                         interleaved: w.is_interleaved(),
+                        xu: if xu.is_empty() {
+                            &[]
+                        } else {
+                            &xu[g * nb..(g + xr) * nb]
+                        },
                     };
                     dot_q8(isa, &args, wr, xr, vals);
                 }

@@ -121,6 +121,39 @@ pub(crate) struct Q8Args<'a> {
     /// a group of eight rows, `w_stride` is the bytes of a row as stored, and the call takes
     /// whole groups.
     pub interleaved: bool,
+    /// The activation quants offset to unsigned (`x + 128`), block for block as in `x`:
+    /// what AVX-512 VNNI's interleaved kernel multiplies the signed types' weights by, read
+    /// as broadcast memory operands (built in registers, each broadcast took two shuffles,
+    /// which bounded the kernel). Required where [`wants_unsigned`] says so, else ignored.
+    pub xu: &'a [[u8; Q8_BLOCK]],
+}
+
+/// Whether [`dot_q8`] on `isa` reads [`Q8Args::xu`] for `dtype` weights in the layout
+/// `interleaved` says.
+pub(crate) fn wants_unsigned(isa: Isa, dtype: DType, interleaved: bool) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    if isa.level() == CpuLevel::Avx512Vnni {
+        return interleaved
+            && matches!(
+                dtype,
+                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL
+            );
+    }
+    let _ = (isa, dtype, interleaved);
+    false
+}
+
+/// [`Q8Args::xu`] for the blocks `x`.
+pub(crate) fn unsigned_quants(x: &[Q8Block]) -> Vec<[u8; Q8_BLOCK]> {
+    x.iter()
+        .map(|b| {
+            let mut u = [0u8; Q8_BLOCK];
+            for (o, &v) in u.iter_mut().zip(&b.qs) {
+                *o = v as u8 ^ 0x80;
+            }
+            u
+        })
+        .collect()
 }
 
 /// `out[i * x_rows + j] = w_i · x_j` for `i < w_rows` (any number of rows), `j < x_rows`.

@@ -7,7 +7,8 @@
 //! (`super::x86`), read straight from memory. The types with a minimum (Q4_1, Q5_1) multiply
 //! their unsigned quants by the activations as they are; the signed ones (Q4_0 and Q5_0 less
 //! their offsets, Q8_0, IQ4_NL's levels) multiply the activations offset to unsigned
-//! (`x + 128`) by the signed quants and take `128·Σw` off each row's sum. Every block's sum is
+//! (`x + 128`, offset once per matrix product: `Q8Args::xu`) by the signed quants and take
+//! `128·Σw` off each row's sum. Every block's sum is
 //! exact and ends as in the row kernels (one fused multiply-add by `d_w·d_x` into the row's
 //! lane, and `m_w·s_x` into its own accumulator), so a row gives the same bits from either.
 
@@ -42,31 +43,39 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
             && out.len() >= rows * x_rows,
         "q8::rows8_vnni::rows: {rows} rows x {x_rows}"
     );
+    let signed = !matches!(a.dtype, DType::Q4_1 | DType::Q5_1);
+    assert!(
+        !signed || a.xu.len() >= x_rows * a.nb,
+        "q8::rows8_vnni::rows: {} needs the unsigned activation quants",
+        a.dtype
+    );
     let mut vals = [0f32; GROUP * X_PASS];
-    let xpass = if matches!(a.dtype, DType::Q4_1 | DType::Q5_1) {
-        X_PASS / 2
-    } else {
-        X_PASS
-    };
+    let xpass = if signed { X_PASS } else { X_PASS / 2 };
     for g in 0..rows / GROUP {
         let w = &a.w[g * group..(g + 1) * group];
         let mut j0 = 0;
         while j0 < x_rows {
             let xn = (x_rows - j0).min(xpass);
             let x = &a.x[j0 * a.nb..(j0 + xn) * a.nb];
+            let xu = if signed {
+                &a.xu[j0 * a.nb..(j0 + xn) * a.nb]
+            } else {
+                &[]
+            };
             macro_rules! pick {
                 ($t:expr) => {
-                    // SAFETY: `w` is one whole group, `x` holds `xn` rows of `a.nb` blocks.
+                    // SAFETY: `w` is one whole group, `x` (and `xu` for the signed types)
+                    // holds `xn` rows of `a.nb` blocks.
                     unsafe {
                         match xn {
-                            1 => group_dot::<1, $t>(w, x, a.nb, &mut vals),
-                            2 => group_dot::<2, $t>(w, x, a.nb, &mut vals),
-                            3 => group_dot::<3, $t>(w, x, a.nb, &mut vals),
-                            4 => group_dot::<4, $t>(w, x, a.nb, &mut vals),
-                            5 => group_dot::<5, $t>(w, x, a.nb, &mut vals),
-                            6 => group_dot::<6, $t>(w, x, a.nb, &mut vals),
-                            7 => group_dot::<7, $t>(w, x, a.nb, &mut vals),
-                            _ => group_dot::<8, $t>(w, x, a.nb, &mut vals),
+                            1 => group_dot::<1, $t>(w, x, xu, a.nb, &mut vals),
+                            2 => group_dot::<2, $t>(w, x, xu, a.nb, &mut vals),
+                            3 => group_dot::<3, $t>(w, x, xu, a.nb, &mut vals),
+                            4 => group_dot::<4, $t>(w, x, xu, a.nb, &mut vals),
+                            5 => group_dot::<5, $t>(w, x, xu, a.nb, &mut vals),
+                            6 => group_dot::<6, $t>(w, x, xu, a.nb, &mut vals),
+                            7 => group_dot::<7, $t>(w, x, xu, a.nb, &mut vals),
+                            _ => group_dot::<8, $t>(w, x, xu, a.nb, &mut vals),
                         }
                     }
                 };
@@ -111,7 +120,8 @@ fn fifth(qh: __m256i, at: i32) -> __m256i {
     _mm256_slli_epi32::<4>(_mm256_and_si256(spread, _mm256_set1_epi32(0x0101_0101)))
 }
 
-/// One group of type `T` against `X` activation rows: `vals[i * X + j]`.
+/// One group of type `T` against `X` activation rows: `vals[i * X + j]`. `xu`: the signed
+/// types' activation quants offset to unsigned, block for block as in `x`.
 ///
 /// # Safety
 /// As for [`rows`]: `w` one group of `nb` tiles of type `T`, `x` `X` rows of `nb` blocks.
@@ -119,16 +129,21 @@ fn fifth(qh: __m256i, at: i32) -> __m256i {
 unsafe fn group_dot<const X: usize, const T: u8>(
     w: &[u8],
     x: &[Q8Block],
+    xu: &[[u8; 32]],
     nb: usize,
     vals: &mut [f32],
 ) {
     let tile = GROUP * block_bytes(T);
-    assert!(w.len() >= nb * tile && x.len() >= X * nb && vals.len() >= GROUP * X);
+    assert!(
+        w.len() >= nb * tile
+            && x.len() >= X * nb
+            && (has_min(T) || xu.len() >= X * nb)
+            && vals.len() >= GROUP * X
+    );
     // Where the quants start in a tile: after the scales (and minimums, and fifth bits).
     let qs = 16 * (1 + usize::from(has_min(T))) + 32 * usize::from(five(T));
     let nib = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi8(1);
-    let high = _mm256_set1_epi8(-128);
     let levels = IQ4_LEVELS.map(|v| v as u8);
     // SAFETY: 16 bytes.
     let table =
@@ -195,15 +210,11 @@ unsafe fn group_dot<const X: usize, const T: u8>(
             };
             for j in 0..X {
                 let xb = &x[j * nb + b];
-                // The signed types' activations offset to unsigned once, then broadcast by
-                // dword from memory.
-                let mut xu = [0i32; 8];
+                // Broadcast by dword from memory (the signed types: the offset quants).
                 let xp = if has_min(T) {
                     xb.qs.as_ptr() as *const i32
                 } else {
-                    let v = _mm256_xor_si256(load(xb.qs.as_ptr() as *const u8), high);
-                    _mm256_storeu_si256(xu.as_mut_ptr() as *mut __m256i, v);
-                    xu.as_ptr()
+                    xu[j * nb + b].as_ptr() as *const i32
                 };
                 let (mut s0, mut s1) = (_mm256_setzero_si256(), _mm256_setzero_si256());
                 for c in 0..4 {

@@ -126,6 +126,7 @@ fn q8_kernels_exact(isa: Isa) {
                     x: &x,
                     nb,
                     interleaved: false,
+                    xu: &[],
                 };
                 dot_q8(isa, &args, w_rows, x_rows, &mut out);
                 for (o, (&g, &e)) in out.iter().zip(&want).enumerate() {

@@ -237,6 +237,7 @@ fn integer_kernels_match(isa: Isa) {
                     x: &q,
                     nb,
                     interleaved: false,
+                    xu: &[],
                 };
                 dot_q8(isa, &args, ROWS, rows, &mut out);
             }
