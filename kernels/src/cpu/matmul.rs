@@ -274,6 +274,29 @@ fn interleaved_rows(w: &QMatrix<'_>, r0: usize, r1: usize, out: &mut [u8]) {
     }
 }
 
+/// Activation rows from which [`fused_q8`] quantises them in parallel.
+const PAR_QUANT_ROWS: usize = 16;
+
+/// Each row of `k` floats of `x` into its `nb` blocks of `out`.
+fn quantize_rows<B: Send>(
+    x: &[f32],
+    k: usize,
+    out: &mut [B],
+    nb: usize,
+    par: bool,
+    quantize: impl Fn(&[f32], &mut [B]) + Sync,
+) {
+    if par {
+        x.par_chunks_exact(k)
+            .zip(out.par_chunks_exact_mut(nb))
+            .for_each(|(xr, qr)| quantize(xr, qr));
+    } else {
+        for (xr, qr) in x.chunks_exact(k).zip(out.chunks_exact_mut(nb)) {
+            quantize(xr, qr);
+        }
+    }
+}
+
 fn fused_q8(
     isa: Isa,
     x: &[f32],
@@ -285,19 +308,18 @@ fn fused_q8(
     // Each weight family reads its own activation blocks: quantise only those needed.
     let nb = k / Q8_BLOCK;
     let nbk = k / QK_K;
+    // Each row is quantised on its own (the same bits whoever does it): in parallel where
+    // the rows are many, on this thread where a parallel region would cost more than it saves.
+    let par = m >= PAR_QUANT_ROWS;
     let mut xq = Vec::new();
     if jobs.iter().any(|j| q8_blocks(j.w.dtype())) {
         xq = vec![Q8Block::default(); m * nb];
-        for (xr, qr) in x.chunks_exact(k).zip(xq.chunks_exact_mut(nb)) {
-            quantize_row_q8(xr, qr);
-        }
+        quantize_rows(x, k, &mut xq, nb, par, quantize_row_q8);
     }
     let mut xqk = Vec::new();
     if jobs.iter().any(|j| is_super_block(j.w.dtype())) {
         xqk = vec![Q8KBlock::default(); m * nbk];
-        for (xr, qr) in x.chunks_exact(k).zip(xqk.chunks_exact_mut(nbk)) {
-            quantize_row_q8k(xr, qr);
-        }
+        quantize_rows(x, k, &mut xqk, nbk, par, quantize_row_q8k);
     }
     let threads = rayon::current_num_threads().max(1);
     let total_rows: usize = jobs.iter().map(|j| j.w.rows()).sum();
