@@ -2,6 +2,7 @@
 //! LM head over the rows whose logits are wanted.
 
 use kernels::{ops, Activation, MatmulJob};
+use rayon::prelude::*;
 
 use super::attention::{self, AttnShape, ChunkSpan};
 use super::{LlamaConfig, LlamaModel, MlpActivation, Scratch};
@@ -138,6 +139,9 @@ impl LlamaModel {
             }
         };
         let base_scale = cfg.traits.attn_scale.unwrap_or(1.0 / (hd as f32).sqrt());
+        // A prefill's per-token work (norms, rotary, the activation) in parallel; a decode
+        // step's few rows on this thread.
+        let par = t_total >= PAR_ROWS;
         // Rows of the attention's and the MLP's normed outputs (sandwich norms).
         let mut normed = vec![0f32; h];
         for (li, layer) in self.layers.iter().enumerate() {
@@ -159,14 +163,7 @@ impl LlamaModel {
                 window,
                 softcap: cfg.traits.attn_softcap,
             };
-            for t in 0..t_total {
-                ops::rmsnorm(
-                    &s.x[t * h..(t + 1) * h],
-                    &layer.attn_norm,
-                    cfg.eps,
-                    &mut s.h[t * h..(t + 1) * h],
-                );
-            }
+            norm_rows(&s.x, &layer.attn_norm, cfg.eps, &mut s.h, h, par);
             self.matmul_multi(
                 &s.h,
                 t_total,
@@ -189,10 +186,7 @@ impl LlamaModel {
             lora(li, Proj::Q, &s.h, &mut s.q);
             lora(li, Proj::K, &s.h, &mut s.k);
             lora(li, Proj::V, &s.h, &mut s.v);
-            for t in 0..t_total {
-                let q = &mut s.q[t * q_dim..(t + 1) * q_dim];
-                let k = &mut s.k[t * kv_dim..(t + 1) * kv_dim];
-                let v = &mut s.v[t * kv_dim..(t + 1) * kv_dim];
+            let token = |t: usize, q: &mut [f32], k: &mut [f32], v: &mut [f32]| {
                 if let Some(b) = &layer.bq {
                     ops::add_assign(q, b);
                 }
@@ -212,6 +206,21 @@ impl LlamaModel {
                 let sin = &sin_all[t * half..(t + 1) * half];
                 ops::rope(q, cfg.n_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
                 ops::rope(k, cfg.n_kv_heads, hd, cfg.rope_dim, cos, sin, cfg.rope_neox);
+            };
+            if par {
+                s.q.par_chunks_exact_mut(q_dim)
+                    .zip(s.k.par_chunks_exact_mut(kv_dim))
+                    .zip(s.v.par_chunks_exact_mut(kv_dim))
+                    .enumerate()
+                    .for_each(|(t, ((q, k), v))| token(t, q, k, v));
+            } else {
+                let rows =
+                    s.q.chunks_exact_mut(q_dim)
+                        .zip(s.k.chunks_exact_mut(kv_dim))
+                        .zip(s.v.chunks_exact_mut(kv_dim));
+                for (t, ((q, k), v)) in rows.enumerate() {
+                    token(t, q, k, v);
+                }
             }
             // Store this step's keys and values, then attend over the cache.
             let slot = if kv.n_layers == 1 { 0 } else { li };
@@ -238,14 +247,7 @@ impl LlamaModel {
                 }
             }
 
-            for t in 0..t_total {
-                ops::rmsnorm(
-                    &s.x[t * h..(t + 1) * h],
-                    &layer.ffn_norm,
-                    cfg.eps,
-                    &mut s.h[t * h..(t + 1) * h],
-                );
-            }
+            norm_rows(&s.x, &layer.ffn_norm, cfg.eps, &mut s.h, h, par);
             self.matmul_multi(
                 &s.h,
                 t_total,
@@ -264,6 +266,13 @@ impl LlamaModel {
             lora(li, Proj::Gate, &s.h, &mut s.gate);
             lora(li, Proj::Up, &s.h, &mut s.up);
             match cfg.traits.activation {
+                // In pieces of whole vectors: each element takes the operations it takes
+                // in one call over the whole buffer.
+                MlpActivation::Silu if par => s
+                    .gate
+                    .par_chunks_mut(SILU_PIECE)
+                    .zip(s.up.par_chunks(SILU_PIECE))
+                    .for_each(|(g, u)| ops::silu_mul(g, u)),
                 MlpActivation::Silu => ops::silu_mul(&mut s.gate, &s.up),
                 MlpActivation::GeluTanh => {
                     Activation::GeluTanh.apply(&mut s.gate);
@@ -465,6 +474,24 @@ fn add_normed(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, row: &mut [f32]) {
 }
 
 /// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
+/// Tokens from which a step's per-token work runs in parallel.
+const PAR_ROWS: usize = 16;
+/// Elements per parallel piece of the MLP's activation: whole 8-lane vectors.
+const SILU_PIECE: usize = 8 * 1024;
+
+/// `out` row `t` = RMSNorm of `x` row `t` (rows of `h`), each row as `ops::rmsnorm` gives it.
+fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize, par: bool) {
+    if par {
+        out.par_chunks_exact_mut(h)
+            .zip(x.par_chunks_exact(h))
+            .for_each(|(o, xr)| ops::rmsnorm(xr, w, eps, o));
+    } else {
+        for (o, xr) in out.chunks_exact_mut(h).zip(x.chunks_exact(h)) {
+            ops::rmsnorm(xr, w, eps, o);
+        }
+    }
+}
+
 fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
     let mut tmp = vec![0f32; hd];
     for head in x.chunks_exact_mut(hd) {
