@@ -97,29 +97,23 @@ where
     (&scratch[..n * hd], hd)
 }
 
-impl KvElem for half::f16 {
-    fn rows<'a>(
-        src: &'a [Self],
-        hd: usize,
-        stride: usize,
-        n: usize,
-        scratch: &'a mut [f32],
-    ) -> (&'a [f32], usize) {
-        convert_rows(src, hd, stride, n, scratch)
-    }
+/// The 16-bit caches: rows converted to f32.
+macro_rules! half_kv_elem {
+    ($($t:ty),*) => {$(
+        impl KvElem for $t {
+            fn rows<'a>(
+                src: &'a [Self],
+                hd: usize,
+                stride: usize,
+                n: usize,
+                scratch: &'a mut [f32],
+            ) -> (&'a [f32], usize) {
+                convert_rows(src, hd, stride, n, scratch)
+            }
+        }
+    )*};
 }
-
-impl KvElem for half::bf16 {
-    fn rows<'a>(
-        src: &'a [Self],
-        hd: usize,
-        stride: usize,
-        n: usize,
-        scratch: &'a mut [f32],
-    ) -> (&'a [f32], usize) {
-        convert_rows(src, hd, stride, n, scratch)
-    }
-}
+half_kv_elem!(half::f16, half::bf16);
 
 /// Queries per task: enough to amortise a task, few enough to balance a short chunk.
 const QUERY_BLOCK: usize = 16;
@@ -244,25 +238,25 @@ fn attend_typed<T: KvElem>(
     });
 }
 
-/// Visit cache positions `from..to` of a sequence block by block: `f(first position, offset
-/// of that position's token in the layer buffer, number of positions in this block)`.
+/// Visit KV head `kvh`'s cached rows at positions `from..to` of a sequence block by block:
+/// `f(index of the block's first position counted from `from`, the range of the layer buffer
+/// that holds the block's rows of that head (`n_kv_heads · head_dim` apart), rows)`.
 fn for_each_block(
+    shape: &AttnShape,
     table: &[u32],
-    block_size: usize,
-    token_stride: usize,
+    kvh: usize,
     from: usize,
     to: usize,
-    mut f: impl FnMut(usize, usize, usize),
+    mut f: impl FnMut(usize, std::ops::Range<usize>, usize),
 ) {
+    let (bs, hd) = (shape.block_size, shape.head_dim);
+    let stride = shape.n_kv_heads * hd;
     let mut pos = from;
     while pos < to {
-        let (block, within) = (pos / block_size, pos % block_size);
-        let n = (block_size - within).min(to - pos);
-        f(
-            pos,
-            (table[block] as usize * block_size + within) * token_stride,
-            n,
-        );
+        let (block, within) = (pos / bs, pos % bs);
+        let n = (bs - within).min(to - pos);
+        let at = (table[block] as usize * bs + within) * stride + kvh * hd;
+        f(pos - from, at..at + (n - 1) * stride + hd, n);
         pos += n;
     }
 }
@@ -300,54 +294,20 @@ fn direct_task<T: KvElem>(
         let t = ch.row + i;
         let qg = &q[t * q_stride + kvh * width..][..width];
         let sc = &mut scores[..group * len];
-        for_each_block(
-            ch.block_table,
-            shape.block_size,
-            kv_stride,
-            lo,
-            ctx,
-            |p0, off, n| {
-                let o = off + kvh * hd;
-                let span = (n - 1) * kv_stride + hd;
-                T::dots_heads(
-                    qg,
-                    hd,
-                    &k_cache[o..o + span],
-                    kv_stride,
-                    n,
-                    &mut sc[p0 - lo..],
-                    len,
-                    rows,
-                );
-            },
-        );
+        for_each_block(shape, ch.block_table, kvh, lo, ctx, |at, r, n| {
+            let into = &mut sc[at..];
+            T::dots_heads(qg, hd, &k_cache[r], kv_stride, n, into, len, rows);
+        });
         for head in sc.chunks_exact_mut(len) {
             head.iter_mut().for_each(|v| *v *= shape.scale);
             shape.finish_scores(head);
             ops::softmax(head);
         }
         acc.fill(0.0);
-        for_each_block(
-            ch.block_table,
-            shape.block_size,
-            kv_stride,
-            lo,
-            ctx,
-            |p0, off, n| {
-                let o = off + kvh * hd;
-                let span = (n - 1) * kv_stride + hd;
-                T::axpy_rows_heads(
-                    &sc[p0 - lo..],
-                    len,
-                    n,
-                    &v_cache[o..o + span],
-                    kv_stride,
-                    acc,
-                    hd,
-                    rows,
-                );
-            },
-        );
+        for_each_block(shape, ch.block_table, kvh, lo, ctx, |at, r, n| {
+            let w = &sc[at..];
+            T::axpy_rows_heads(w, len, n, &v_cache[r], kv_stride, acc, hd, rows);
+        });
         // SAFETY: token t's heads of this KV head are written by this task only; bounds
         // asserted in attend.
         unsafe {
