@@ -18,7 +18,8 @@ use rayon::prelude::*;
 
 use crate::model::KvBuf;
 
-/// An element type of the host KV cache: rows are read as f32.
+/// An element type of the host KV cache: rows are read as f32 (scores through
+/// [`ops::dots_heads`], weighted sums through [`ops::axpy_rows_heads`]).
 trait KvElem: Copy + Send + Sync {
     /// `n` rows of `hd` elements, `stride` apart in `src`, as f32: the rows themselves for
     /// f32 (with their stride), else converted into `scratch` (stride `hd`).
@@ -29,42 +30,6 @@ trait KvElem: Copy + Send + Sync {
         n: usize,
         scratch: &'a mut [f32],
     ) -> (&'a [f32], usize);
-
-    /// `out[h * out_stride + j] = q_h · row_j` for the heads `q` (`hd` each) and `n` rows,
-    /// through [`ops::dots_heads`] (each score the same whichever heads and rows share the
-    /// call).
-    #[allow(clippy::too_many_arguments)]
-    fn dots_heads(
-        q: &[f32],
-        hd: usize,
-        src: &[Self],
-        stride: usize,
-        n: usize,
-        out: &mut [f32],
-        out_stride: usize,
-        scratch: &mut [f32],
-    ) {
-        let (rows, rs) = Self::rows(src, hd, stride, n, scratch);
-        ops::dots_heads(q, hd, rows, rs, n, out, out_stride);
-    }
-
-    /// `acc_h += Σ_j weights[h * w_stride + j] · row_j` for the heads' sums `acc` (`hd`
-    /// each), through [`ops::axpy_rows_heads`] (per element, one multiply-add per row in
-    /// order).
-    #[allow(clippy::too_many_arguments)]
-    fn axpy_rows_heads(
-        weights: &[f32],
-        w_stride: usize,
-        n: usize,
-        src: &[Self],
-        stride: usize,
-        acc: &mut [f32],
-        hd: usize,
-        scratch: &mut [f32],
-    ) {
-        let (rows, rs) = Self::rows(src, hd, stride, n, scratch);
-        ops::axpy_rows_heads(weights, w_stride, n, rows, rs, acc, hd);
-    }
 }
 
 impl KvElem for f32 {
@@ -295,8 +260,8 @@ fn direct_task<T: KvElem>(
         let qg = &q[t * q_stride + kvh * width..][..width];
         let sc = &mut scores[..group * len];
         for_each_block(shape, ch.block_table, kvh, lo, ctx, |at, r, n| {
-            let into = &mut sc[at..];
-            T::dots_heads(qg, hd, &k_cache[r], kv_stride, n, into, len, rows);
+            let (keys, ks) = T::rows(&k_cache[r], hd, kv_stride, n, rows);
+            ops::dots_heads(qg, hd, keys, ks, n, &mut sc[at..], len);
         });
         for head in sc.chunks_exact_mut(len) {
             head.iter_mut().for_each(|v| *v *= shape.scale);
@@ -305,8 +270,8 @@ fn direct_task<T: KvElem>(
         }
         acc.fill(0.0);
         for_each_block(shape, ch.block_table, kvh, lo, ctx, |at, r, n| {
-            let w = &sc[at..];
-            T::axpy_rows_heads(w, len, n, &v_cache[r], kv_stride, acc, hd, rows);
+            let (values, vs) = T::rows(&v_cache[r], hd, kv_stride, n, rows);
+            ops::axpy_rows_heads(&sc[at..], len, n, values, vs, acc, hd);
         });
         // SAFETY: token t's heads of this KV head are written by this task only; bounds
         // asserted in attend.

@@ -473,7 +473,6 @@ fn add_normed(x: &mut [f32], y: &[f32], w: &[f32], eps: f32, row: &mut [f32]) {
     }
 }
 
-/// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
 /// Tokens from which a step's per-token work runs in parallel.
 const PAR_ROWS: usize = 16;
 /// Elements per parallel piece of the MLP's activation: whole 8-lane vectors.
@@ -492,6 +491,7 @@ fn norm_rows(x: &[f32], w: &[f32], eps: f32, out: &mut [f32], h: usize, par: boo
     }
 }
 
+/// RMSNorm applied to each head of `x` separately (Qwen3 Q/K norms).
 fn head_norm(x: &mut [f32], w: &[f32], hd: usize, eps: f32) {
     let mut tmp = vec![0f32; hd];
     for head in x.chunks_exact_mut(hd) {
