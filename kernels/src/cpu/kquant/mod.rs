@@ -31,6 +31,8 @@ use super::dequant::f16_at;
 use crate::DType;
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm_vnni;
+#[cfg(target_arch = "x86_64")]
 mod q45k_lanes;
 #[cfg(target_arch = "x86_64")]
 mod q6k_lanes;

@@ -140,6 +140,88 @@ fn spread(j: usize, pair: bool) -> __m256i {
     unsafe { _mm256_loadu_si256(c.as_ptr() as *const __m256i) }
 }
 
+/// A Q4_K / Q5_K tile's packed scales as four vectors whose lanes hold, for their row, the
+/// bytes of scales 0-3, scales 4-7, minimums 0-3 and minimums 4-7.
+///
+/// # Safety
+/// `t` must point to a Q4_K or Q5_K tile.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q45k_scales(t: *const u8) -> [__m256i; 4] {
+    let (low6, low4, low2) = (
+        _mm256_set1_epi8(0x3F),
+        _mm256_set1_epi8(0x0F),
+        _mm256_set1_epi8(0x03),
+    );
+    // SAFETY: the packed scales are bytes 32..128 of the tile.
+    let (u0, u1, u2) = unsafe { (load(t.add(32)), load(t.add(64)), load(t.add(96))) };
+    let high = |u: __m256i, v: __m256i| {
+        _mm256_or_si256(
+            v,
+            _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u), low2)),
+        )
+    };
+    [
+        _mm256_and_si256(u0, low6),
+        high(u0, _mm256_and_si256(u2, low4)),
+        _mm256_and_si256(u1, low6),
+        high(u1, _mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4)),
+    ]
+}
+
+/// The four weight vectors of a Q6_K tile's step at `at` (its `ql` quarters and `qh` bytes),
+/// quants as stored (0..64): weights `32k + 4s..` of the half for `k` = 0..4.
+///
+/// # Safety
+/// `at` must point to 96 readable bytes of a Q6_K tile.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn q6k_quants(at: *const u8) -> [__m256i; 4] {
+    let nib = _mm256_set1_epi8(0x0F);
+    let top = _mm256_set1_epi8(0x30);
+    // SAFETY: 96 bytes, as the caller vouches.
+    let (l0, l1, h) = unsafe { (load(at), load(at.add(32)), load(at.add(64))) };
+    let join = |l: __m256i, h: __m256i| {
+        _mm256_or_si256(_mm256_and_si256(l, nib), _mm256_and_si256(h, top))
+    };
+    [
+        join(l0, _mm256_slli_epi16::<4>(h)),
+        join(l1, _mm256_slli_epi16::<2>(h)),
+        join(_mm256_srli_epi16::<4>(l0), h),
+        join(_mm256_srli_epi16::<4>(l1), _mm256_srli_epi16::<2>(h)),
+    ]
+}
+
+/// An IQ4_XS tile's sub-block scales less 32, sub-block `s` in each row's lane of vector `s`.
+///
+/// # Safety
+/// `t` must point to an IQ4_XS tile.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn iq4xs_scales(t: *const u8) -> [__m256i; 8] {
+    // SAFETY: `scales_h` at 16, `scales_l` at 32, inside the tile.
+    let (high, low) = unsafe {
+        (
+            _mm256_cvtepu16_epi32(_mm_loadu_si128(t.add(16) as *const __m128i)),
+            load(t.add(32)),
+        )
+    };
+    std::array::from_fn(|s| {
+        let lo = _mm256_and_si256(
+            _mm256_srlv_epi32(low, _mm256_set1_epi32(4 * s as i32)),
+            _mm256_set1_epi32(0x0F),
+        );
+        let hi = _mm256_and_si256(
+            _mm256_srlv_epi32(high, _mm256_set1_epi32(2 * s as i32)),
+            _mm256_set1_epi32(3),
+        );
+        _mm256_sub_epi32(
+            _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
+            _mm256_set1_epi32(32),
+        )
+    })
+}
+
 /// `G` groups of Q4_K rows (Q5_K with `FIVE`; `group` bytes apart) against `X` activation
 /// rows: `vals[(8g + i) * X + j]`.
 ///
@@ -165,11 +247,6 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
     );
     let nib = _mm256_set1_epi8(0x0F);
     let sixteen = _mm256_set1_epi8(16);
-    let (low6, low4, low2) = (
-        _mm256_set1_epi8(0x3F),
-        _mm256_set1_epi8(0x0F),
-        _mm256_set1_epi8(0x03),
-    );
     let one: [__m256i; 4] = std::array::from_fn(|j| spread(j, false));
     let two: [__m256i; 4] = std::array::from_fn(|j| spread(j, true));
     let mut acc = [[_mm256_setzero_ps(); X]; G];
@@ -183,18 +260,7 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
             for g in 0..G {
                 let t = t[g];
                 let dminv = _mm256_cvtph_ps(_mm_loadu_si128(t.add(16) as *const __m128i));
-                let (u0, u1, u2) = (load(t.add(32)), load(t.add(64)), load(t.add(96)));
-                // Each lane's four bytes: scales 0-3, 4-7 and minimums 0-3, 4-7 of its row.
-                let sc_lo = _mm256_and_si256(u0, low6);
-                let sc_hi = _mm256_or_si256(
-                    _mm256_and_si256(u2, low4),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u0), low2)),
-                );
-                let mn_lo = _mm256_and_si256(u1, low6);
-                let mn_hi = _mm256_or_si256(
-                    _mm256_and_si256(_mm256_srli_epi32::<4>(u2), low4),
-                    _mm256_slli_epi32::<4>(_mm256_and_si256(_mm256_srli_epi32::<6>(u1), low2)),
-                );
+                let [sc_lo, sc_hi, mn_lo, mn_hi] = q45k_scales(t);
                 sc[g] = std::array::from_fn(|k| {
                     _mm256_shuffle_epi8(if k < 4 { sc_lo } else { sc_hi }, one[k % 4])
                 });
@@ -307,8 +373,6 @@ unsafe fn q6k<const X: usize, const G: usize>(
             && x.len() >= X * nb
             && vals.len() >= G * GROUP * X
     );
-    let nib = _mm256_set1_epi8(0x0F);
-    let top = _mm256_set1_epi8(0x30);
     let mut acc = [[_mm256_setzero_ps(); X]; G];
     let offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
@@ -338,29 +402,7 @@ unsafe fn q6k<const X: usize, const G: usize>(
                         let at = 144 + 96 * (8 * n + s);
                         let mut q = [[_mm256_setzero_si256(); 4]; G];
                         for g in 0..G {
-                            let (l0, l1, h) = (
-                                load(t[g].add(at)),
-                                load(t[g].add(at + 32)),
-                                load(t[g].add(at + 64)),
-                            );
-                            q[g] = [
-                                _mm256_or_si256(
-                                    _mm256_and_si256(l0, nib),
-                                    _mm256_and_si256(_mm256_slli_epi16::<4>(h), top),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(l1, nib),
-                                    _mm256_and_si256(_mm256_slli_epi16::<2>(h), top),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(l0), nib),
-                                    _mm256_and_si256(h, top),
-                                ),
-                                _mm256_or_si256(
-                                    _mm256_and_si256(_mm256_srli_epi16::<4>(l1), nib),
-                                    _mm256_and_si256(_mm256_srli_epi16::<2>(h), top),
-                                ),
-                            ];
+                            q[g] = q6k_quants(t[g].add(at));
                         }
                         for k in 0..4 {
                             for j in 0..X {
@@ -424,11 +466,7 @@ unsafe fn iq4xs<const X: usize, const G: usize>(
     // SAFETY: 16 bytes.
     let table =
         _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(levels.as_ptr() as *const __m128i) });
-    let (four, two, low16) = (
-        _mm256_set1_epi32(0x0F),
-        _mm256_set1_epi32(3),
-        _mm256_set1_epi32(0xFFFF),
-    );
+    let low16 = _mm256_set1_epi32(0xFFFF);
     let mut acc = [[_mm256_setzero_ps(); X]; G];
     let offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
@@ -439,23 +477,7 @@ unsafe fn iq4xs<const X: usize, const G: usize>(
             let mut sc = [[_mm256_setzero_si256(); 8]; G];
             let mut sumi = [[_mm256_setzero_si256(); X]; G];
             for g in 0..G {
-                let high = _mm256_cvtepu16_epi32(_mm_loadu_si128(t[g].add(16) as *const __m128i));
-                let low = load(t[g].add(32));
-                // Sub-block `s`'s 6-bit scale less 32, in each row's lane.
-                sc[g] = std::array::from_fn(|s| {
-                    let lo = _mm256_and_si256(
-                        _mm256_srlv_epi32(low, _mm256_set1_epi32(4 * s as i32)),
-                        four,
-                    );
-                    let hi = _mm256_and_si256(
-                        _mm256_srlv_epi32(high, _mm256_set1_epi32(2 * s as i32)),
-                        two,
-                    );
-                    _mm256_sub_epi32(
-                        _mm256_or_si256(lo, _mm256_slli_epi32::<4>(hi)),
-                        _mm256_set1_epi32(32),
-                    )
-                });
+                sc[g] = iq4xs_scales(t[g]);
                 // `128·Σ_s sc[s]·(bsum[2s] + bsum[2s + 1])`, through the scales as i16 pairs.
                 for (s, &scale) in sc[g].iter().enumerate() {
                     let pair = _mm256_or_si256(

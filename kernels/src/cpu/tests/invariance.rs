@@ -5,7 +5,7 @@
 use super::{random_matrix, Rng};
 use crate::cpu::features::Isa;
 use crate::cpu::matmul::{matmul_multi_at, matmul_multi_q8_at};
-use crate::{DType, MatmulJob, QMatrix};
+use crate::{interleave_rows, DType, MatmulJob, QMatrix};
 
 /// Past the kernels' row groups (8 f32 rows, 8 quantised rows, 64 on AVX-512 VNNI's
 /// super-block kernel) several times over, with ragged last groups.
@@ -17,12 +17,22 @@ fn rows_are_batch_invariant(isa: Isa) {
     // row's sum crosses super-blocks, where decode's and prefill's kernels must agree); an odd
     // number of weight rows, enough that each pool size below splits them into other tasks (and
     // other odd last passes on the quantised path).
-    let (n, k) = (203usize, 768usize);
+    let k = 768usize;
     for dtype in DType::ALL {
+        // As stored, and (where the type has it) in the interleaved layout, whose prefill
+        // takes its own product on AVX-512 VNNI: 200 rows, whole groups of eight.
+        let n = 203;
         let bytes = random_matrix(&mut rng, dtype, n, k);
-        let w = QMatrix::new(dtype, n, k, &bytes).unwrap();
+        let mut cases = vec![QMatrix::new(dtype, n, k, &bytes).unwrap()];
+        let n8 = 200;
+        let mut packed = vec![0u8; dtype.row_bytes(k) * n8];
+        if crate::cpu::has_interleaved_layout(dtype) {
+            interleave_rows(dtype, n8, k, &bytes[..packed.len()], &mut packed).unwrap();
+            cases.push(QMatrix::interleaved(dtype, n8, k, &packed).unwrap());
+        }
         let x: Vec<f32> = (0..M_MAX * k).map(|_| rng.f32() * 3.0).collect();
-        for q8 in [false, true] {
+        for (w, q8) in cases.iter().flat_map(|&w| [(w, false), (w, true)]) {
+            let (n, packed) = (w.rows(), w.is_interleaved());
             let run = |rows: &[f32], m: usize| -> Vec<f32> {
                 let mut out = vec![f32::NAN; m * n];
                 let mut jobs = [MatmulJob { w, out: &mut out }];
@@ -58,7 +68,7 @@ fn rows_are_batch_invariant(isa: Isa) {
                             .all(|(a, b)| a.to_bits() == b.to_bits());
                         assert!(
                             same,
-                            "{dtype} {isa:?} q8={q8}: row {r} at position {pos} of a batch of {m} ({order}, {threads} threads) differs from the row alone"
+                            "{dtype} {isa:?} q8={q8} interleaved={packed}: row {r} at position {pos} of a batch of {m} ({order}, {threads} threads) differs from the row alone"
                         );
                     }
                 }
