@@ -259,6 +259,18 @@ fn direct_task<T: KvElem>(
         let t = ch.row + i;
         let qg = &q[t * q_stride + kvh * width..][..width];
         let sc = &mut scores[..group * len];
+        // The rows are strided by the other heads' and scattered by blocks, which the
+        // hardware prefetchers follow poorly: the task's first token asks for all of them
+        // before the first is used (the later tokens find them in the cache).
+        if i == i0 {
+            for_each_block(shape, ch.block_table, kvh, lo, ctx, |_, r, n| {
+                for j in 0..n {
+                    let at = r.start + j * kv_stride;
+                    kernels::ops::prefetch(as_bytes(&k_cache[at..at + hd]));
+                    kernels::ops::prefetch(as_bytes(&v_cache[at..at + hd]));
+                }
+            });
+        }
         for_each_block(shape, ch.block_table, kvh, lo, ctx, |at, r, n| {
             let (keys, ks) = T::rows(&k_cache[r], hd, kv_stride, n, rows);
             ops::dots_heads(qg, hd, keys, ks, n, &mut sc[at..], len);
@@ -280,4 +292,10 @@ fn direct_task<T: KvElem>(
             std::ptr::copy_nonoverlapping(acc.as_ptr(), dst, width);
         }
     }
+}
+
+/// The bytes of a cache slice, for [`kernels::ops::prefetch`].
+fn as_bytes<T: KvElem>(v: &[T]) -> &[u8] {
+    // SAFETY: the elements are plain numbers (f32, f16, bf16): initialised, no padding.
+    unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) }
 }
