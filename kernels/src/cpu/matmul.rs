@@ -22,6 +22,9 @@ use super::q8::{
 };
 use crate::{KernelError, QMatrix};
 
+#[cfg(target_arch = "x86_64")]
+use super::panel;
+
 /// Weight rows per task (at least).
 const FUSED_CHUNK_MIN: usize = 16;
 /// Weight rows per integer-kernel call (its outputs go through a per-task buffer).
@@ -333,29 +336,41 @@ fn fused_q8(
         .iter_mut()
         .map(|j| (j.w, j.w.rows(), OutPtr(j.out.as_mut_ptr())))
         .collect();
+    // The panel product lays out its own offset quants.
+    #[cfg(target_arch = "x86_64")]
+    let by_panels = |w: &QMatrix<'_>| m >= panel::MIN_ROWS && panel::takes(isa, w);
+    #[cfg(not(target_arch = "x86_64"))]
+    let by_panels = |_: &QMatrix<'_>| false;
     let mut xu = Vec::new();
     if jobs
         .iter()
-        .any(|j| wants_unsigned(isa, j.w.dtype(), j.w.is_interleaved()))
+        .any(|j| wants_unsigned(isa, j.w.dtype(), j.w.is_interleaved()) && !by_panels(&j.w))
     {
         xu = unsigned_quants(&xq);
     }
-    let panels = gemm_panels(isa, &xqk, m, nbk, jobs);
-    let (xq, xqk, xu, panels) = (&xq, &xqk, &xu, &panels);
+    #[cfg(target_arch = "x86_64")]
+    let panels = panel::Panels::new(isa, jobs, m, (&xq, nb), (&xqk, nbk));
+    let (xq, xqk, xu) = (&xq, &xqk, &xu);
+    #[cfg(target_arch = "x86_64")]
+    let panels = &panels;
     tasks.par_iter().for_each(|&(j, r0, r1)| {
         let (w, n, out) = ws[j];
         let dtype = w.dtype();
         let row_bytes = dtype.row_bytes(k);
         let super_block = is_super_block(dtype);
         #[cfg(target_arch = "x86_64")]
-        if !panels.is_empty() && takes_gemm(isa, &w) {
-            let dst = OutRows {
-                out,
+        if by_panels(&w) {
+            let dst = panel::Out {
+                out: out.0,
                 n,
                 m,
                 accumulate,
             };
-            gemm_rows(&w, r0, r1, nbk, panels, dst);
+            // SAFETY: this task alone writes columns `r0..r1` (whole groups: the task sizes
+            // are multiples of eight, and the matrix holds whole groups) of the job's `m x n`
+            // output; the panels were made from these activations for every job that takes
+            // them.
+            unsafe { panel::rows(&w, r0, r1, panels, &dst) };
             return;
         }
         let x_max = if super_block {
@@ -425,97 +440,4 @@ fn fused_q8(
             row += wr;
         }
     });
-}
-
-/// Activation rows from which the super-block types' interleaved matrices take the panel
-/// product (`gemm_vnni`) on AVX-512 VNNI: it unpacks each weight once per call, which pays
-/// when enough rows share it.
-const GEMM_ROWS: usize = 16;
-/// Interleaved groups (of eight weight rows) unpacked at a time for the panel product: each
-/// panel of activations is read once per strip while the strip stays in the core's cache.
-#[cfg(target_arch = "x86_64")]
-const GEMM_STRIP: usize = 4;
-
-#[cfg(target_arch = "x86_64")]
-use super::kquant::gemm_vnni::{self, Panel, Unpacked8, PANEL};
-
-/// Whether `w`'s rows take the panel product on `isa`.
-#[cfg(target_arch = "x86_64")]
-fn takes_gemm(isa: Isa, w: &QMatrix<'_>) -> bool {
-    isa.level() == super::features::CpuLevel::Avx512Vnni
-        && w.is_interleaved()
-        && gemm_vnni::takes(w.dtype())
-}
-
-/// The activations in panels for the panel product, if any job takes it (else empty).
-#[cfg(target_arch = "x86_64")]
-fn gemm_panels(
-    isa: Isa,
-    xqk: &[Q8KBlock],
-    m: usize,
-    nbk: usize,
-    jobs: &[MatmulJob<'_, '_>],
-) -> Vec<Panel> {
-    if m < GEMM_ROWS || !jobs.iter().any(|j| takes_gemm(isa, &j.w)) {
-        return Vec::new();
-    }
-    xqk.par_chunks(PANEL * nbk)
-        .map(|c| Panel::new(c, c.len() / nbk, nbk))
-        .collect()
-}
-
-#[cfg(not(target_arch = "x86_64"))]
-fn gemm_panels(_: Isa, _: &[Q8KBlock], _: usize, _: usize, _: &[MatmulJob<'_, '_>]) -> Vec<()> {
-    Vec::new()
-}
-
-/// Where a task's products go: `m` rows of `n` outputs.
-#[cfg(target_arch = "x86_64")]
-struct OutRows {
-    out: OutPtr,
-    n: usize,
-    m: usize,
-    accumulate: bool,
-}
-
-/// Weight rows `r0..r1` (whole groups) of the interleaved `w` against every panel.
-#[cfg(target_arch = "x86_64")]
-fn gemm_rows(w: &QMatrix<'_>, r0: usize, r1: usize, nbk: usize, panels: &[Panel], dst: OutRows) {
-    const GROUP: usize = 8;
-    let dtype = w.dtype();
-    let group_bytes = GROUP * dtype.row_bytes(w.cols());
-    let mut strip: Vec<Unpacked8> = (0..GEMM_STRIP).map(|_| Unpacked8::default()).collect();
-    let mut tile = [[0f32; PANEL]; GROUP];
-    let mut row = r0;
-    while row < r1 {
-        let gn = ((r1 - row) / GROUP).clamp(1, GEMM_STRIP);
-        for (g, u) in strip[..gn].iter_mut().enumerate() {
-            let at = (row / GROUP + g) * group_bytes;
-            // SAFETY: `takes_gemm` saw the level, so the CPU has the features; the slice is
-            // one whole group of `nbk` tiles (the matrix holds whole groups).
-            unsafe { u.fill(dtype, &w.data()[at..at + group_bytes], nbk) };
-        }
-        for (p, panel) in panels.iter().enumerate() {
-            let cols = (dst.m - p * PANEL).min(PANEL);
-            for (g, u) in strip[..gn].iter().enumerate() {
-                // SAFETY: as above; `u` and `panel` were filled for `nbk` super-blocks.
-                unsafe { gemm_vnni::product(dtype, u, panel, nbk, &mut tile) };
-                let r = row + g * GROUP;
-                for (i, vals) in tile.iter().enumerate() {
-                    for (j, v) in vals[..cols].iter().enumerate() {
-                        // SAFETY: output `r + i` of activation row `p * 16 + j` is inside the
-                        // output (`m * n`, checked by `check_shapes`; `r + 8 <= n` as the
-                        // matrix holds whole groups), and no other task writes this column.
-                        let o = unsafe { &mut *dst.out.0.add((p * PANEL + j) * dst.n + r + i) };
-                        if dst.accumulate {
-                            *o += v;
-                        } else {
-                            *o = *v;
-                        }
-                    }
-                }
-            }
-        }
-        row += gn * GROUP;
-    }
 }

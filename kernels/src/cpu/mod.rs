@@ -67,6 +67,8 @@ pub(crate) mod gemm;
 pub(crate) mod kquant;
 pub(crate) mod matmul;
 pub mod ops;
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod panel;
 pub(crate) mod q8;
 #[cfg(target_arch = "x86_64")]
 mod x86;

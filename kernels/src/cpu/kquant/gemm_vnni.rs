@@ -40,7 +40,66 @@ pub(crate) fn takes(dtype: DType) -> bool {
 /// 64 bytes on a cache line of their own.
 #[derive(Clone, Copy)]
 #[repr(C, align(64))]
-pub(crate) struct Line([u8; 64]);
+pub(crate) struct Line(pub(crate) [u8; 64]);
+
+/// The panel lines of up to [`PANEL`] activation rows of `nb` blocks of `N` quants each:
+/// per block and four-weight step, one line holding each row's four quants plus 128 (row `j`
+/// in bytes `4j..4j + 4`), absent rows zero. `quants(j, b)`: row `j`'s block `b`.
+pub(crate) fn offset_lines<'x, const N: usize>(
+    rows: usize,
+    nb: usize,
+    quants: impl Fn(usize, usize) -> &'x [i8; N],
+) -> Vec<Line> {
+    let steps = N / 4;
+    let mut q = vec![Line([0; 64]); nb * steps];
+    for j in 0..rows {
+        for b in 0..nb {
+            let qs = quants(j, b);
+            for (s, line) in q[b * steps..(b + 1) * steps].iter_mut().enumerate() {
+                for (o, &v) in line.0[4 * j..4 * j + 4].iter_mut().zip(&qs[4 * s..]) {
+                    *o = (v as u8) ^ 0x80;
+                }
+            }
+        }
+    }
+    q
+}
+
+/// `a[i] += Σ_s line_s · w_s[i]` by bytes: each panel line (sixteen rows' four offset quants)
+/// times four signed weights of row `i`, broadcast from `w` (`w` holds, per line, the eight
+/// rows' four weights).
+///
+/// # Safety
+/// AVX-512 F/VNNI must be available; `w` must point to `8 · lines.len()` readable dwords.
+#[target_feature(enable = "avx512f,avx512vnni")]
+#[inline]
+pub(crate) unsafe fn steps(a: &mut [__m512i; GROUP], lines: &[Line], w: *const i32) {
+    for (s, line) in lines.iter().enumerate() {
+        // SAFETY: a line is 64 aligned bytes; `w` as the caller vouches.
+        unsafe {
+            let x = _mm512_load_si512(line.0.as_ptr() as *const __m512i);
+            let w = w.add(s * GROUP);
+            for (i, ai) in a.iter_mut().enumerate() {
+                *ai = _mm512_dpbusd_epi32(*ai, x, _mm512_set1_epi32(*w.add(i)));
+            }
+        }
+    }
+}
+
+/// `tile[i] = acc[i] + offs[i]`, the end of every row kernel (`offs` zero where the type
+/// has no minimum term).
+#[target_feature(enable = "avx512f")]
+#[inline]
+pub(crate) fn store(
+    acc: &[__m512; GROUP],
+    offs: &[__m512; GROUP],
+    tile: &mut [[f32; PANEL]; GROUP],
+) {
+    for i in 0..GROUP {
+        // SAFETY: sixteen floats each.
+        unsafe { _mm512_storeu_ps(tile[i].as_mut_ptr(), _mm512_add_ps(acc[i], offs[i])) };
+    }
+}
 
 /// Up to sixteen activation rows of `nb` [`Q8KBlock`]s, laid out for the product.
 pub(crate) struct Panel {
@@ -61,17 +120,12 @@ impl Panel {
             rows <= PANEL && x.len() >= rows * nb,
             "Panel::new: {rows} rows"
         );
-        let mut q = vec![Line([0; 64]); nb * STEPS];
+        let q = offset_lines(rows, nb, |j, b| &x[j * nb + b].qs);
         let mut d = vec![[0f32; PANEL]; nb];
         let mut bsum = vec![[0u32; PANEL]; nb * 4];
         for j in 0..rows {
             for b in 0..nb {
                 let blk = &x[j * nb + b];
-                for (s, line) in q[b * STEPS..(b + 1) * STEPS].iter_mut().enumerate() {
-                    for (o, &v) in line.0[4 * j..4 * j + 4].iter_mut().zip(&blk.qs[4 * s..]) {
-                        *o = (v as u8) ^ 0x80;
-                    }
-                }
                 d[b][j] = blk.d;
                 for p in 0..4 {
                     let pair = |s: usize| blk.bsums[2 * s] as i32 + blk.bsums[2 * s + 1] as i32;
@@ -333,9 +387,7 @@ pub(crate) unsafe fn product(
         } else {
             sums::<8>(u, p, nb)
         };
-        for i in 0..GROUP {
-            _mm512_storeu_ps(tile[i].as_mut_ptr(), _mm512_add_ps(acc[i], offs[i]));
-        }
+        store(&acc, &offs, tile);
     }
 }
 
@@ -355,13 +407,8 @@ unsafe fn sums<const G: usize>(u: &Unpacked8, p: &Panel, nb: usize) -> [__m512; 
                 std::array::from_fn(|i| _mm512_set1_epi32(-u.offset[b][i]));
             for g in 0..G {
                 let mut a = [_mm512_setzero_si512(); GROUP];
-                for s in g * per..(g + 1) * per {
-                    let x = _mm512_load_si512(p.q[b * STEPS + s].0.as_ptr() as *const __m512i);
-                    let w = wq.add((b * STEPS + s) * GROUP);
-                    for (i, ai) in a.iter_mut().enumerate() {
-                        *ai = _mm512_dpbusd_epi32(*ai, x, _mm512_set1_epi32(*w.add(i)));
-                    }
-                }
+                let s0 = b * STEPS + g * per;
+                steps(&mut a, &p.q[s0..s0 + per], wq.add(s0 * GROUP));
                 let sc = &u.sc[b * G + g];
                 for i in 0..GROUP {
                     sumi[i] = _mm512_add_epi32(

@@ -309,6 +309,8 @@ fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod gemm_vnni;
+#[cfg(target_arch = "x86_64")]
 mod rows8_vnni;
 
 /// The 32-weight types as the SIMD kernels number them (a const parameter `T`): 0 Q4_0,

@@ -120,6 +120,65 @@ fn fifth(qh: __m256i, at: i32) -> __m256i {
     _mm256_slli_epi32::<4>(_mm256_and_si256(spread, _mm256_set1_epi32(0x0101_0101)))
 }
 
+/// The quants of one tile of type `T`, dword `c` of each row (weights `4c..4c + 4`) in
+/// vector `c`: exact signed values for the signed types (offsets off, IQ4_NL's levels
+/// looked up), the stored unsigned quants for those with a minimum.
+///
+/// # Safety
+/// `t` must point to a whole tile of type `T`.
+#[target_feature(enable = "avx2")]
+#[inline]
+pub(super) unsafe fn tile_quants<const T: u8>(t: *const u8) -> [__m256i; 8] {
+    // Where the quants start in a tile: after the scales (and minimums, and fifth bits).
+    let qs = 16 * (1 + usize::from(has_min(T))) + 32 * usize::from(five(T));
+    let nib = _mm256_set1_epi8(0x0F);
+    let mut q = [_mm256_setzero_si256(); 8];
+    // SAFETY: every offset below is inside the tile, as the caller vouches.
+    unsafe {
+        if T == 4 {
+            for (c, qc) in q.iter_mut().enumerate() {
+                *qc = load(t.add(qs + 32 * c));
+            }
+            return q;
+        }
+        let levels = IQ4_LEVELS.map(|v| v as u8);
+        let table = _mm256_broadcastsi128_si256(_mm_loadu_si128(levels.as_ptr() as *const __m128i));
+        let qh = if five(T) {
+            load(t.add(qs - 32))
+        } else {
+            _mm256_setzero_si256()
+        };
+        for c in 0..4 {
+            let v = load(t.add(qs + 32 * c));
+            let (mut lo, mut hi) = (
+                _mm256_and_si256(v, nib),
+                _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
+            );
+            if five(T) {
+                lo = _mm256_or_si256(lo, fifth(qh, 4 * c as i32));
+                hi = _mm256_or_si256(hi, fifth(qh, 16 + 4 * c as i32));
+            }
+            (q[c], q[4 + c]) = match T {
+                // The stored offsets come off in the bytes: exact signed quants.
+                0 => (
+                    _mm256_sub_epi8(lo, _mm256_set1_epi8(8)),
+                    _mm256_sub_epi8(hi, _mm256_set1_epi8(8)),
+                ),
+                2 => (
+                    _mm256_sub_epi8(lo, _mm256_set1_epi8(16)),
+                    _mm256_sub_epi8(hi, _mm256_set1_epi8(16)),
+                ),
+                5 => (
+                    _mm256_shuffle_epi8(table, lo),
+                    _mm256_shuffle_epi8(table, hi),
+                ),
+                _ => (lo, hi),
+            };
+        }
+    }
+    q
+}
+
 /// One group of type `T` against `X` activation rows: `vals[i * X + j]`. `xu`: the signed
 /// types' activation quants offset to unsigned, block for block as in `x`.
 ///
@@ -140,14 +199,7 @@ unsafe fn group_dot<const X: usize, const T: u8>(
             && (has_min(T) || xu.len() >= X * nb)
             && vals.len() >= GROUP * X
     );
-    // Where the quants start in a tile: after the scales (and minimums, and fifth bits).
-    let qs = 16 * (1 + usize::from(has_min(T))) + 32 * usize::from(five(T));
-    let nib = _mm256_set1_epi8(0x0F);
     let ones = _mm256_set1_epi8(1);
-    let levels = IQ4_LEVELS.map(|v| v as u8);
-    // SAFETY: 16 bytes.
-    let table =
-        _mm256_broadcastsi128_si256(unsafe { _mm_loadu_si128(levels.as_ptr() as *const __m128i) });
     let mut acc = [_mm256_setzero_ps(); X];
     let mut offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
@@ -155,46 +207,7 @@ unsafe fn group_dot<const X: usize, const T: u8>(
         // SAFETY: every offset below is inside the tile.
         unsafe {
             let dwv = _mm256_cvtph_ps(_mm_loadu_si128(t as *const __m128i));
-            // Dword `c` of each row: weights `4c..4c + 4`.
-            let mut q = [_mm256_setzero_si256(); 8];
-            if T == 4 {
-                for (c, qc) in q.iter_mut().enumerate() {
-                    *qc = load(t.add(qs + 32 * c));
-                }
-            } else {
-                let qh = if five(T) {
-                    load(t.add(qs - 32))
-                } else {
-                    _mm256_setzero_si256()
-                };
-                for c in 0..4 {
-                    let v = load(t.add(qs + 32 * c));
-                    let (mut lo, mut hi) = (
-                        _mm256_and_si256(v, nib),
-                        _mm256_and_si256(_mm256_srli_epi16::<4>(v), nib),
-                    );
-                    if five(T) {
-                        lo = _mm256_or_si256(lo, fifth(qh, 4 * c as i32));
-                        hi = _mm256_or_si256(hi, fifth(qh, 16 + 4 * c as i32));
-                    }
-                    (q[c], q[4 + c]) = match T {
-                        // The stored offsets come off in the bytes: exact signed quants.
-                        0 => (
-                            _mm256_sub_epi8(lo, _mm256_set1_epi8(8)),
-                            _mm256_sub_epi8(hi, _mm256_set1_epi8(8)),
-                        ),
-                        2 => (
-                            _mm256_sub_epi8(lo, _mm256_set1_epi8(16)),
-                            _mm256_sub_epi8(hi, _mm256_set1_epi8(16)),
-                        ),
-                        5 => (
-                            _mm256_shuffle_epi8(table, lo),
-                            _mm256_shuffle_epi8(table, hi),
-                        ),
-                        _ => (lo, hi),
-                    };
-                }
-            }
+            let q = tile_quants::<T>(t);
             // The signed types' `128·Σw` of each row.
             let mut corr = _mm256_setzero_si256();
             if !has_min(T) {
