@@ -130,16 +130,20 @@ pub(crate) unsafe fn rows(w: &QMatrix<'_>, r0: usize, r1: usize, panels: &Panels
                     }
                 }
                 let r = row + g * GROUP;
-                for (i, vals) in tile.iter().enumerate() {
-                    for (j, v) in vals[..cols].iter().enumerate() {
-                        // SAFETY: output `r + i` of activation row `p * 16 + j` is inside the
-                        // output and in this task's columns, as the caller vouches.
-                        let o = unsafe { &mut *dst.out.add((p * PANEL + j) * dst.n + r + i) };
-                        if dst.accumulate {
-                            *o += v;
-                        } else {
-                            *o = *v;
-                        }
+                for j in 0..cols {
+                    // SAFETY: outputs `r..r + 8` of activation row `p * 16 + j` are inside
+                    // the output and in this task's columns, as the caller vouches.
+                    let o = unsafe {
+                        std::slice::from_raw_parts_mut(
+                            dst.out.add((p * PANEL + j) * dst.n + r),
+                            GROUP,
+                        )
+                    };
+                    let vals = tile.iter().map(|t| t[j]);
+                    if dst.accumulate {
+                        o.iter_mut().zip(vals).for_each(|(o, v)| *o += v);
+                    } else {
+                        o.iter_mut().zip(vals).for_each(|(o, v)| *o = v);
                     }
                 }
             }
