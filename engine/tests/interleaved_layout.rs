@@ -2,8 +2,9 @@
 //! faster) changes nothing in the answers: SmolLM2 requantised by llama.cpp's
 //! `llama-quantize` (its Q4_K_M, Q5_K_M, Q6_K and IQ4_XS mixes) gives the same logits, bit for
 //! bit, loaded with every matrix as the file stores it and with the layout forced on (on a CPU
-//! without AVX-512 VNNI the portable path reads it), over a chunked prefill and decode steps;
-//! switching to f32 activations returns to the file's bytes, and back to q8 interleaves again.
+//! without AVX-512 VNNI the K-quants are brought back to rows per use), over a chunked prefill
+//! and decode steps; switching to f32 activations returns to the file's bytes, and back to q8
+//! interleaves again.
 //!
 //! One test in this file: it sets `KERNELS_INTERLEAVE` for the process.
 

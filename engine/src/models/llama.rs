@@ -9,8 +9,10 @@
 //! [`LlamaConfig::windows`], and the one forward pass honours each.
 //!
 //! Weights stay in the memory-mapped GGUF in their stored type; the kernels dequantise on the
-//! fly. Where the CPU's kernels read quantised matrices faster interleaved (AVX-512 VNNI), the
-//! q8 mode copies them once into that layout, at the same size (`interleave`). In [`ActivationMode::Q8`] (the default) every step quantises the activations to 8-bit
+//! fly. Where the CPU's kernels read quantised matrices faster interleaved (AVX-512 VNNI: every
+//! quantised type; the other SIMD levels: the 32-weight types), the q8 mode copies them once
+//! into that layout, at the same size (`interleave`). In [`ActivationMode::Q8`] (the default)
+//! every step quantises the activations to 8-bit
 //! blocks and uses integer dot products against quantised weights (float weights take f32
 //! activations); [`ActivationMode::F32`] keeps f32 activations throughout. The path depends on
 //! the mode and the weights only, never on the step's size: a token's numbers are the same

@@ -1,5 +1,6 @@
-//! The matrices the CPU's kernels read faster interleaved (every quantised type but Q2_K and
-//! Q3_K, on AVX-512 VNNI: eight rows side by side, see [`kernels::interleave_rows`]), copied
+//! The matrices the CPU's kernels read faster interleaved (eight rows side by side, see
+//! [`kernels::interleave_rows`]: every quantised type but Q2_K and Q3_K on AVX-512 VNNI, the
+//! 32-weight types on the other SIMD levels), copied
 //! once at load into an anonymous map of the same size, in place of their pages of the file.
 //!
 //! Only the integer (q8) activation path gains: the f32 path would bring every group back to
@@ -121,7 +122,7 @@ impl LlamaModel {
             matrices = todo.len(),
             bytes = total,
             elapsed_ms = t0.elapsed().as_millis() as u64,
-            "interleaved the quantised matrices for the AVX-512 VNNI kernels"
+            "interleaved the quantised matrices for this CPU's kernels"
         );
         Ok(())
     }

@@ -60,11 +60,16 @@ pub(crate) use rows8::{
 pub const INTERLEAVE_VAR: &str = "KERNELS_INTERLEAVE";
 
 /// Whether a loader should interleave `dtype` (see [`INTERLEAVE_VAR`]): by default where this
-/// CPU's kernels read it faster, only AVX-512 VNNI having kernels for it (elsewhere each group
-/// would be brought back to rows on every use). Read at each call: loaders ask once per model.
+/// CPU's kernels read it faster: every type on AVX-512 VNNI, the 32-weight types on the other
+/// SIMD levels (their AVX2 kernel); elsewhere each group would be brought back to rows on
+/// every use. Read at each call: loaders ask once per model.
 pub(crate) fn interleaving_pays(dtype: DType) -> bool {
-    let auto =
-        || crate::cpu::features::cpu_isa().level() == crate::cpu::features::CpuLevel::Avx512Vnni;
+    use crate::cpu::features::CpuLevel;
+    let auto = || match crate::cpu::features::cpu_isa().level() {
+        CpuLevel::Avx512Vnni => true,
+        CpuLevel::Scalar => false,
+        _ => crate::cpu::q8::q8_blocks(dtype),
+    };
     has_interleaved_layout(dtype)
         && match std::env::var(INTERLEAVE_VAR).as_deref().map(str::trim) {
             Ok("never") => false,

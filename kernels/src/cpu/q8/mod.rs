@@ -194,8 +194,8 @@ pub(crate) fn dot_q8(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out
     }
 }
 
-/// [`dot_q8`] on interleaved weights: AVX-512 VNNI's kernel, or each group brought back to
-/// rows for the level's row kernels.
+/// [`dot_q8`] on interleaved weights: AVX-512 VNNI's kernel, the AVX2 one on the other SIMD
+/// levels, or (scalar) each group brought back to rows for the row kernels.
 fn interleaved(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
     const GROUP: usize = 8;
     assert!(
@@ -205,12 +205,13 @@ fn interleaved(isa: Isa, a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut
         "dot_q8: {w_rows} interleaved rows of {}",
         a.dtype
     );
+    // SAFETY (both kernels): the level says the CPU has the kernel's features; the bounds
+    // were checked by `dot_q8` and above (whole groups of whole rows).
     #[cfg(target_arch = "x86_64")]
-    if isa.level() == CpuLevel::Avx512Vnni {
-        // SAFETY: the level says the CPU has the kernel's features; the bounds were checked
-        // by `dot_q8` and above (whole groups of whole rows).
-        unsafe { rows8_vnni::rows(a, w_rows, x_rows, out) };
-        return;
+    match isa.level() {
+        CpuLevel::Avx512Vnni => return unsafe { rows8_vnni::rows(a, w_rows, x_rows, out) },
+        CpuLevel::Scalar => {}
+        _ => return unsafe { rows8_avx2::rows(a, w_rows, x_rows, out) },
     }
     crate::cpu::kquant::by_groups(a.dtype, a.nb, a.w, w_rows, x_rows, out, |rows, o| {
         let args = Q8Args {
@@ -310,6 +311,8 @@ fn scalar(a: &Q8Args<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod gemm_vnni;
+#[cfg(target_arch = "x86_64")]
+mod rows8_avx2;
 #[cfg(target_arch = "x86_64")]
 mod rows8_vnni;
 

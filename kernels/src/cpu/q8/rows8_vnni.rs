@@ -49,46 +49,63 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
         "q8::rows8_vnni::rows: {} needs the unsigned activation quants",
         a.dtype
     );
-    let mut vals = [0f32; GROUP * X_PASS];
     let xpass = if signed { X_PASS } else { X_PASS / 2 };
+    group_passes(a, rows, x_rows, xpass, out, |w, j0, xn, vals| {
+        let x = &a.x[j0 * a.nb..(j0 + xn) * a.nb];
+        let xu = if signed {
+            &a.xu[j0 * a.nb..(j0 + xn) * a.nb]
+        } else {
+            &[]
+        };
+        macro_rules! pick {
+            ($t:expr) => {
+                // SAFETY: `w` is one whole group, `x` (and `xu` for the signed types) holds
+                // `xn` rows of `a.nb` blocks; the caller vouches for the features.
+                unsafe {
+                    match xn {
+                        1 => group_dot::<1, $t>(w, x, xu, a.nb, vals),
+                        2 => group_dot::<2, $t>(w, x, xu, a.nb, vals),
+                        3 => group_dot::<3, $t>(w, x, xu, a.nb, vals),
+                        4 => group_dot::<4, $t>(w, x, xu, a.nb, vals),
+                        5 => group_dot::<5, $t>(w, x, xu, a.nb, vals),
+                        6 => group_dot::<6, $t>(w, x, xu, a.nb, vals),
+                        7 => group_dot::<7, $t>(w, x, xu, a.nb, vals),
+                        _ => group_dot::<8, $t>(w, x, xu, a.nb, vals),
+                    }
+                }
+            };
+        }
+        match a.dtype {
+            DType::Q4_0 => pick!(0),
+            DType::Q4_1 => pick!(1),
+            DType::Q5_0 => pick!(2),
+            DType::Q5_1 => pick!(3),
+            DType::Q8_0 => pick!(4),
+            DType::IQ4_NL => pick!(5),
+            other => unreachable!("dot_q8 takes only the 32-weight types: {other}"),
+        }
+    });
+}
+
+/// The pass loop of the interleaved kernels: each group of eight weight rows against the
+/// activation rows, `xpass` (at most 8) at a time; `pass(group's bytes, first activation row,
+/// rows, vals)` fills `vals[i * rows + j]`, which lands in `out[i * x_rows + j]`.
+pub(super) fn group_passes(
+    a: &Q8Args<'_>,
+    rows: usize,
+    x_rows: usize,
+    xpass: usize,
+    out: &mut [f32],
+    mut pass: impl FnMut(&[u8], usize, usize, &mut [f32]),
+) {
+    let group = a.nb * GROUP * a.dtype.block_bytes();
+    let mut vals = [0f32; GROUP * X_PASS];
     for g in 0..rows / GROUP {
         let w = &a.w[g * group..(g + 1) * group];
         let mut j0 = 0;
         while j0 < x_rows {
             let xn = (x_rows - j0).min(xpass);
-            let x = &a.x[j0 * a.nb..(j0 + xn) * a.nb];
-            let xu = if signed {
-                &a.xu[j0 * a.nb..(j0 + xn) * a.nb]
-            } else {
-                &[]
-            };
-            macro_rules! pick {
-                ($t:expr) => {
-                    // SAFETY: `w` is one whole group, `x` (and `xu` for the signed types)
-                    // holds `xn` rows of `a.nb` blocks.
-                    unsafe {
-                        match xn {
-                            1 => group_dot::<1, $t>(w, x, xu, a.nb, &mut vals),
-                            2 => group_dot::<2, $t>(w, x, xu, a.nb, &mut vals),
-                            3 => group_dot::<3, $t>(w, x, xu, a.nb, &mut vals),
-                            4 => group_dot::<4, $t>(w, x, xu, a.nb, &mut vals),
-                            5 => group_dot::<5, $t>(w, x, xu, a.nb, &mut vals),
-                            6 => group_dot::<6, $t>(w, x, xu, a.nb, &mut vals),
-                            7 => group_dot::<7, $t>(w, x, xu, a.nb, &mut vals),
-                            _ => group_dot::<8, $t>(w, x, xu, a.nb, &mut vals),
-                        }
-                    }
-                };
-            }
-            match a.dtype {
-                DType::Q4_0 => pick!(0),
-                DType::Q4_1 => pick!(1),
-                DType::Q5_0 => pick!(2),
-                DType::Q5_1 => pick!(3),
-                DType::Q8_0 => pick!(4),
-                DType::IQ4_NL => pick!(5),
-                other => unreachable!("dot_q8 takes only the 32-weight types: {other}"),
-            }
+            pass(w, j0, xn, &mut vals);
             for i in 0..GROUP {
                 for j in 0..xn {
                     out[(g * GROUP + i) * x_rows + j0 + j] = vals[i * xn + j];
