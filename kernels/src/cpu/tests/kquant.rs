@@ -146,21 +146,31 @@ fn interleaved_matrices_match_rows(isa: Isa) {
                     "{dtype} {isa:?} {rows}x{cols}, {x_rows} x"
                 );
             }
-            for m in [1, 3, 5, 17] {
+            // 17 and 33 rows take AVX-512 VNNI's panel product for the interleaved matrix;
+            // `accumulate` adds into outputs that hold values already.
+            for m in [1, 3, 5, 17, 33] {
                 let xs = &x[..m * cols];
-                for q8 in [false, true] {
+                for (q8, accumulate) in [(false, false), (true, false), (true, true)] {
                     let run = |w: QMatrix<'_>| {
-                        let mut out = vec![f32::NAN; m * rows];
+                        let mut out: Vec<f32> =
+                            (0..m * rows).map(|i| (i % 7) as f32 - 3.0).collect();
+                        if !accumulate {
+                            out.fill(f32::NAN);
+                        }
                         let jobs = &mut [MatmulJob { w, out: &mut out }];
                         if q8 {
-                            matmul_multi_q8_at(isa, xs, m, jobs, false)
+                            matmul_multi_q8_at(isa, xs, m, jobs, accumulate)
                         } else {
-                            matmul_multi_at(isa, xs, m, jobs, false)
+                            matmul_multi_at(isa, xs, m, jobs, accumulate)
                         }
                         .expect("shapes");
                         out.iter().map(|f| f.to_bits()).collect::<Vec<_>>()
                     };
-                    assert_eq!(run(inter), run(by_rows), "{dtype} {isa:?} m={m} q8={q8}");
+                    assert_eq!(
+                        run(inter),
+                        run(by_rows),
+                        "{dtype} {isa:?} m={m} q8={q8} accumulate={accumulate}"
+                    );
                 }
             }
         }
