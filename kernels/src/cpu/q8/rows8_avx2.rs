@@ -30,14 +30,6 @@ const X_PASS: usize = 4;
 /// `rows · x_rows` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut [f32]) {
-    let group = a.nb * GROUP * a.dtype.block_bytes();
-    assert!(
-        rows.is_multiple_of(GROUP)
-            && a.w.len() >= rows / GROUP * group
-            && a.x.len() >= x_rows * a.nb
-            && out.len() >= rows * x_rows,
-        "q8::rows8_avx2::rows: {rows} rows x {x_rows}"
-    );
     group_passes(a, rows, x_rows, X_PASS, out, |w, j0, xn, vals| {
         let x = &a.x[j0 * a.nb..(j0 + xn) * a.nb];
         macro_rules! pick {

@@ -35,14 +35,6 @@ const X_PASS: usize = 8;
 /// quants within ±127, and `out` `rows · x_rows` values.
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
 pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut [f32]) {
-    let group = a.nb * GROUP * a.dtype.block_bytes();
-    assert!(
-        rows.is_multiple_of(GROUP)
-            && a.w.len() >= rows / GROUP * group
-            && a.x.len() >= x_rows * a.nb
-            && out.len() >= rows * x_rows,
-        "q8::rows8_vnni::rows: {rows} rows x {x_rows}"
-    );
     let signed = !matches!(a.dtype, DType::Q4_1 | DType::Q5_1);
     assert!(
         !signed || a.xu.len() >= x_rows * a.nb,
@@ -90,6 +82,9 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
 /// The pass loop of the interleaved kernels: each group of eight weight rows against the
 /// activation rows, `xpass` (at most 8) at a time; `pass(group's bytes, first activation row,
 /// rows, vals)` fills `vals[i * rows + j]`, which lands in `out[i * x_rows + j]`.
+///
+/// # Panics
+/// If `rows` is not whole groups or the slices are shorter than the shapes claim.
 pub(super) fn group_passes(
     a: &Q8Args<'_>,
     rows: usize,
@@ -99,6 +94,14 @@ pub(super) fn group_passes(
     mut pass: impl FnMut(&[u8], usize, usize, &mut [f32]),
 ) {
     let group = a.nb * GROUP * a.dtype.block_bytes();
+    assert!(
+        rows.is_multiple_of(GROUP)
+            && xpass <= X_PASS
+            && a.w.len() >= rows / GROUP * group
+            && a.x.len() >= x_rows * a.nb
+            && out.len() >= rows * x_rows,
+        "q8 interleaved kernels: {rows} rows x {x_rows}"
+    );
     let mut vals = [0f32; GROUP * X_PASS];
     for g in 0..rows / GROUP {
         let w = &a.w[g * group..(g + 1) * group];
