@@ -68,7 +68,8 @@ pub(crate) fn interleaving_pays(dtype: DType) -> bool {
     let auto = || match crate::cpu::features::cpu_isa().level() {
         CpuLevel::Avx512Vnni => true,
         CpuLevel::Scalar => false,
-        _ => crate::cpu::q8::q8_blocks(dtype),
+        // The 32-weight types (those `q8` pairs with 32-value activation blocks).
+        _ => dtype.block_elems() == 32,
     };
     has_interleaved_layout(dtype)
         && match std::env::var(INTERLEAVE_VAR).as_deref().map(str::trim) {
