@@ -5,7 +5,7 @@
 //! cargo run --release -p engine --example decode_bench -- --threads 2 [--model PATH] [--decode-tokens 128] [--activations q8|f32]
 //!     [--batches 1,4,16] [--prefill 128,512] [--decode-only] [--outside-pool]
 //!     [--device cpu|cuda[:N]] [--dtype auto|bfloat16|float16|float32]
-//!     [--kv-cache-dtype auto|float32|float16|bfloat16]
+//!     [--kv-cache-dtype auto|float32|float16|bfloat16] [--kv-tokens N]
 //! ```
 //!
 //! On a GPU (`--features cuda`), each step includes copying its logits back to the host, as
@@ -20,7 +20,8 @@
 //! - prefill: one sequence, a 128- and a 512-token prompt in one chunk (best of 2 runs);
 //! - decode: batch 1, 4 and 16 sequences (each prefilled with 32 tokens), then
 //!   `--decode-tokens` greedy steps with the whole batch in each step; tok/s counts every
-//!   sequence's tokens.
+//!   sequence's tokens. The KV cache holds just those tokens, or `--kv-tokens` if more (the
+//!   server's default is 65536: a cache of that size spans huge pages).
 //! - for a GGUF file on the CPU, the bandwidth floor of a batch-1 decode step: the weight bytes
 //!   one token reads (every tensor but a token-embedding table that a separate output matrix
 //!   replaces, which is read one row a token) over the read bandwidth this benchmark measures
@@ -49,10 +50,12 @@ struct Args {
     device: DeviceRequest,
     dtype: DTypeRequest,
     kv_dtype: KvDtype,
+    kv_tokens: usize,
 }
 
 /// The KV cache type every cache of this run takes (set once from the arguments).
 static KV_DTYPE: std::sync::OnceLock<KvDtype> = std::sync::OnceLock::new();
+static KV_TOKENS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn list(name: &str, v: String) -> Result<Vec<usize>, String> {
     v.split(',')
@@ -74,6 +77,7 @@ fn parse_args() -> Result<Args, String> {
         device: DeviceRequest::Cpu,
         dtype: DTypeRequest::Auto,
         kv_dtype: KvDtype::Auto,
+        kv_tokens: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -100,6 +104,11 @@ fn parse_args() -> Result<Args, String> {
             "--device" => args.device = value("--device")?.parse()?,
             "--dtype" => args.dtype = value("--dtype")?.parse()?,
             "--kv-cache-dtype" => args.kv_dtype = value("--kv-cache-dtype")?.parse()?,
+            "--kv-tokens" => {
+                args.kv_tokens = value("--kv-tokens")?
+                    .parse()
+                    .map_err(|e| format!("--kv-tokens: {e}"))?
+            }
             "--decode-only" => args.decode_only = true,
             "--outside-pool" => args.outside_pool = true,
             other => return Err(format!("unknown argument {other}")),
@@ -167,7 +176,11 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
     model
         .allocate_kv(
             BLOCK,
-            &budget(per_seq * batch * BLOCK, prompt_len * batch, batch),
+            &budget(
+                (per_seq * batch * BLOCK).max(KV_TOKENS.get().copied().unwrap_or(0)),
+                prompt_len * batch,
+                batch,
+            ),
         )
         .map_err(|e| e.to_string())?;
     let tables: Vec<Vec<u32>> = (0..batch)
@@ -216,6 +229,7 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
 fn run() -> Result<(), String> {
     let args = parse_args()?;
     let _ = KV_DTYPE.set(args.kv_dtype);
+    let _ = KV_TOKENS.set(args.kv_tokens);
     // Like the server with `--threads`: the steps run inside the pool (on one of its
     // threads), so parallel regions start without a hand-off from an outside thread.
     let builder = rayon::ThreadPoolBuilder::new().num_threads(args.threads);
