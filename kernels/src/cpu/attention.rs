@@ -1,9 +1,10 @@
 //! Self-attention of one head of one sequence, `softmax(scale · Q Kᵀ) V`, fused on AVX-512
-//! for head sizes of 32 and 64: for each block of six queries, the scores of the block against
-//! every key, their softmax and the product with the values run back to back on a few KiB that
-//! stay in L1, and the normalisation is applied once to the block's six output rows instead of
-//! to every probability. Elsewhere (other CPUs, other head sizes) the caller runs the generic
-//! path: two products through [`super::gemm`] with a row softmax between them.
+//! and on AVX2 for head sizes of 32 and 64: for each block of six queries, the scores of the
+//! block against every key, their softmax and the product with the values run back to back on
+//! a few KiB that stay in L1, and the normalisation is applied once to the block's six output
+//! rows instead of to every probability. Elsewhere (the portable level, other head sizes) the
+//! caller runs the generic path: two products through [`super::gemm`] with a row softmax
+//! between them.
 
 use super::features::{cpu_isa, CpuLevel, Isa};
 use super::gemm::PackedB;
@@ -14,14 +15,14 @@ const QB: usize = 6;
 /// Keys per packed panel.
 const NR: usize = 16;
 
-/// Whether [`fused_attention`] serves this head size here (an AVX-512 level).
+/// Whether [`fused_attention`] serves this head size here (an AVX2 or AVX-512 level).
 pub fn fused_attention_available(head_dim: usize) -> bool {
     fused_at(cpu_isa(), head_dim)
 }
 
 /// Whether the fused kernel serves this head size on `isa`.
 pub(crate) fn fused_at(isa: Isa, head_dim: usize) -> bool {
-    matches!(head_dim, 32 | 64) && matches!(isa.level(), CpuLevel::Avx512 | CpuLevel::Avx512Vnni)
+    matches!(head_dim, 32 | 64) && isa.level() != CpuLevel::Scalar
 }
 
 /// `out[len × hd] = softmax(scale · Q Kᵀ) V` for one head of one sequence. Row `i` of Q, K and
@@ -97,12 +98,16 @@ pub(crate) fn attend_at(
     #[cfg(target_arch = "x86_64")]
     {
         let s = &mut scores[..QB * width];
-        // SAFETY: `isa` is an AVX-512 level that runs here (`fused_at`); the lengths of Q, K, V, the
-        // packings, the scores block and `out` were checked above, as `avx512::attend` needs.
+        let wide = matches!(isa.level(), CpuLevel::Avx512 | CpuLevel::Avx512Vnni);
+        // SAFETY: `isa` is a SIMD level that runs here (`fused_at`: AVX-512 where `wide`, else
+        // AVX2 and FMA); the lengths of Q, K, V, the packings, the scores block and `out` were
+        // checked above, as both kernels need.
         unsafe {
-            match hd {
-                32 => avx512::attend::<2>(q, ld, len, kp, vp, scale, s, out),
-                _ => avx512::attend::<4>(q, ld, len, kp, vp, scale, s, out),
+            match (wide, hd) {
+                (true, 32) => avx512::attend::<2>(q, ld, len, kp, vp, scale, s, out),
+                (true, _) => avx512::attend::<4>(q, ld, len, kp, vp, scale, s, out),
+                (false, 32) => avx2::attend::<2>(q, ld, len, kp, vp, scale, s, out),
+                (false, _) => avx2::attend::<4>(q, ld, len, kp, vp, scale, s, out),
             }
         }
     }
@@ -262,6 +267,9 @@ mod avx512 {
         }
     }
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 
 #[cfg(test)]
 mod tests;

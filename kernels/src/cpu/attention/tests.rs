@@ -44,7 +44,7 @@ fn reference(q: &[f32], k: &[f32], v: &[f32], ld: usize, len: usize, hd: usize) 
     out
 }
 
-/// The fused kernel of `isa` (an AVX-512 level) against the generic path.
+/// The fused kernel of `isa` (an AVX2 or AVX-512 level) against the generic path.
 fn fused_matches_the_two_products(isa: Isa) {
     assert!(fused_at(isa, 32) && fused_at(isa, 64), "{isa:?}");
     for hd in [32, 64] {
@@ -88,11 +88,11 @@ fn fused_matches_the_two_products(isa: Isa) {
 }
 
 mod fused_matches_the_two_products {
-    level_tests!(super::fused_matches_the_two_products => Avx512, Avx512Vnni);
+    level_tests!(super::fused_matches_the_two_products => Avx2, AvxVnni, Avx512, Avx512Vnni);
 }
 
-/// Below AVX-512 the kernel is not offered, and refuses a call.
-fn refused_below_avx512(isa: Isa) {
+/// On the portable level the kernel is not offered, and refuses a call.
+fn refused_without_simd(isa: Isa) {
     assert!(!fused_at(isa, 32) && !fused_at(isa, 64), "{isa:?}");
     let (mut keys, mut vals, mut scores) = (PackedB::default(), PackedB::default(), Vec::new());
     let qkv = values(2 * 96, 1);
@@ -114,8 +114,8 @@ fn refused_below_avx512(isa: Isa) {
     assert!(r.is_err(), "{isa:?}");
 }
 
-mod refused_below_avx512 {
-    level_tests!(super::refused_below_avx512 => Scalar, Avx2, AvxVnni);
+mod refused_without_simd {
+    level_tests!(super::refused_without_simd => Scalar);
 }
 
 #[test]

@@ -151,7 +151,7 @@ pub(super) fn gelu_erf(x: &mut [f32]) {
 
 /// Horizontal sum of the 8 lanes, in a fixed order.
 #[target_feature(enable = "avx2,fma")]
-fn reduce_add(v: __m256) -> f32 {
+pub(crate) fn reduce_add(v: __m256) -> f32 {
     let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_add_ss(s, _mm_shuffle_ps::<1>(s, s));
@@ -160,7 +160,7 @@ fn reduce_add(v: __m256) -> f32 {
 
 /// Largest of the 8 lanes.
 #[target_feature(enable = "avx2,fma")]
-fn reduce_max(v: __m256) -> f32 {
+pub(crate) fn reduce_max(v: __m256) -> f32 {
     let s = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
     let s = _mm_max_ps(s, _mm_movehl_ps(s, s));
     let s = _mm_max_ss(s, _mm_shuffle_ps::<1>(s, s));
