@@ -20,15 +20,15 @@
 //! - prefill: one sequence, a 128- and a 512-token prompt in one chunk (best of 2 runs);
 //! - decode: batch 1, 4 and 16 sequences (each prefilled with 32 tokens), then
 //!   `--decode-tokens` greedy steps with the whole batch in each step; tok/s counts every
-//!   sequence's tokens. The KV cache holds just those tokens, or `--kv-tokens` if more (the
-//!   server's default is 65536: a cache of that size spans huge pages).
+//!   sequence's tokens. The KV cache holds just those tokens, or `--kv-tokens` if more (a
+//!   server-sized cache: its default is 65536 tokens).
 //! - for a GGUF file on the CPU, the bandwidth floor of a batch-1 decode step: the weight bytes
 //!   one token reads (every tensor but a token-embedding table that a separate output matrix
 //!   replaces, which is read one row a token) over the read bandwidth this benchmark measures
 //!   (`read_gbs`: the best of 5 sums of a 1 GiB buffer on the same threads, on 2 MiB pages
 //!   where the kernel allows, as the interleaved weights are), and the step's fraction of it
 //!   (`decode_b1_floor_fraction`, 1.0 at the floor). `read_gbs_4k_pages` is the same sum on
-//!   4 KiB pages, what the floor was measured on before 2026-12-07 afternoon.
+//!   4 KiB pages: what the page size alone changes in the probe.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -55,6 +55,7 @@ struct Args {
 
 /// The KV cache type every cache of this run takes (set once from the arguments).
 static KV_DTYPE: std::sync::OnceLock<KvDtype> = std::sync::OnceLock::new();
+/// The fewest tokens the decode's KV cache holds (set once from the arguments).
 static KV_TOKENS: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
 
 fn list(name: &str, v: String) -> Result<Vec<usize>, String> {
@@ -321,9 +322,7 @@ fn weight_bytes_per_token(path: &std::path::Path) -> Option<u64> {
 }
 
 /// Read bandwidth in bytes/s: the best of 5 parallel sums of a 1 GiB buffer on the current
-/// pool's threads.
-/// The best of 5 parallel sums of a 1 GiB buffer, in bytes/s; on 2 MiB pages where the
-/// kernel allows if `huge`.
+/// pool's threads, on 2 MiB pages where the kernel allows if `huge`.
 fn read_bandwidth(huge: bool) -> Result<f64, String> {
     use rayon::prelude::*;
     let bytes = 1usize << 30;
