@@ -17,7 +17,6 @@ use std::arch::x86_64::*;
 
 use super::q8k::{Q8KArgs, Q8KBlock};
 use super::{iq4xs_scales, q3k_scales, scales_mins_k4, IQ4_LEVELS};
-use crate::cpu::dequant::f16_at;
 use crate::DType;
 
 /// `dot_q8k` above the scalar level.
@@ -114,6 +113,15 @@ pub(super) fn load16(b: &[u8]) -> __m128i {
     unsafe { _mm_loadu_si128(b.as_ptr() as *const __m128i) }
 }
 
+/// The f16 at byte `i` of `b` as f32 (exact), by F16C: `half`'s conversion checks the CPU's
+/// features at every call, twice a super-block here.
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn f16c_at(b: &[u8], i: usize) -> f32 {
+    let bits = u16::from_le_bytes([b[i], b[i + 1]]);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(bits))))
+}
+
 /// 32 activation quants from value `at`.
 #[target_feature(enable = "avx2")]
 #[inline]
@@ -197,7 +205,7 @@ pub(super) fn where_bit(bits: __m256i, mask: u8, val: i8) -> __m256i {
 #[inline]
 fn q2k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs: &mut [f32; X]) {
     let (scales, qs) = (&blk[..16], &blk[16..80]);
-    let (d, dmin) = (f16_at(blk, 80), f16_at(blk, 82));
+    let (d, dmin) = (f16c_at(blk, 80), f16c_at(blk, 82));
     let raw = _mm256_cvtepu8_epi16(load16(scales));
     let mins = _mm256_srli_epi16::<4>(raw);
     for j in 0..X {
@@ -224,7 +232,7 @@ fn q2k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs:
 #[inline]
 fn q3k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
     let (hmask, qs) = (&blk[..32], &blk[32..96]);
-    let d = f16_at(blk, 108);
+    let d = f16c_at(blk, 108);
     let sc = q3k_scales(&blk[96..108]);
     let hm = load32(hmask);
     // The −4 offset of every quant whose high bit is clear: the quants are multiplied as
@@ -262,9 +270,11 @@ fn q45k<const X: usize>(
     acc: &mut [f32; X],
     offs: &mut [f32; X],
 ) {
-    let (d, dmin) = (f16_at(blk, 0), f16_at(blk, 2));
+    let (d, dmin) = (f16c_at(blk, 0), f16c_at(blk, 2));
     let (s8, m8) = scales_mins_k4(&blk[4..16]);
-    let sc = s8.map(i16::from);
+    // The eight scales as i16 in both halves; each pass picks its two by a byte shuffle.
+    let s = _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(s8)));
+    let s = _mm256_set_m128i(s, s);
     // Each minimum twice, as i16: the minimums of the 16-value groups the activation sums
     // come in.
     let m = _mm_cvtepu8_epi16(_mm_set_epi64x(0, i64::from_le_bytes(m8)));
@@ -284,9 +294,12 @@ fn q45k<const X: usize>(
             lo = _mm256_or_si256(lo, where_bit(hb, 1 << (2 * c), 16));
             hi = _mm256_or_si256(hi, where_bit(hb, 2 << (2 * c), 16));
         }
+        // Scales 2c and 2c + 1 in every lane: a byte shuffle of the i16 scales (the same
+        // eight in both halves, as the shuffle keeps to its half).
+        let word = |w: i8| _mm256_set1_epi16(i16::from(2 * w) | (i16::from(2 * w + 1) << 8));
         let (s_lo, s_hi) = (
-            _mm256_set1_epi16(sc[2 * c]),
-            _mm256_set1_epi16(sc[2 * c + 1]),
+            _mm256_shuffle_epi8(s, word(2 * c as i8)),
+            _mm256_shuffle_epi8(s, word(2 * c as i8 + 1)),
         );
         for j in 0..X {
             let p = _mm256_add_epi32(
@@ -315,7 +328,7 @@ fn q5k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], offs:
 #[inline]
 fn q6k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
     let (ql, qh, scales) = (&blk[..128], &blk[128..192], &blk[192..208]);
-    let d = f16_at(blk, 208);
+    let d = f16c_at(blk, 208);
     // Quants are multiplied as stored (0..64); `32·Σ_g sc[g]·bsum[g]` comes off.
     let sc16 = _mm256_cvtepi8_epi16(load16(scales));
     let mut sumi = [_mm256_setzero_si256(); X];
@@ -355,7 +368,7 @@ fn q6k<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
 fn iq4xs<const X: usize>(blk: &[u8], x: &[&Q8KBlock; X], acc: &mut [f32; X], _offs: &mut [f32; X]) {
-    let d = f16_at(blk, 0);
+    let d = f16c_at(blk, 0);
     let sc = iq4xs_scales(blk);
     let qs = &blk[8..136];
     let table = _mm256_broadcastsi128_si256(load16(&IQ4_LEVELS.map(|v| v as u8)));
