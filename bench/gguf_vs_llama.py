@@ -49,7 +49,7 @@ def ours(path, n_dec, threads, level):
     line = json.loads(out.strip().splitlines()[-1])
     return {
         "prefill": line["prefill_512_tok_s"],
-        # From the step time: the tok/s field is rounded to whole tokens.
+        # From the step time, which has more digits than the tok/s field.
         "decode": 1000.0 / line["decode_b1_step_ms"],
         "floor_fraction": line["decode_b1_floor_fraction"],
         "read_gbs": line["read_gbs"],
