@@ -1,7 +1,6 @@
 //! The matrices the CPU's kernels read faster interleaved (eight rows side by side, see
-//! [`kernels::interleave_rows`]: every quantised type but Q2_K and Q3_K on AVX-512 VNNI, the
-//! 32-weight types on the other SIMD levels), copied
-//! once at load into an anonymous map of the same size, in place of their pages of the file.
+//! [`kernels::interleave_rows`]: every quantised type but Q2_K and Q3_K, on every SIMD
+//! level), copied once at load into an anonymous map of the same size, in place of their pages of the file.
 //!
 //! Only the integer (q8) activation path gains: the f32 path would bring every group back to
 //! rows on each use, so switching to f32 activations returns to the file's bytes and frees the

@@ -39,6 +39,8 @@ mod q6k_lanes;
 mod q8k;
 mod rows8;
 #[cfg(target_arch = "x86_64")]
+mod rows8_avx2;
+#[cfg(target_arch = "x86_64")]
 mod rows8_vnni;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
@@ -60,17 +62,12 @@ pub(crate) use rows8::{
 pub const INTERLEAVE_VAR: &str = "KERNELS_INTERLEAVE";
 
 /// Whether a loader should interleave `dtype` (see [`INTERLEAVE_VAR`]): by default where this
-/// CPU's kernels read it faster: every type on AVX-512 VNNI, the 32-weight types on the other
-/// SIMD levels (their AVX2 kernel); elsewhere each group would be brought back to rows on
-/// every use. Read at each call: loaders ask once per model.
+/// CPU's kernels read it faster: every type with the layout on every SIMD level (AVX-512
+/// VNNI's kernels, and the AVX2 ones the other levels run); at the portable level each group
+/// would be brought back to rows on every use. Read at each call: loaders ask once per model.
 pub(crate) fn interleaving_pays(dtype: DType) -> bool {
     use crate::cpu::features::CpuLevel;
-    let auto = || match crate::cpu::features::cpu_isa().level() {
-        CpuLevel::Avx512Vnni => true,
-        CpuLevel::Scalar => false,
-        // The 32-weight types (those `q8` pairs with 32-value activation blocks).
-        _ => dtype.block_elems() == 32,
-    };
+    let auto = || crate::cpu::features::cpu_isa().level() != CpuLevel::Scalar;
     has_interleaved_layout(dtype)
         && match std::env::var(INTERLEAVE_VAR).as_deref().map(str::trim) {
             Ok("never") => false,

@@ -138,8 +138,8 @@ pub(crate) fn dot_q8k(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, o
     }
 }
 
-/// [`dot_q8k`] on interleaved weights: AVX-512 VNNI's kernel, or each group brought back to
-/// rows for the level's row kernels.
+/// [`dot_q8k`] on interleaved weights: AVX-512 VNNI's kernel, the AVX2 one on the other SIMD
+/// levels, or (portable) each group brought back to rows for the row kernels.
 fn interleaved(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out: &mut [f32]) {
     assert!(
         super::rows8::has_layout(a.dtype)
@@ -149,11 +149,13 @@ fn interleaved(isa: Isa, a: &Q8KArgs<'_>, w_rows: usize, x_rows: usize, out: &mu
         a.dtype
     );
     #[cfg(target_arch = "x86_64")]
-    if isa.level() == CpuLevel::Avx512Vnni {
+    match isa.level() {
         // SAFETY: the level says the CPU has the kernel's features; the bounds were checked
         // by `dot_q8k` and above (whole groups of whole rows).
-        unsafe { super::rows8_vnni::rows(a, w_rows, x_rows, out) };
-        return;
+        CpuLevel::Avx512Vnni => return unsafe { super::rows8_vnni::rows(a, w_rows, x_rows, out) },
+        CpuLevel::Scalar => {}
+        // SAFETY: every level above Scalar has AVX2, FMA and F16C; bounds as above.
+        _ => return unsafe { super::rows8_avx2::rows(a, w_rows, x_rows, out) },
     }
     super::rows8::by_groups(a.dtype, a.nb, a.w, w_rows, x_rows, out, |rows, o| {
         let args = Q8KArgs {

@@ -101,7 +101,7 @@ pub(super) unsafe fn rows(a: &Q8KArgs<'_>, rows: usize, x_rows: usize, out: &mut
 
 #[target_feature(enable = "avx2")]
 #[inline]
-unsafe fn load(p: *const u8) -> __m256i {
+pub(super) unsafe fn load(p: *const u8) -> __m256i {
     // SAFETY: the caller's pointer has 32 readable bytes; unaligned loads are allowed.
     unsafe { _mm256_loadu_si256(p as *const __m256i) }
 }
@@ -109,7 +109,7 @@ unsafe fn load(p: *const u8) -> __m256i {
 /// Activation quants `at..at + 4` in every dword.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn bcast(x: &Q8KBlock, at: usize) -> __m256i {
+pub(super) fn bcast(x: &Q8KBlock, at: usize) -> __m256i {
     let q = &x.qs[at..at + 4];
     _mm256_set1_epi32(i32::from_le_bytes([
         q[0] as u8, q[1] as u8, q[2] as u8, q[3] as u8,
@@ -119,7 +119,7 @@ fn bcast(x: &Q8KBlock, at: usize) -> __m256i {
 /// The pair of activation group sums `2p, 2p + 1` in every dword.
 #[target_feature(enable = "avx2")]
 #[inline]
-fn bsum_pair(x: &Q8KBlock, p: usize) -> __m256i {
+pub(super) fn bsum_pair(x: &Q8KBlock, p: usize) -> __m256i {
     let (lo, hi) = (x.bsums[2 * p] as u16, x.bsums[2 * p + 1] as u16);
     _mm256_set1_epi32((u32::from(lo) | (u32::from(hi) << 16)) as i32)
 }
@@ -127,7 +127,7 @@ fn bsum_pair(x: &Q8KBlock, p: usize) -> __m256i {
 /// Byte `j` of each dword's bytes as that dword (`pair`: as both i16 halves).
 #[target_feature(enable = "avx2")]
 #[inline]
-fn spread(j: usize, pair: bool) -> __m256i {
+pub(super) fn spread(j: usize, pair: bool) -> __m256i {
     let mut c = [-1i8; 32];
     for k in 0..8 {
         let at = 4 * (k % 4) + j;
@@ -334,7 +334,7 @@ unsafe fn q45k<const X: usize, const G: usize, const FIVE: bool>(
 /// Each `t[g]` must point to a tile.
 #[target_feature(enable = "avx2,fma,f16c")]
 #[inline]
-unsafe fn end_block<const X: usize, const G: usize>(
+pub(super) unsafe fn end_block<const X: usize, const G: usize>(
     t: &[*const u8; G],
     xb: &[&Q8KBlock; X],
     sumi: &[[__m256i; X]; G],

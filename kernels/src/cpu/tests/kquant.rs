@@ -4,62 +4,82 @@
 //! and the quantised activations in f64.
 
 use super::super::kquant::{dot_q8k, is_super_block, max_xk, Q8KArgs};
-use super::{random_matrix, Rng};
+use super::{random_matrix, scale_fields, Rng};
 use crate::cpu::features::Isa;
 use crate::{dequantize_row, quantize_row_q8k, DType, Q8KBlock};
 
 fn super_block_kernels_match_dequantised(isa: Isa) {
     let mut rng = Rng(0x5EED_2606);
     let (rows, cols) = (19usize, 512usize);
-    let nb = cols / 256;
     for dtype in DType::ALL.into_iter().filter(|&d| is_super_block(d)) {
         let w = random_matrix(&mut rng, dtype, rows, cols);
-        let rb = dtype.row_bytes(cols);
-        let deq: Vec<Vec<f32>> = (0..rows)
-            .map(|i| {
-                let mut r = vec![0f32; cols];
-                dequantize_row(dtype, &w[i * rb..(i + 1) * rb], &mut r);
-                r
-            })
-            .collect();
         // Up to the level's most activation rows per call (64 on AVX-512 VNNI), with ragged
         // counts past the AVX2 kernels' eight.
         let x_max = max_xk(isa, dtype, false);
         let x: Vec<f32> = (0..x_max * cols).map(|_| rng.f32() * 2.0).collect();
-        let mut q = vec![Q8KBlock::default(); x_max * nb];
-        for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
-            quantize_row_q8k(xr, qr);
-        }
-        // The activations the kernels see: each block's quants times its scale.
-        let seen = |j: usize, t: usize| {
-            let blk = &q[j * nb + t / 256];
-            f64::from(blk.d) * f64::from(blk.qs[t % 256])
-        };
         for w_rows in [1, 3, 7, 8, 9, 16, 17, 19] {
-            for x_rows in (1..=8).chain([13, 33, 64]).filter(|&r| r <= x_max) {
-                let args = Q8KArgs {
-                    dtype,
-                    w: &w,
-                    w_stride: rb,
-                    x: &q,
-                    nb,
-                    interleaved: false,
-                };
-                let mut out = vec![f32::NAN; w_rows * x_rows];
-                dot_q8k(isa, &args, w_rows, x_rows, &mut out);
-                for i in 0..w_rows {
-                    for j in 0..x_rows {
-                        let terms = (0..cols).map(|t| f64::from(deq[i][t]) * seen(j, t));
-                        let (want, size) =
-                            terms.fold((0f64, 0f64), |(s, a), v| (s + v, a + v.abs()));
-                        let got = f64::from(out[i * x_rows + j]);
-                        assert!(
-                            (got - want).abs() <= 1e-5 * size + 1e-6,
-                            "{dtype} {isa:?} {w_rows}x{x_rows}: weight row {i}, x row {j}: \
-                             got {got}, want {want} (terms summing to {size} in magnitude)"
-                        );
-                    }
-                }
+            assert_matches_dequantised(isa, dtype, &w, w_rows, cols, &x, false);
+        }
+    }
+}
+
+/// The kernels' products of the first `w_rows` rows of `w` (`cols` wide, stored by rows; in
+/// the interleaved layout too with `interleave`) against the rows of `x` quantised, for every
+/// activation-row count the level takes up to those `x` holds, each against the dequantised
+/// weights and the quantised activations in f64.
+fn assert_matches_dequantised(
+    isa: Isa,
+    dtype: DType,
+    w: &[u8],
+    w_rows: usize,
+    cols: usize,
+    x: &[f32],
+    interleave: bool,
+) {
+    let (nb, rb) = (cols / 256, dtype.row_bytes(cols));
+    let w = &w[..w_rows * rb];
+    let deq: Vec<Vec<f32>> = (0..w_rows)
+        .map(|i| {
+            let mut r = vec![0f32; cols];
+            dequantize_row(dtype, &w[i * rb..(i + 1) * rb], &mut r);
+            r
+        })
+        .collect();
+    let mut packed = vec![0u8; w.len()];
+    if interleave {
+        crate::interleave_rows(dtype, w_rows, cols, w, &mut packed).expect("interleavable");
+    }
+    let x_max = max_xk(isa, dtype, interleave).min(x.len() / cols);
+    let mut q = vec![Q8KBlock::default(); x_max * nb];
+    for (xr, qr) in x.chunks_exact(cols).zip(q.chunks_exact_mut(nb)) {
+        quantize_row_q8k(xr, qr);
+    }
+    // The activations the kernels see: each block's quants times its scale.
+    let seen = |j: usize, t: usize| {
+        let blk = &q[j * nb + t / 256];
+        f64::from(blk.d) * f64::from(blk.qs[t % 256])
+    };
+    for x_rows in (1..=8).chain([13, 33, 64]).filter(|&r| r <= x_max) {
+        let args = Q8KArgs {
+            dtype,
+            w: if interleave { &packed } else { w },
+            w_stride: rb,
+            x: &q,
+            nb,
+            interleaved: interleave,
+        };
+        let mut out = vec![f32::NAN; w_rows * x_rows];
+        dot_q8k(isa, &args, w_rows, x_rows, &mut out);
+        for i in 0..w_rows {
+            for j in 0..x_rows {
+                let terms = (0..cols).map(|t| f64::from(deq[i][t]) * seen(j, t));
+                let (want, size) = terms.fold((0f64, 0f64), |(s, a), v| (s + v, a + v.abs()));
+                let got = f64::from(out[i * x_rows + j]);
+                assert!(
+                    (got - want).abs() <= 1e-5 * size + 1e-6,
+                    "{dtype} {isa:?} interleaved={interleave} {w_rows}x{x_rows}: weight row {i}, \
+                     x row {j}: got {got}, want {want} (terms summing to {size} in magnitude)"
+                );
             }
         }
     }
@@ -67,6 +87,49 @@ fn super_block_kernels_match_dequantised(isa: Isa) {
 
 mod super_block_kernels_match_dequantised {
     level_tests!(super::super_block_kernels_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
+}
+
+/// The largest sums the kernels' narrow integers meet: every quant at its top or bottom
+/// (bytes 0xFF or 0x00, the scales' bytes too), activations at ±127 in every value, by rows
+/// and interleaved. The kernels that add pair products in i16 before scaling them (Q4_K's
+/// eight steps, Q5_K's four) are exact only within the bounds their comments state; random
+/// blocks stay far from them.
+fn extreme_blocks_match_dequantised(isa: Isa) {
+    let (rows, cols) = (16usize, 512usize);
+    for dtype in DType::ALL.into_iter().filter(|&d| is_super_block(d)) {
+        let bb = dtype.block_bytes();
+        let mut w = Vec::with_capacity(rows * dtype.row_bytes(cols));
+        for r in 0..rows {
+            for b in 0..cols / 256 {
+                let start = w.len();
+                // Whole rows at the top, whole rows at the bottom, and blocks of both.
+                let fill = if r % 3 == 0 || (r % 3 == 2 && b % 2 == 0) {
+                    0xFF
+                } else {
+                    0x00
+                };
+                w.resize(start + bb, fill);
+                for &off in scale_fields(dtype) {
+                    let v = half::f16::from_f32(0.01 + 0.001 * r as f32).to_bits();
+                    w[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        let x: Vec<f32> = [1.0f32, -1.0]
+            .iter()
+            .flat_map(|&v| std::iter::repeat_n(v, cols))
+            .chain((0..cols).map(|t| if t % 2 == 0 { 1.0 } else { -1.0 }))
+            .collect();
+        let x: Vec<f32> = x.iter().copied().cycle().take(8 * cols).collect();
+        assert_matches_dequantised(isa, dtype, &w, rows, cols, &x, false);
+        if crate::cpu::has_interleaved_layout(dtype) {
+            assert_matches_dequantised(isa, dtype, &w, rows, cols, &x, true);
+        }
+    }
+}
+
+mod extreme_blocks_match_dequantised {
+    level_tests!(super::extreme_blocks_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
 }
 
 /// Matrices in the interleaved layout (the K-quants but Q2_K and Q3_K, IQ4_XS and the
