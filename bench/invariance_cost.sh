@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What batch invariance costs: prefill and decode of the same files through two builds of
 # `decode_bench` (the one before the change and the one after), with llama-bench on the same
-# file and threads in the same round, rounds interleaved so that a noisy machine hits both.
+# file and threads in the same round, rounds interleaved so that a noisy machine hits both
+# (the two builds' order alternates from round to round).
 #
 #   bench/invariance_cost.sh OLD_DECODE_BENCH NEW_DECODE_BENCH [ROUNDS] [FILES...]
 #
@@ -24,7 +25,9 @@ args=(--threads 2 --batches 1,8,32 --prefill 128,512 --decode-tokens 64)
 for r in $(seq "$rounds"); do
   for f in "${files[@]}"; do
     [ -f "$f" ] || { echo "missing $f" >&2; continue; }
-    for which in old new; do
+    # Old first in odd rounds, new first in even ones: a drift of the machine favours neither.
+    order="old new"; [ $((r % 2)) -eq 0 ] && order="new old"
+    for which in $order; do
       bin=$old; [ $which = new ] && bin=$new
       line=$("$bin" --model "$f" "${args[@]}" | tail -1)
       printf '{"round":%s,"build":"%s","line":%s}\n' "$r" "$which" "$line"

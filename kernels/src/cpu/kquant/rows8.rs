@@ -1,6 +1,7 @@
 //! The eight-row interleaved layout of quantised matrices (Q4_K, Q5_K, Q6_K, IQ4_XS and the
 //! 32-weight types), which the AVX-512 VNNI kernels (`super::rows8_vnni`,
-//! `crate::cpu::q8::rows8_vnni`) read: the same bytes as the file, reordered at
+//! `crate::cpu::q8::rows8_vnni`) and the AVX2 ones (`super::rows8_avx2`,
+//! `crate::cpu::q8::rows8_avx2`) read: the same bytes as the file, reordered at
 //! load so that one 32-byte load holds four quants of each of eight rows, and the rows'
 //! scales sit side by side. Nothing is widened: a matrix keeps its size.
 //!
