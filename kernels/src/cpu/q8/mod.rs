@@ -122,9 +122,10 @@ pub(crate) struct Q8Args<'a> {
     /// whole groups.
     pub interleaved: bool,
     /// The activation quants offset to unsigned (`x + 128`), block for block as in `x`:
-    /// what AVX-512 VNNI's interleaved kernel multiplies the signed types' weights by, read
-    /// as broadcast memory operands (built in registers, each broadcast took two shuffles,
-    /// which bounded the kernel). Required where [`wants_unsigned`] says so, else ignored.
+    /// what the interleaved kernels multiply signed weights by (AVX-512 VNNI's, every signed
+    /// type; AVX2's, Q4_0 and Q5_0), read as broadcast memory operands (built in registers,
+    /// each broadcast took two shuffles, which bounded the kernel). Required where
+    /// [`wants_unsigned`] says so, else ignored.
     pub xu: &'a [[u8; Q8_BLOCK]],
 }
 
@@ -132,12 +133,16 @@ pub(crate) struct Q8Args<'a> {
 /// `interleaved` says.
 pub(crate) fn wants_unsigned(isa: Isa, dtype: DType, interleaved: bool) -> bool {
     #[cfg(target_arch = "x86_64")]
-    if isa.level() == CpuLevel::Avx512Vnni {
-        return interleaved
-            && matches!(
-                dtype,
-                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL
-            );
+    match isa.level() {
+        CpuLevel::Avx512Vnni => {
+            return interleaved
+                && matches!(
+                    dtype,
+                    DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4_NL
+                )
+        }
+        CpuLevel::Scalar => {}
+        _ => return interleaved && rows8_avx2::offset_unsigned(dtype),
     }
     let _ = (isa, dtype, interleaved);
     false

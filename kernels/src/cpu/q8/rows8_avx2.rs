@@ -3,10 +3,14 @@
 //! `super::rows8_vnni` with `vpmaddubsw` and `vpmaddwd` in place of `vpdpbusd`.
 //!
 //! Each activation dword, broadcast, meets four quants of eight rows: the types with a
-//! minimum multiply their unsigned quants by the activations as they are; the signed ones
-//! multiply the quants' magnitudes by the activations carrying the quants' signs (a pair sum
-//! is at most `2·128·127`, inside `vpmaddubsw`'s `i16`). Every block's sum is exact and ends
-//! as in the row kernels, so a row gives the same bits from either layout.
+//! minimum multiply their unsigned quants by the activations as they are; Q4_0 and Q5_0
+//! multiply the activations offset to unsigned (`x + 128`, once per matrix product:
+//! `Q8Args::xu`) by their small signed quants, add the pair sums of several dwords in `i16`
+//! (at most `2·255·8` a pair for Q4_0, eight dwords; `2·255·16` for Q5_0, four) and take
+//! `128·Σq` of each row off; Q8_0 and IQ4_NL, whose quants reach ±127, multiply the quants'
+//! magnitudes by the activations carrying the quants' signs (a pair sum is at most
+//! `2·128·127`, inside `vpmaddubsw`'s `i16`). Every block's sum is exact and ends as in the row
+//! kernels, so a row gives the same bits from either layout.
 
 use std::arch::x86_64::*;
 
@@ -30,18 +34,29 @@ const X_PASS: usize = 4;
 /// `rows · x_rows` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut [f32]) {
+    let small = offset_unsigned(a.dtype);
+    assert!(
+        !small || a.xu.len() >= x_rows * a.nb,
+        "rows8_avx2::rows: {} needs the offset activations",
+        a.dtype
+    );
     group_passes(a, rows, x_rows, X_PASS, out, |w, j0, xn, vals| {
         let x = &a.x[j0 * a.nb..(j0 + xn) * a.nb];
+        let xu: &[[u8; 32]] = if small {
+            &a.xu[j0 * a.nb..(j0 + xn) * a.nb]
+        } else {
+            &[]
+        };
         macro_rules! pick {
             ($t:expr) => {
                 // SAFETY: `w` is one whole group, `x` holds `xn` rows of `a.nb` blocks; the
                 // caller vouches for the features.
                 unsafe {
                     match xn {
-                        1 => group_dot::<1, $t>(w, x, a.nb, vals),
-                        2 => group_dot::<2, $t>(w, x, a.nb, vals),
-                        3 => group_dot::<3, $t>(w, x, a.nb, vals),
-                        _ => group_dot::<4, $t>(w, x, a.nb, vals),
+                        1 => group_dot::<1, $t>(w, x, xu, a.nb, vals),
+                        2 => group_dot::<2, $t>(w, x, xu, a.nb, vals),
+                        3 => group_dot::<3, $t>(w, x, xu, a.nb, vals),
+                        _ => group_dot::<4, $t>(w, x, xu, a.nb, vals),
                     }
                 }
             };
@@ -58,6 +73,12 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
     });
 }
 
+/// Whether the AVX2 kernel multiplies `dtype`'s quants by the activations offset to unsigned
+/// (`Q8Args::xu`): the signed types whose quants are small enough (Q4_0, Q5_0).
+pub(super) fn offset_unsigned(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4_0 | DType::Q5_0)
+}
+
 /// One group of type `T` against `X` activation rows: `vals[i * X + j]`.
 ///
 /// # Safety
@@ -66,12 +87,23 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
 unsafe fn group_dot<const X: usize, const T: u8>(
     w: &[u8],
     x: &[Q8Block],
+    xu: &[[u8; 32]],
     nb: usize,
     vals: &mut [f32],
 ) {
     let tile = GROUP * block_bytes(T);
-    assert!(w.len() >= nb * tile && x.len() >= X * nb && vals.len() >= GROUP * X);
+    // Q4_0 (`T` 0) and Q5_0 (2) take the offset activations.
+    let small = T == 0 || T == 2;
+    // Dwords whose pair sums add up in i16 before widening (see the module's comment).
+    let steps = if T == 0 { 8 } else { 4 };
+    assert!(
+        w.len() >= nb * tile
+            && x.len() >= X * nb
+            && (!small || xu.len() >= X * nb)
+            && vals.len() >= GROUP * X
+    );
     let ones = _mm256_set1_epi16(1);
+    let ones8 = _mm256_set1_epi8(1);
     let mut acc = [_mm256_setzero_ps(); X];
     let mut offs = [_mm256_setzero_ps(); X];
     for b in 0..nb {
@@ -91,8 +123,32 @@ unsafe fn group_dot<const X: usize, const T: u8>(
             } else {
                 _mm256_setzero_ps()
             };
+            // Q4_0 and Q5_0: each row's `128·Σq`, the offset activations' excess.
+            let mut corr = _mm256_setzero_si256();
+            if small {
+                let mut s16 = _mm256_setzero_si256();
+                for qc in &q {
+                    s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(ones8, *qc));
+                }
+                corr = _mm256_slli_epi32::<7>(_mm256_madd_epi16(s16, ones));
+            }
             for j in 0..X {
                 let xb = &x[j * nb + b];
+                if small {
+                    let up = xu[j * nb + b].as_ptr() as *const i32;
+                    let mut sums = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
+                    for c0 in (0..8).step_by(steps) {
+                        let mut s16 = _mm256_setzero_si256();
+                        for (c, qc) in q.iter().enumerate().skip(c0).take(steps) {
+                            let xv = _mm256_set1_epi32(up.add(c).read_unaligned());
+                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(xv, *qc));
+                        }
+                        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(s16, ones));
+                    }
+                    let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
+                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
+                    continue;
+                }
                 let xp = xb.qs.as_ptr() as *const i32;
                 let mut sums = _mm256_setzero_si256();
                 for c in 0..8 {

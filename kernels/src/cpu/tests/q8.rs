@@ -252,3 +252,98 @@ fn matmul_multi_q8_jobs_and_fallback() {
     let mut out = vec![0f32; 41];
     assert!(matmul_q8(&[0.0; 95], 1, &wa, &mut out, false).is_err());
 }
+
+/// The largest sums the 32-weight kernels' narrow integers meet: every quant at its top or
+/// bottom (bytes 0xFF or 0x00), activations at ±127 in every value, by rows and interleaved,
+/// against the f64 product of the dequantised weights and the quantised activations. The AVX2
+/// kernel adds the pair sums of several dwords in i16 for Q4_0 and Q5_0 (eight, four), exact
+/// only within the bounds its comment states; random blocks stay far from them.
+fn extreme_blocks_match_dequantised(isa: Isa) {
+    use crate::cpu::matmul::matmul_multi_q8_at;
+    use crate::{interleave_rows, MatmulJob};
+    let (n, k) = (16usize, 256usize);
+    let nb = k / 32;
+    for dtype in q8_types() {
+        let bb = dtype.block_bytes();
+        let mut w = Vec::with_capacity(n * dtype.row_bytes(k));
+        for r in 0..n {
+            for b in 0..nb {
+                let start = w.len();
+                // Whole rows at the top, whole rows at the bottom, and blocks of both.
+                let fill = if r % 3 == 0 || (r % 3 == 2 && b % 2 == 0) {
+                    0xFF
+                } else {
+                    0x00
+                };
+                w.resize(start + bb, fill);
+                // The block's f16 scale (and minimum) lead it.
+                let fields: &[usize] = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+                    &[0, 2]
+                } else {
+                    &[0]
+                };
+                for &off in fields {
+                    let v = half::f16::from_f32(0.01 + 0.001 * r as f32).to_bits();
+                    w[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
+                }
+            }
+        }
+        let patterns: Vec<f32> = [1.0f32, -1.0]
+            .iter()
+            .flat_map(|&v| std::iter::repeat_n(v, k))
+            .chain((0..k).map(|t| if t % 2 == 0 { 1.0 } else { -1.0 }))
+            .collect();
+        let m = 8;
+        let x: Vec<f32> = patterns.iter().copied().cycle().take(m * k).collect();
+        // What the kernels see: each block's quants times its scale.
+        let mut q = vec![Q8Block::default(); m * nb];
+        for (xr, qr) in x.chunks_exact(k).zip(q.chunks_exact_mut(nb)) {
+            quantize_row_q8(xr, qr);
+        }
+        let mut deq = vec![0f32; n * k];
+        for (j, row) in deq.chunks_exact_mut(k).enumerate() {
+            dequantize_row(
+                dtype,
+                &w[j * dtype.row_bytes(k)..][..dtype.row_bytes(k)],
+                row,
+            );
+        }
+        let mut packed = vec![0u8; w.len()];
+        let mut layouts = vec![QMatrix::new(dtype, n, k, &w).unwrap()];
+        if crate::cpu::has_interleaved_layout(dtype) {
+            interleave_rows(dtype, n, k, &w, &mut packed).unwrap();
+            layouts.push(QMatrix::interleaved(dtype, n, k, &packed).unwrap());
+        }
+        for wm in layouts {
+            for rows in [1usize, 3, 8] {
+                let mut out = vec![f32::NAN; rows * n];
+                let jobs = &mut [MatmulJob {
+                    w: wm,
+                    out: &mut out,
+                }];
+                matmul_multi_q8_at(isa, &x[..rows * k], rows, jobs, false).unwrap();
+                for i in 0..rows {
+                    for j in 0..n {
+                        let terms = (0..k).map(|t| {
+                            let blk = &q[i * nb + t / 32];
+                            f64::from(deq[j * k + t]) * f64::from(blk.d) * f64::from(blk.qs[t % 32])
+                        });
+                        let (want, size) =
+                            terms.fold((0f64, 0f64), |(s, a), v| (s + v, a + v.abs()));
+                        let got = f64::from(out[i * n + j]);
+                        assert!(
+                            (got - want).abs() <= 1e-5 * size + 1e-6,
+                            "{dtype} {isa:?} interleaved={} {rows} rows: weight row {j}, x row \
+                             {i}: got {got}, want {want}",
+                            wm.is_interleaved()
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+mod extreme_blocks_match_dequantised {
+    level_tests!(super::extreme_blocks_match_dequantised => Scalar, Avx2, AvxVnni, Avx512Vnni);
+}
