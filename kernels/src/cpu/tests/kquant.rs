@@ -4,7 +4,7 @@
 //! and the quantised activations in f64.
 
 use super::super::kquant::{dot_q8k, is_super_block, max_xk, Q8KArgs};
-use super::{random_matrix, scale_fields, Rng};
+use super::{extreme_inputs, random_matrix, scale_fields, Rng};
 use crate::cpu::features::Isa;
 use crate::{dequantize_row, quantize_row_q8k, DType, Q8KBlock};
 
@@ -97,30 +97,7 @@ mod super_block_kernels_match_dequantised {
 fn extreme_blocks_match_dequantised(isa: Isa) {
     let (rows, cols) = (16usize, 512usize);
     for dtype in DType::ALL.into_iter().filter(|&d| is_super_block(d)) {
-        let bb = dtype.block_bytes();
-        let mut w = Vec::with_capacity(rows * dtype.row_bytes(cols));
-        for r in 0..rows {
-            for b in 0..cols / 256 {
-                let start = w.len();
-                // Whole rows at the top, whole rows at the bottom, and blocks of both.
-                let fill = if r % 3 == 0 || (r % 3 == 2 && b % 2 == 0) {
-                    0xFF
-                } else {
-                    0x00
-                };
-                w.resize(start + bb, fill);
-                for &off in scale_fields(dtype) {
-                    let v = half::f16::from_f32(0.01 + 0.001 * r as f32).to_bits();
-                    w[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
-        let x: Vec<f32> = [1.0f32, -1.0]
-            .iter()
-            .flat_map(|&v| std::iter::repeat_n(v, cols))
-            .chain((0..cols).map(|t| if t % 2 == 0 { 1.0 } else { -1.0 }))
-            .collect();
-        let x: Vec<f32> = x.iter().copied().cycle().take(8 * cols).collect();
+        let (w, x) = extreme_inputs(dtype, rows, cols, scale_fields(dtype), 8);
         assert_matches_dequantised(isa, dtype, &w, rows, cols, &x, false);
         if crate::cpu::has_interleaved_layout(dtype) {
             assert_matches_dequantised(isa, dtype, &w, rows, cols, &x, true);

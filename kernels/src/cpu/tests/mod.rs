@@ -75,6 +75,45 @@ fn scale_fields(dtype: DType) -> &'static [usize] {
     }
 }
 
+/// The largest sums the kernels' narrow integers meet: a `rows x cols` matrix of `dtype`
+/// whose bytes are all 0xFF or 0x00 (whole rows at the top, whole rows at the bottom, rows of
+/// both by blocks) but each block's small finite f16 scales (`fields`), and `m` activation rows
+/// at ±1 in every value (quantised to ±127): all +1, all -1, alternating, in turn.
+fn extreme_inputs(
+    dtype: DType,
+    rows: usize,
+    cols: usize,
+    fields: &[usize],
+    m: usize,
+) -> (Vec<u8>, Vec<f32>) {
+    let bb = dtype.block_bytes();
+    let mut w = Vec::with_capacity(rows * dtype.row_bytes(cols));
+    for r in 0..rows {
+        for b in 0..cols / dtype.block_elems() {
+            let start = w.len();
+            let fill = if r % 3 == 0 || (r % 3 == 2 && b % 2 == 0) {
+                0xFF
+            } else {
+                0x00
+            };
+            w.resize(start + bb, fill);
+            for &off in fields {
+                let v = half::f16::from_f32(0.01 + 0.001 * r as f32).to_bits();
+                w[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
+            }
+        }
+    }
+    let x = (0..m * cols)
+        .map(|i| match (i / cols) % 3 {
+            0 => 1.0,
+            1 => -1.0,
+            _ if i % 2 == 0 => 1.0,
+            _ => -1.0,
+        })
+        .collect();
+    (w, x)
+}
+
 /// f64 reference: dequantise each row, dot in f64.
 fn reference(x: &[f32], m: usize, w: &QMatrix<'_>) -> Vec<f64> {
     let (n, k) = (w.rows(), w.cols());

@@ -264,37 +264,14 @@ fn extreme_blocks_match_dequantised(isa: Isa) {
     let (n, k) = (16usize, 256usize);
     let nb = k / 32;
     for dtype in q8_types() {
-        let bb = dtype.block_bytes();
-        let mut w = Vec::with_capacity(n * dtype.row_bytes(k));
-        for r in 0..n {
-            for b in 0..nb {
-                let start = w.len();
-                // Whole rows at the top, whole rows at the bottom, and blocks of both.
-                let fill = if r % 3 == 0 || (r % 3 == 2 && b % 2 == 0) {
-                    0xFF
-                } else {
-                    0x00
-                };
-                w.resize(start + bb, fill);
-                // The block's f16 scale (and minimum) lead it.
-                let fields: &[usize] = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
-                    &[0, 2]
-                } else {
-                    &[0]
-                };
-                for &off in fields {
-                    let v = half::f16::from_f32(0.01 + 0.001 * r as f32).to_bits();
-                    w[start + off..start + off + 2].copy_from_slice(&v.to_le_bytes());
-                }
-            }
-        }
-        let patterns: Vec<f32> = [1.0f32, -1.0]
-            .iter()
-            .flat_map(|&v| std::iter::repeat_n(v, k))
-            .chain((0..k).map(|t| if t % 2 == 0 { 1.0 } else { -1.0 }))
-            .collect();
+        // The block's f16 scale (and minimum) lead it.
+        let fields: &[usize] = if matches!(dtype, DType::Q4_1 | DType::Q5_1) {
+            &[0, 2]
+        } else {
+            &[0]
+        };
         let m = 8;
-        let x: Vec<f32> = patterns.iter().copied().cycle().take(m * k).collect();
+        let (w, x) = extreme_inputs(dtype, n, k, fields, m);
         // What the kernels see: each block's quants times its scale.
         let mut q = vec![Q8Block::default(); m * nb];
         for (xr, qr) in x.chunks_exact(k).zip(q.chunks_exact_mut(nb)) {
