@@ -13,7 +13,7 @@
 use std::arch::x86_64::*;
 
 use super::rows8_vnni::tile_quants;
-use super::type_code::{block_bytes, has_min};
+use super::type_code::{block_bytes, code, has_min};
 use super::{Q8Block, Q8_BLOCK};
 use crate::cpu::kquant::gemm_vnni::{offset_lines, steps, store, Line, PANEL};
 use crate::DType;
@@ -65,19 +65,6 @@ pub(crate) struct Unpacked8 {
     /// Per block, the rows' `d` and (Q4_1, Q5_1) `m`.
     d: Vec<[f32; GROUP]>,
     m: Vec<[f32; GROUP]>,
-}
-
-/// The kernels' code of a 32-weight type (`super::type_code`).
-fn code(dtype: DType) -> u8 {
-    match dtype {
-        DType::Q4_0 => 0,
-        DType::Q4_1 => 1,
-        DType::Q5_0 => 2,
-        DType::Q5_1 => 3,
-        DType::Q8_0 => 4,
-        DType::IQ4_NL => 5,
-        other => unreachable!("not a 32-weight type: {other}"),
-    }
 }
 
 impl Unpacked8 {

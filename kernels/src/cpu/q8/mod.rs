@@ -142,7 +142,11 @@ pub(crate) fn wants_unsigned(isa: Isa, dtype: DType, interleaved: bool) -> bool 
                 )
         }
         CpuLevel::Scalar => {}
-        _ => return interleaved && rows8_avx2::offset_unsigned(dtype),
+        _ => {
+            return interleaved
+                && q8_blocks(dtype)
+                && type_code::offset_unsigned(type_code::code(dtype))
+        }
     }
     let _ = (isa, dtype, interleaved);
     false
@@ -332,6 +336,24 @@ mod type_code {
     /// Q5_0 and Q5_1 have fifth bits.
     pub(super) const fn five(t: u8) -> bool {
         t == 2 || t == 3
+    }
+    /// The types whose quants are small enough (±16) for the AVX2 kernel to multiply them by
+    /// the activations offset to unsigned (`super::Q8Args::xu`): Q4_0 and Q5_0.
+    pub(super) const fn offset_unsigned(t: u8) -> bool {
+        t == 0 || t == 2
+    }
+    /// The code of a 32-weight type.
+    pub(super) fn code(dtype: crate::DType) -> u8 {
+        use crate::DType;
+        match dtype {
+            DType::Q4_0 => 0,
+            DType::Q4_1 => 1,
+            DType::Q5_0 => 2,
+            DType::Q5_1 => 3,
+            DType::Q8_0 => 4,
+            DType::IQ4_NL => 5,
+            other => unreachable!("not a 32-weight type: {other}"),
+        }
     }
     pub(super) const fn block_bytes(t: u8) -> usize {
         match t {

@@ -15,7 +15,7 @@
 use std::arch::x86_64::*;
 
 use super::rows8_vnni::{group_passes, tile_quants};
-use super::type_code::{block_bytes, has_min};
+use super::type_code::{block_bytes, code, has_min, offset_unsigned};
 use super::{Q8Args, Q8Block};
 use crate::cpu::x86::lanes_out;
 use crate::DType;
@@ -34,7 +34,7 @@ const X_PASS: usize = 4;
 /// `rows · x_rows` values.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut [f32]) {
-    let small = offset_unsigned(a.dtype);
+    let small = offset_unsigned(code(a.dtype));
     assert!(
         !small || a.xu.len() >= x_rows * a.nb,
         "rows8_avx2::rows: {} needs the offset activations",
@@ -73,12 +73,6 @@ pub(super) unsafe fn rows(a: &Q8Args<'_>, rows: usize, x_rows: usize, out: &mut 
     });
 }
 
-/// Whether the AVX2 kernel multiplies `dtype`'s quants by the activations offset to unsigned
-/// (`Q8Args::xu`): the signed types whose quants are small enough (Q4_0, Q5_0).
-pub(super) fn offset_unsigned(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q5_0)
-}
-
 /// One group of type `T` against `X` activation rows: `vals[i * X + j]`.
 ///
 /// # Safety
@@ -92,8 +86,8 @@ unsafe fn group_dot<const X: usize, const T: u8>(
     vals: &mut [f32],
 ) {
     let tile = GROUP * block_bytes(T);
-    // Q4_0 (`T` 0) and Q5_0 (2) take the offset activations.
-    let small = T == 0 || T == 2;
+    // Q4_0 and Q5_0 take the offset activations.
+    let small = offset_unsigned(T);
     // Dwords whose pair sums add up in i16 before widening (see the module's comment).
     let steps = if T == 0 { 8 } else { 4 };
     assert!(
