@@ -9,6 +9,13 @@ in even ones (a drift then favours neither), takes each pair's ratio, and report
 and the range of those ratios, the ratio of each side's best run, and the engine's step as a
 fraction of the bandwidth floor it measured in the same run.
 
+Each pair also records where the host put the VM's two threads: `decode_bench` bounces a
+cache line between two threads before and after each side's run (`core_to_core_ns`). On one
+chiplet (tens of ns) the threads share an L3 and one link to memory; across two (hundreds)
+the bandwidth probe reads up to twice as much while every hand-off between threads costs
+several times as long, so a floor fraction from such a round measures the placement, not the
+engine. The summary gives the medians over all rounds and over each placement's rounds.
+
     python3 bench/gguf_vs_llama.py [--rounds 6] [--level avx2] [--llama-bench PATH]
         [--decode-tokens N] [--threads 2] FILE...
 
@@ -54,7 +61,31 @@ def ours(path, n_dec, threads, level):
         "floor_fraction": line["decode_b1_floor_fraction"],
         "read_gbs": line["read_gbs"],
         "cpu_level": line["cpu_level"],
+        "core_to_core_ns": line.get("core_to_core_ns"),
     }
+
+
+def core_to_core(threads):
+    """The cache-line round trip between two threads now (None with one thread)."""
+    if threads < 2:
+        return None
+    return json.loads(run([OURS, "--core-to-core-only"]).strip())["core_to_core_ns"]
+
+
+# Round trips below this are one chiplet, above TWO_CHIPLETS_NS two; between, or a pair whose
+# readings disagree, the placement moved during the pair.
+ONE_CHIPLET_NS = 150
+TWO_CHIPLETS_NS = 250
+
+
+def placement(readings):
+    if not readings or any(r is None for r in readings):
+        return "unknown"
+    if all(r < ONE_CHIPLET_NS for r in readings):
+        return "one_chiplet"
+    if all(r > TWO_CHIPLETS_NS for r in readings):
+        return "two_chiplets"
+    return "moved"
 
 
 def theirs(llama, path, n_dec, threads):
@@ -85,12 +116,21 @@ def main():
     for r in range(1, args.rounds + 1):
         for path in args.files:
             n_dec = args.decode_tokens or (64 if os.path.getsize(path) > 400e6 else 128)
+            c2c = []
+
+            def peer():
+                c2c.append(core_to_core(args.threads))
+                got = theirs(args.llama_bench, path, n_dec, args.threads)
+                c2c.append(core_to_core(args.threads))
+                return got
+
             if r % 2:
                 a = ours(path, n_dec, args.threads, args.level)
-                b = theirs(args.llama_bench, path, n_dec, args.threads)
+                b = peer()
             else:
-                b = theirs(args.llama_bench, path, n_dec, args.threads)
+                b = peer()
                 a = ours(path, n_dec, args.threads, args.level)
+            c2c += a["core_to_core_ns"] or [None]
             pair = {
                 "round": r,
                 "file": os.path.basename(path),
@@ -98,6 +138,7 @@ def main():
                 "llama_bench": b,
                 "prefill_ratio": round(a["prefill"] / b["prefill"], 3),
                 "decode_ratio": round(a["decode"] / b["decode"], 3),
+                "placement": placement(c2c),
             }
             pairs[path].append(pair)
             print(json.dumps(pair), flush=True)
@@ -117,6 +158,15 @@ def main():
         fr = [p["ours"]["floor_fraction"] for p in got]
         summary["floor_fraction"] = {"median": round(statistics.median(fr), 3),
                                      "min": min(fr), "max": max(fr)}
+        by_place = {}
+        for where in sorted({p["placement"] for p in got}):
+            some = [p for p in got if p["placement"] == where]
+            by_place[where] = {"rounds": len(some)}
+            for key, get in (("floor_fraction", lambda p: p["ours"]["floor_fraction"]),
+                             ("decode_ratio", lambda p: p["decode_ratio"]),
+                             ("prefill_ratio", lambda p: p["prefill_ratio"])):
+                by_place[where][key] = round(statistics.median(get(p) for p in some), 3)
+        summary["by_placement"] = by_place
         print(json.dumps({"summary": summary}), flush=True)
 
 

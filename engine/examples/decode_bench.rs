@@ -29,6 +29,13 @@
 //!   where the kernel allows, as the interleaved weights are), and the step's fraction of it
 //!   (`decode_b1_floor_fraction`, 1.0 at the floor). `read_gbs_4k_pages` is the same sum on
 //!   4 KiB pages: what the page size alone changes in the probe.
+//! - with 2 threads or more, `core_to_core_ns`: the round trip of a cache line between two
+//!   threads, taken before the probe and after the decode. A VM's vCPUs can sit on one
+//!   chiplet, sharing its L3 and its one link to memory, or be moved by the host onto two
+//!   (more bandwidth for the probe, several times the latency for every hand-off between
+//!   threads): the figure says which placement a run had (on the Zen 4 VM of BENCHMARKS.md,
+//!   ~50-90 ns on one chiplet, ~300-360 ns across two). `--core-to-core-only` prints just
+//!   that figure (for a script to place a peer's run).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -46,6 +53,7 @@ struct Args {
     batches: Vec<usize>,
     decode_only: bool,
     outside_pool: bool,
+    core_to_core_only: bool,
     prefill: Vec<usize>,
     device: DeviceRequest,
     dtype: DTypeRequest,
@@ -74,6 +82,7 @@ fn parse_args() -> Result<Args, String> {
         batches: vec![1, 4, 16],
         decode_only: false,
         outside_pool: false,
+        core_to_core_only: false,
         prefill: vec![128, 512],
         device: DeviceRequest::Cpu,
         dtype: DTypeRequest::Auto,
@@ -112,6 +121,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--decode-only" => args.decode_only = true,
             "--outside-pool" => args.outside_pool = true,
+            "--core-to-core-only" => args.core_to_core_only = true,
             other => return Err(format!("unknown argument {other}")),
         }
     }
@@ -229,6 +239,13 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
 
 fn run() -> Result<(), String> {
     let args = parse_args()?;
+    if args.core_to_core_only {
+        println!(
+            "{}",
+            serde_json::json!({ "core_to_core_ns": core_to_core_ns().round() })
+        );
+        return Ok(());
+    }
     let _ = KV_DTYPE.set(args.kv_dtype);
     let _ = KV_TOKENS.set(args.kv_tokens);
     // Like the server with `--threads`: the steps run inside the pool (on one of its
@@ -279,6 +296,7 @@ fn measure(args: &Args) -> Result<(), String> {
             line[format!("prefill_{len}_tok_s")] = prefill_tok_s(model, len)?.round().into();
         }
     }
+    let c2c_before = (args.threads >= 2).then(core_to_core_ns);
     let floor = (model.device() == "cpu")
         .then(|| weight_bytes_per_token(&args.model))
         .flatten()
@@ -299,6 +317,9 @@ fn measure(args: &Args) -> Result<(), String> {
             let fraction = bytes as f64 / bw * 1e3 / step_ms;
             line["decode_b1_floor_fraction"] = ((fraction * 1000.0).round() / 1000.0).into();
         }
+    }
+    if let Some(before) = c2c_before {
+        line["core_to_core_ns"] = serde_json::json!([before.round(), core_to_core_ns().round()]);
     }
     println!("{line}");
     Ok(())
@@ -349,6 +370,41 @@ fn read_bandwidth(huge: bool) -> Result<f64, String> {
         best = best.min(t.elapsed().as_secs_f64());
     }
     Ok((buf.len() * 8) as f64 / best)
+}
+
+/// The round trip, in nanoseconds, of a cache line bounced between two threads: the fastest
+/// of 5 samples of 20 000 round trips, each timed after 10 000 that let the scheduler put the
+/// new thread on its own CPU (a sample that shared one runs slower, never faster).
+fn core_to_core_ns() -> f64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const WARM: u64 = 10_000;
+    const TRIPS: u64 = 30_000;
+    /// The flag alone on its cache lines: nothing else either thread writes shares them.
+    #[repr(align(128))]
+    struct Line(AtomicU64);
+    (0..5)
+        .map(|_| {
+            let line = Line(AtomicU64::new(0));
+            let flag = &line.0;
+            std::thread::scope(|sc| {
+                sc.spawn(|| {
+                    for i in 0..TRIPS {
+                        while flag.load(Ordering::Acquire) != 2 * i + 1 {}
+                        flag.store(2 * i + 2, Ordering::Release);
+                    }
+                });
+                let mut t0 = Instant::now();
+                for i in 0..TRIPS {
+                    if i == WARM {
+                        t0 = Instant::now();
+                    }
+                    flag.store(2 * i + 1, Ordering::Release);
+                    while flag.load(Ordering::Acquire) != 2 * i + 2 {}
+                }
+                t0.elapsed().as_secs_f64() * 1e9 / (TRIPS - WARM) as f64
+            })
+        })
+        .fold(f64::MAX, f64::min)
 }
 
 fn main() {
