@@ -3,13 +3,15 @@
 //! `super::rows8_vnni` with `vpmaddubsw` and `vpmaddwd` in place of `vpdpbusd`.
 //!
 //! Each activation dword, broadcast, meets four quants of eight rows: the types with a
-//! minimum multiply their unsigned quants by the activations as they are; Q4_0 and Q5_0
-//! multiply the activations offset to unsigned (`x + 128`, once per matrix product:
-//! `Q8Args::xu`) by their small signed quants, add the pair sums of several dwords in `i16`
-//! (at most `2·255·8` a pair for Q4_0, eight dwords; `2·255·16` for Q5_0, four) and take
-//! `128·Σq` of each row off; Q8_0 and IQ4_NL, whose quants reach ±127, multiply the quants'
-//! magnitudes by the activations carrying the quants' signs (a pair sum is at most
-//! `2·128·127`, inside `vpmaddubsw`'s `i16`). Every block's sum is exact and ends as in the row
+//! minimum multiply their unsigned quants by the activations as they are and add the pair
+//! sums of several dwords in `i16` (a pair is at most `2·15·127` for Q4_1, eight dwords;
+//! `2·31·127` for Q5_1, four); Q4_0 and Q5_0 multiply the activations offset to unsigned
+//! (`x + 128`, once per matrix product: `Q8Args::xu`) by their small signed quants, add the
+//! pair sums in `i16` the same way (at most `2·255·8` a pair for Q4_0, eight dwords;
+//! `2·255·16` for Q5_0, four) and take `128·Σq` of each row off; Q8_0 and IQ4_NL, whose
+//! quants reach ±127, multiply the quants' magnitudes by the activations carrying the quants'
+//! signs (a pair sum is at most `2·128·127`, inside `vpmaddubsw`'s `i16`: one dword at a
+//! time). Every block's sum is exact and ends as in the row
 //! kernels, so a row gives the same bits from either layout.
 
 use std::arch::x86_64::*;
@@ -89,7 +91,11 @@ unsafe fn group_dot<const X: usize, const T: u8>(
     // Q4_0 and Q5_0 take the offset activations.
     let small = offset_unsigned(T);
     // Dwords whose pair sums add up in i16 before widening (see the module's comment).
-    let steps = if T == 0 { 8 } else { 4 };
+    let steps = match T {
+        0 | 1 => 8,
+        2 | 3 => 4,
+        _ => 1,
+    };
     assert!(
         w.len() >= nb * tile
             && x.len() >= X * nb
@@ -145,13 +151,16 @@ unsafe fn group_dot<const X: usize, const T: u8>(
                 }
                 let xp = xb.qs.as_ptr() as *const i32;
                 let mut sums = _mm256_setzero_si256();
-                for c in 0..8 {
-                    let mut xv = _mm256_set1_epi32(xp.add(c).read_unaligned());
-                    if !has_min(T) {
-                        xv = _mm256_sign_epi8(xv, q[c]);
+                for c0 in (0..8).step_by(steps) {
+                    let mut s16 = _mm256_setzero_si256();
+                    for c in c0..c0 + steps {
+                        let mut xv = _mm256_set1_epi32(xp.add(c).read_unaligned());
+                        if !has_min(T) {
+                            xv = _mm256_sign_epi8(xv, q[c]);
+                        }
+                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(uq[c], xv));
                     }
-                    let pairs = _mm256_maddubs_epi16(uq[c], xv);
-                    sums = _mm256_add_epi32(sums, _mm256_madd_epi16(pairs, ones));
+                    sums = _mm256_add_epi32(sums, _mm256_madd_epi16(s16, ones));
                 }
                 let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
                 acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
