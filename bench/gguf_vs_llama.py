@@ -14,7 +14,8 @@ cache line between two threads before and after each side's run (`core_to_core_n
 chiplet (tens of ns) the threads share an L3 and one link to memory; across two (hundreds)
 the bandwidth probe reads up to twice as much while every hand-off between threads costs
 several times as long, so a floor fraction from such a round measures the placement, not the
-engine. The summary gives the medians over all rounds and over each placement's rounds.
+engine. The summary gives the medians over all rounds and over each placement's rounds (the
+floor fraction placed by our run's own readings, the ratios by the whole pair's).
 
     python3 bench/gguf_vs_llama.py [--rounds 6] [--level avx2] [--llama-bench PATH]
         [--decode-tokens N] [--threads 2] FILE...
@@ -138,6 +139,8 @@ def main():
                 "llama_bench": b,
                 "prefill_ratio": round(a["prefill"] / b["prefill"], 3),
                 "decode_ratio": round(a["decode"] / b["decode"], 3),
+                # Ours alone (the floor fraction's run), and the whole pair (the ratios').
+                "placement_ours": placement(a["core_to_core_ns"]),
                 "placement": placement(c2c),
             }
             pairs[path].append(pair)
@@ -158,15 +161,20 @@ def main():
         fr = [p["ours"]["floor_fraction"] for p in got]
         summary["floor_fraction"] = {"median": round(statistics.median(fr), 3),
                                      "min": min(fr), "max": max(fr)}
-        by_place = {}
-        for where in sorted({p["placement"] for p in got}):
-            some = [p for p in got if p["placement"] == where]
-            by_place[where] = {"rounds": len(some)}
-            for key, get in (("floor_fraction", lambda p: p["ours"]["floor_fraction"]),
-                             ("decode_ratio", lambda p: p["decode_ratio"]),
-                             ("prefill_ratio", lambda p: p["prefill_ratio"])):
-                by_place[where][key] = round(statistics.median(get(p) for p in some), 3)
-        summary["by_placement"] = by_place
+        # The floor fraction by where our run alone ran, the ratios by where the whole pair did.
+        for name, field, keys in (
+                ("floor_fraction_by_placement", "placement_ours",
+                 (("floor_fraction", lambda p: p["ours"]["floor_fraction"]),)),
+                ("ratios_by_placement", "placement",
+                 (("decode_ratio", lambda p: p["decode_ratio"]),
+                  ("prefill_ratio", lambda p: p["prefill_ratio"])))):
+            by_place = {}
+            for where in sorted({p[field] for p in got}):
+                some = [p for p in got if p[field] == where]
+                by_place[where] = {"rounds": len(some)}
+                for key, get in keys:
+                    by_place[where][key] = round(statistics.median(get(p) for p in some), 3)
+            summary[name] = by_place
         print(json.dumps({"summary": summary}), flush=True)
 
 
