@@ -240,10 +240,8 @@ fn decode_tok_s(model: &mut dyn CausalLm, batch: usize, steps: usize) -> Result<
 fn run() -> Result<(), String> {
     let args = parse_args()?;
     if args.core_to_core_only {
-        println!(
-            "{}",
-            serde_json::json!({ "core_to_core_ns": core_to_core_ns().round() })
-        );
+        let ns = core_to_core_ns().map(f64::round);
+        println!("{}", serde_json::json!({ "core_to_core_ns": ns }));
         return Ok(());
     }
     let _ = KV_DTYPE.set(args.kv_dtype);
@@ -296,7 +294,7 @@ fn measure(args: &Args) -> Result<(), String> {
             line[format!("prefill_{len}_tok_s")] = prefill_tok_s(model, len)?.round().into();
         }
     }
-    let c2c_before = (args.threads >= 2).then(core_to_core_ns);
+    let c2c_before = (args.threads >= 2).then(core_to_core_ns).flatten();
     let floor = (model.device() == "cpu")
         .then(|| weight_bytes_per_token(&args.model))
         .flatten()
@@ -319,7 +317,8 @@ fn measure(args: &Args) -> Result<(), String> {
         }
     }
     if let Some(before) = c2c_before {
-        line["core_to_core_ns"] = serde_json::json!([before.round(), core_to_core_ns().round()]);
+        let after = core_to_core_ns().unwrap_or(f64::NAN);
+        line["core_to_core_ns"] = serde_json::json!([before.round(), after.round()]);
     }
     println!("{line}");
     Ok(())
@@ -374,15 +373,19 @@ fn read_bandwidth(huge: bool) -> Result<f64, String> {
 
 /// The round trip, in nanoseconds, of a cache line bounced between two threads: the fastest
 /// of 5 samples of 20 000 round trips, each timed after 10 000 that let the scheduler put the
-/// new thread on its own CPU (a sample that shared one runs slower, never faster).
-fn core_to_core_ns() -> f64 {
+/// new thread on its own CPU (a sample that shared one runs slower, never faster). `None` where
+/// the process has fewer than two CPUs (two spinning threads would take turns on one).
+fn core_to_core_ns() -> Option<f64> {
     use std::sync::atomic::{AtomicU64, Ordering};
     const WARM: u64 = 10_000;
     const TRIPS: u64 = 30_000;
     /// The flag alone on its cache lines: nothing else either thread writes shares them.
     #[repr(align(128))]
     struct Line(AtomicU64);
-    (0..5)
+    if std::thread::available_parallelism().map_or(1, |n| n.get()) < 2 {
+        return None;
+    }
+    let fastest = (0..5)
         .map(|_| {
             let line = Line(AtomicU64::new(0));
             let flag = &line.0;
@@ -404,7 +407,8 @@ fn core_to_core_ns() -> f64 {
                 t0.elapsed().as_secs_f64() * 1e9 / (TRIPS - WARM) as f64
             })
         })
-        .fold(f64::MAX, f64::min)
+        .fold(f64::MAX, f64::min);
+    Some(fastest)
 }
 
 fn main() {
