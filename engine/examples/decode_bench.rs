@@ -33,9 +33,9 @@
 //!   threads, taken before the probe and after the decode. A VM's vCPUs can sit on one
 //!   chiplet, sharing its L3 and its one link to memory, or be moved by the host onto two
 //!   (more bandwidth for the probe, several times the latency for every hand-off between
-//!   threads): the figure says which placement a run had (on the Zen 4 VM of BENCHMARKS.md,
-//!   ~50-90 ns on one chiplet, ~300-360 ns across two). `--core-to-core-only` prints just
-//!   that figure (for a script to place a peer's run).
+//!   threads): the figure says which placement a run had (tens of nanoseconds on one chiplet,
+//!   hundreds across two). `--core-to-core-only` prints just that figure (for a script to
+//!   place a peer's run).
 
 use std::path::PathBuf;
 use std::time::Instant;
