@@ -11,8 +11,8 @@
 //! `2·255·16` for Q5_0, four) and take `128·Σq` of each row off; Q8_0 and IQ4_NL, whose
 //! quants reach ±127, multiply the quants' magnitudes by the activations carrying the quants'
 //! signs (a pair sum is at most `2·128·127`, inside `vpmaddubsw`'s `i16`: one dword at a
-//! time). Every block's sum is exact and ends as in the row
-//! kernels, so a row gives the same bits from either layout.
+//! time). Every block's sum is exact and ends as in the row kernels, so a row gives the same
+//! bits from either layout.
 
 use std::arch::x86_64::*;
 
@@ -134,31 +134,26 @@ unsafe fn group_dot<const X: usize, const T: u8>(
             }
             for j in 0..X {
                 let xb = &x[j * nb + b];
-                if small {
-                    let up = xu[j * nb + b].as_ptr() as *const i32;
-                    let mut sums = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
-                    for c0 in (0..8).step_by(steps) {
-                        let mut s16 = _mm256_setzero_si256();
-                        for (c, qc) in q.iter().enumerate().skip(c0).take(steps) {
-                            let xv = _mm256_set1_epi32(up.add(c).read_unaligned());
-                            s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(xv, *qc));
-                        }
-                        sums = _mm256_add_epi32(sums, _mm256_madd_epi16(s16, ones));
-                    }
-                    let sc = _mm256_mul_ps(dwv, _mm256_set1_ps(xb.d));
-                    acc[j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sums), sc, acc[j]);
-                    continue;
-                }
-                let xp = xb.qs.as_ptr() as *const i32;
-                let mut sums = _mm256_setzero_si256();
+                // The offset activations for Q4_0 and Q5_0, the signed ones for the rest.
+                let xp = if small {
+                    xu[j * nb + b].as_ptr() as *const i32
+                } else {
+                    xb.qs.as_ptr() as *const i32
+                };
+                let mut sums = _mm256_sub_epi32(_mm256_setzero_si256(), corr);
                 for c0 in (0..8).step_by(steps) {
                     let mut s16 = _mm256_setzero_si256();
                     for c in c0..c0 + steps {
-                        let mut xv = _mm256_set1_epi32(xp.add(c).read_unaligned());
-                        if !has_min(T) {
-                            xv = _mm256_sign_epi8(xv, q[c]);
-                        }
-                        s16 = _mm256_add_epi16(s16, _mm256_maddubs_epi16(uq[c], xv));
+                        let xv = _mm256_set1_epi32(xp.add(c).read_unaligned());
+                        // `vpmaddubsw` takes the unsigned operand first.
+                        let pairs = if small {
+                            _mm256_maddubs_epi16(xv, q[c])
+                        } else if has_min(T) {
+                            _mm256_maddubs_epi16(uq[c], xv)
+                        } else {
+                            _mm256_maddubs_epi16(uq[c], _mm256_sign_epi8(xv, q[c]))
+                        };
+                        s16 = _mm256_add_epi16(s16, pairs);
                     }
                     sums = _mm256_add_epi32(sums, _mm256_madd_epi16(s16, ones));
                 }
